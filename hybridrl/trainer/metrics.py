@@ -1,0 +1,248 @@
+"""Step metrics for the PPO/GRPO driver, with verl's metric names.
+
+Pure torch/numpy: the driver calls these on a `DataProto` (`batch.batch[key]` tensors,
+`batch.meta_info` dict) after the update stages. Nothing here touches a device or a logger.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+import numpy as np
+import torch
+
+# Stages whose per-token time is measured against all tokens (prompt + response);
+# generation is measured against response tokens only.
+_ALL_TOKEN_STAGES = ("ref", "values", "adv", "update_critic", "update_actor", "old_log_prob")
+
+
+class MetricsInputError(ValueError):
+    """A batch handed to a metrics function lacks a key or has inconsistent shapes."""
+
+
+@contextmanager
+def marked_timer(name: str, timing_raw: dict) -> Iterator[None]:
+    """Time a block with `time.perf_counter` and add the elapsed seconds to `timing_raw[name]`.
+
+    Repeated blocks with the same name accumulate, so a stage run twice in one step (e.g. two
+    generation rounds) reports its total. The time is recorded even if the block raises.
+
+    Args:
+        name: stage name, e.g. "gen", "update_actor", "step".
+        timing_raw: dict of stage name -> seconds (float), updated in place.
+    """
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timing_raw[name] = timing_raw.get(name, 0.0) + (time.perf_counter() - start)
+
+
+def _get(batch, key: str, fn: str) -> torch.Tensor:
+    tensors = batch.batch
+    keys = list(tensors.keys()) if tensors is not None else []
+    if key not in keys:
+        raise MetricsInputError(
+            f"{fn}: batch has no tensor {key!r} (has {sorted(keys)}); "
+            f"run the stage that produces {key!r} before computing metrics"
+        )
+    return tensors[key]
+
+
+def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
+    """mean/max/min of a 1-D tensor; NaN when empty (e.g. every response masked out)."""
+    values = values.detach().float()
+    if values.numel() == 0:
+        nan = float("nan")
+        return {f"{prefix}/mean": nan, f"{prefix}/max": nan, f"{prefix}/min": nan}
+    return {
+        f"{prefix}/mean": values.mean().item(),
+        f"{prefix}/max": values.max().item(),
+        f"{prefix}/min": values.min().item(),
+    }
+
+
+def _lengths(batch, fn: str) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """Per-sample prompt and response lengths (float, (bs,)) and their padded maxima.
+
+    Lengths count attention-mask tokens, so tool/observation tokens of multi-turn rollouts
+    count towards the response length (as in verl): that is what hits the length limit.
+    """
+    responses = _get(batch, "responses", fn)
+    attention_mask = _get(batch, "attention_mask", fn)
+    max_response_length = responses.shape[-1]
+    if attention_mask.shape[-1] < max_response_length:
+        raise MetricsInputError(
+            f"{fn}: 'attention_mask' has {attention_mask.shape[-1]} columns but 'responses' has "
+            f"{max_response_length}; attention_mask must cover prompt + response (bs, P+R)"
+        )
+    max_prompt_length = attention_mask.shape[-1] - max_response_length
+    prompt_length = attention_mask[:, :max_prompt_length].detach().float().sum(-1)
+    response_length = attention_mask[:, max_prompt_length:].detach().float().sum(-1)
+    return prompt_length, response_length, max_prompt_length, max_response_length
+
+
+def compute_data_metrics(batch, use_critic: bool = True) -> dict[str, float]:
+    """Reward, advantage, value and length statistics of one training batch (verl's names).
+
+    Batch tensors (bs = batch size, P = prompt length, R = response length, padded):
+        responses (bs, R), attention_mask (bs, P+R), response_mask (bs, R) (1 = token trained on),
+        token_level_scores (bs, R), token_level_rewards (bs, R), advantages (bs, R),
+        returns (bs, R), and values (bs, R) when `use_critic`.
+
+    Returns (all Python floats):
+        critic/score/{mean,max,min}: per-sequence sum of token_level_scores.
+        critic/rewards/{mean,max,min}: per-sequence sum of token_level_rewards (score - KL).
+        critic/advantages/{mean,max,min}, critic/returns/{mean,max,min}: over response_mask tokens.
+        critic/values/{mean,max,min}, critic/vf_explained_var (use_critic only):
+            1 - Var(returns - values) / (Var(returns) + 1e-5) over response_mask tokens,
+            unbiased variance (as verl). NaN with fewer than two valid tokens.
+        response_length/{mean,max,min,clip_ratio}, prompt_length/{mean,max,min,clip_ratio}:
+            token counts from attention_mask; clip_ratio = fraction of samples whose length
+            equals the padded maximum (R resp. P), i.e. that were cut off.
+
+    Raises:
+        MetricsInputError: a required tensor is missing (incl. 'values' with use_critic=True)
+            or attention_mask is narrower than responses.
+    """
+    fn = "compute_data_metrics"
+    if use_critic and (batch.batch is None or "values" not in batch.batch.keys()):
+        raise MetricsInputError(
+            f"{fn}: batch has no tensor 'values' but use_critic=True; "
+            "pass use_critic=False when the run has no critic"
+        )
+    response_mask = _get(batch, "response_mask", fn).bool()
+    prompt_length, response_length, max_prompt, max_response = _lengths(batch, fn)
+
+    metrics: dict[str, float] = {}
+    metrics.update(_stats("critic/score", _get(batch, "token_level_scores", fn).sum(-1)))
+    metrics.update(_stats("critic/rewards", _get(batch, "token_level_rewards", fn).sum(-1)))
+    valid_adv = torch.masked_select(_get(batch, "advantages", fn), response_mask)
+    valid_returns = torch.masked_select(_get(batch, "returns", fn), response_mask).float()
+    metrics.update(_stats("critic/advantages", valid_adv))
+    metrics.update(_stats("critic/returns", valid_returns))
+
+    if use_critic:
+        valid_values = torch.masked_select(_get(batch, "values", fn), response_mask).float()
+        metrics.update(_stats("critic/values", valid_values))
+        if valid_returns.numel() < 2:
+            metrics["critic/vf_explained_var"] = float("nan")
+        else:
+            diff_var = torch.var(valid_returns - valid_values)
+            metrics["critic/vf_explained_var"] = (
+                1.0 - diff_var / (torch.var(valid_returns) + 1e-5)
+            ).item()
+
+    metrics.update(_stats("response_length", response_length))
+    metrics["response_length/clip_ratio"] = _clip_ratio(response_length, max_response)
+    metrics.update(_stats("prompt_length", prompt_length))
+    metrics["prompt_length/clip_ratio"] = _clip_ratio(prompt_length, max_prompt)
+    return metrics
+
+
+def _clip_ratio(lengths: torch.Tensor, max_length: int) -> float:
+    if lengths.numel() == 0:
+        return float("nan")
+    return torch.eq(lengths, max_length).float().mean().item()
+
+
+def _token_counts(batch, fn: str) -> tuple[float, float]:
+    """(response tokens, all tokens) of the batch, from attention_mask."""
+    prompt_length, response_length, _, _ = _lengths(batch, fn)
+    num_response = response_length.sum().item()
+    return num_response, prompt_length.sum().item() + num_response
+
+
+def compute_timing_metrics(batch, timing_raw: dict[str, float]) -> dict[str, float]:
+    """Stage timings of one step: seconds and milliseconds per token.
+
+    Args:
+        batch: DataProto with `responses` (bs, R) and `attention_mask` (bs, P+R).
+        timing_raw: stage name -> seconds, as filled by `marked_timer`.
+
+    Returns:
+        `timing_s/<name>` (seconds) for every entry of timing_raw, and
+        `timing_per_token_ms/<name>` (ms per token) for `gen` (per response token) and for
+        ref, values, adv, update_critic, update_actor, old_log_prob (per prompt+response token),
+        when those stages were timed. A batch with zero tokens gives no per-token entries.
+
+    Raises:
+        MetricsInputError: `responses` or `attention_mask` is missing.
+    """
+    metrics = {f"timing_s/{name}": float(seconds) for name, seconds in timing_raw.items()}
+    num_response, num_all = _token_counts(batch, "compute_timing_metrics")
+    tokens_of_stage = {"gen": num_response, **{s: num_all for s in _ALL_TOKEN_STAGES}}
+    for name, num_tokens in tokens_of_stage.items():
+        if name in timing_raw and num_tokens > 0:
+            metrics[f"timing_per_token_ms/{name}"] = timing_raw[name] * 1000.0 / num_tokens
+    return metrics
+
+
+def compute_throughput_metrics(
+    batch, timing_raw: dict[str, float], n_devices: int
+) -> dict[str, float]:
+    """Tokens processed per second per device over the whole step.
+
+    Args:
+        batch: DataProto; the token count is `sum(batch.meta_info["global_token_num"])` when the
+            rollout recorded it (verl's convention), else the sum of `attention_mask` (bs, P+R).
+        timing_raw: must hold "step", the seconds of the whole step.
+        n_devices: number of accelerators (or CPU processes) that worked on the step, >= 1.
+
+    Returns:
+        perf/total_num_tokens (tokens), perf/time_per_step (s),
+        perf/throughput (tokens / s / device).
+
+    Raises:
+        MetricsInputError: timing_raw has no "step", or n_devices < 1.
+    """
+    fn = "compute_throughput_metrics"
+    if "step" not in timing_raw:
+        raise MetricsInputError(
+            f"{fn}: timing_raw has no 'step' entry (has {sorted(timing_raw)}); "
+            "wrap the whole step in marked_timer('step', timing_raw)"
+        )
+    if n_devices < 1:
+        raise MetricsInputError(f"{fn}: n_devices={n_devices}; it must be at least 1")
+    token_nums = (getattr(batch, "meta_info", None) or {}).get("global_token_num")
+    if token_nums is not None:
+        total_tokens = float(np.sum(token_nums))
+    else:
+        total_tokens = _token_counts(batch, fn)[1]
+    time_per_step = float(timing_raw["step"])
+    throughput = total_tokens / (time_per_step * n_devices) if time_per_step > 0 else float("nan")
+    return {
+        "perf/total_num_tokens": total_tokens,
+        "perf/time_per_step": time_per_step,
+        "perf/throughput": throughput,
+    }
+
+
+def reduce_metrics(metrics: dict) -> dict[str, float]:
+    """Mean of each list of metric values (e.g. one per mini-batch); scalars pass through.
+
+    Args:
+        metrics: name -> list of numbers (or tensors/arrays of one element) or a single number.
+
+    Returns:
+        A new dict name -> float; the input is not modified. An empty list gives NaN.
+    """
+    reduced = {}
+    for key, value in metrics.items():
+        if isinstance(value, (list, tuple)):
+            items = [v.item() if hasattr(v, "item") else v for v in value]
+            reduced[key] = float(np.mean(items)) if items else float("nan")
+        else:
+            reduced[key] = float(value.item() if hasattr(value, "item") else value)
+    return reduced
+
+
+def append_to_dict(data: dict, new: dict) -> None:
+    """Append each value of `new` to the list `data[key]` (created when missing), in place.
+
+    Used to gather per-mini-batch metrics before `reduce_metrics`.
+    """
+    for key, value in new.items():
+        data.setdefault(key, []).append(value)
