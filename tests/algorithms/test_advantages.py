@@ -1,0 +1,130 @@
+import numpy as np
+import pytest
+import torch
+
+from hybridrl.algorithms import (
+    ADV_ESTIMATOR_REGISTRY,
+    AlgorithmInputError,
+    UnknownAlgorithmError,
+    compute_gae_advantage_return,
+    compute_grpo_outcome_advantage,
+    get_adv_estimator_fn,
+    register_adv_est,
+)
+
+REWARDS = torch.tensor([[0.0, 0.0, 1.0]])
+VALUES = torch.tensor([[0.5, 0.4, 0.3]])
+MASK = torch.ones(1, 3)
+
+
+def _whiten(x):
+    x = torch.tensor(x)
+    return (x - x.mean()) / torch.sqrt(x.var() + 1e-8)
+
+
+def test_gae_gamma_lam_one_by_hand():
+    # gamma = lam = 1: A_t = (sum of future rewards) - V_t = 1 - V_t
+    adv, ret = compute_gae_advantage_return(REWARDS, VALUES, MASK, gamma=1.0, lam=1.0)
+    assert torch.allclose(ret, torch.tensor([[1.0, 1.0, 1.0]]))
+    # raw advantages [0.5, 0.6, 0.7]: mean 0.6, std 0.1 -> [-1, 0, 1]
+    assert torch.allclose(adv, torch.tensor([[-1.0, 0.0, 1.0]]), atol=1e-5)
+
+
+def test_gae_discounted_by_hand():
+    # delta_2 = 1 - 0.3 = 0.7;             A_2 = 0.7
+    # delta_1 = 0.9*0.3 - 0.4 = -0.13;     A_1 = -0.13 + 0.72*0.7   = 0.374
+    # delta_0 = 0.9*0.4 - 0.5 = -0.14;     A_0 = -0.14 + 0.72*0.374 = 0.12928
+    adv, ret = compute_gae_advantage_return(REWARDS, VALUES, MASK, gamma=0.9, lam=0.8)
+    raw = [0.12928, 0.374, 0.7]
+    assert torch.allclose(ret, torch.tensor([[0.62928, 0.774, 1.0]]), atol=1e-6)
+    assert torch.allclose(adv[0], _whiten(raw), atol=1e-5)
+
+
+def test_gae_masked_middle_token_equals_gae_without_it():
+    torch.manual_seed(0)
+    r = torch.randn(2, 5)
+    v = torch.randn(2, 5)
+    mask = torch.tensor([[1, 1, 0, 1, 1], [1, 1, 1, 1, 0]], dtype=torch.float32)
+    r[0, 2], v[0, 2] = 1000.0, -1000.0  # must not leak from the observation token
+    keep = [0, 1, 3, 4]
+    r2 = torch.stack([torch.cat([r[0, keep], torch.zeros(1)]), r[1]])
+    v2 = torch.stack([torch.cat([v[0, keep], torch.zeros(1)]), v[1]])
+    mask2 = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 0]], dtype=torch.float32)
+    adv, ret = compute_gae_advantage_return(r, v, mask, gamma=0.95, lam=0.9)
+    adv2, ret2 = compute_gae_advantage_return(r2, v2, mask2, gamma=0.95, lam=0.9)
+    assert torch.allclose(adv[0, keep], adv2[0, :4], atol=1e-5)
+    assert torch.allclose(ret[0, keep], ret2[0, :4], atol=1e-5)
+    assert torch.allclose(adv[1], adv2[1], atol=1e-5)
+    assert adv[0, 2] == 0 and ret[0, 2] == 0 and adv[1, 4] == 0
+
+
+def test_gae_shape_mismatch_is_clear():
+    with pytest.raises(AlgorithmInputError, match="values has shape"):
+        compute_gae_advantage_return(REWARDS, torch.zeros(1, 4), MASK, 1.0, 1.0)
+
+
+def test_grpo_hand_values_and_single_group():
+    rewards = torch.zeros(7, 2)
+    rewards[:, 1] = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 1.0, 1.0])
+    index = np.array(["a", "a", "a", "a", "b", "c", "c"], dtype=object)
+    mask = torch.ones(7, 2)
+    mask[0, 1] = 0
+    adv, ret = compute_grpo_outcome_advantage(rewards, mask, index)
+    # group a: mean 0.5, unbiased std sqrt(1/3); (±0.5)/sqrt(1/3) = ±0.8660254
+    k = 0.5 / (1.0 / 3.0) ** 0.5
+    expected = torch.tensor([k, -k, -k, k, 2.0, 0.0, 0.0])
+    assert torch.allclose(adv[:, 0], expected, atol=1e-5)
+    assert adv[0, 1] == 0.0  # masked token
+    assert torch.allclose(adv[1:, 1], expected[1:], atol=1e-5)
+    assert torch.equal(adv, ret)
+
+
+def test_grpo_zero_mean_unit_std_per_group_and_dr_grpo():
+    torch.manual_seed(0)
+    rewards = torch.randn(12, 4)
+    mask = torch.ones(12, 4)
+    index = np.array([f"uid{i // 4}" for i in range(12)], dtype=object)
+    adv, _ = compute_grpo_outcome_advantage(rewards, mask, index, epsilon=0.0)
+    scores = rewards.sum(-1)
+    for g in range(3):
+        a = adv[4 * g : 4 * g + 4, 0]
+        assert a.mean().abs().item() < 1e-5
+        assert a.std().item() == pytest.approx(1.0, abs=1e-5)
+    adv_dr, _ = compute_grpo_outcome_advantage(rewards, mask, index, norm_adv_by_std_in_grpo=False)
+    centred = scores - scores.view(3, 4).mean(-1).repeat_interleave(4)
+    assert torch.allclose(adv_dr[:, 2], centred, atol=1e-6)
+
+
+def test_grpo_index_errors():
+    with pytest.raises(AlgorithmInputError, match="uid"):
+        compute_grpo_outcome_advantage(torch.zeros(2, 3), torch.ones(2, 3), None)
+    with pytest.raises(AlgorithmInputError, match="3 entries but the batch has 2"):
+        compute_grpo_outcome_advantage(torch.zeros(2, 3), torch.ones(2, 3), np.array(["a", "b", "c"]))
+
+
+def test_registry_driver_call_with_extra_kwargs():
+    kwargs = dict(token_level_rewards=REWARDS, response_mask=MASK, values=VALUES,
+                  index=np.array(["x"]), gamma=1.0, lam=1.0, norm_adv_by_std_in_grpo=True,
+                  epsilon=1e-6)
+    adv, ret = get_adv_estimator_fn("gae")(**kwargs)
+    assert torch.allclose(ret, torch.ones(1, 3))
+    adv, ret = get_adv_estimator_fn("grpo")(**kwargs)
+    assert torch.allclose(adv, torch.ones(1, 3))  # a group of one: advantage = score
+
+
+def test_registry_unknown_name_and_custom_estimator():
+    with pytest.raises(UnknownAlgorithmError, match="algorithm.adv_estimator") as err:
+        get_adv_estimator_fn("nope")
+    assert isinstance(err.value, ValueError)
+    assert "gae" in str(err.value) and "grpo" in str(err.value)
+
+    @register_adv_est("_test_zero")
+    def zero(token_level_rewards, response_mask, **kwargs):
+        return torch.zeros_like(token_level_rewards), torch.zeros_like(token_level_rewards)
+
+    try:
+        assert get_adv_estimator_fn("_test_zero") is zero
+        with pytest.raises(ValueError, match="already registered"):
+            register_adv_est("_test_zero")(lambda **kw: None)
+    finally:
+        ADV_ESTIMATOR_REGISTRY.pop("_test_zero")
