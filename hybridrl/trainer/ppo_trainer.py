@@ -1,0 +1,240 @@
+"""The driver: the PPO/GRPO loop of DESIGN.md, one stage per call, each stage timed.
+
+The driver holds only small tensors and control flow; models live in the worker groups.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections import defaultdict
+
+import numpy as np
+import torch
+
+from hybridrl.algorithms.advantages import get_adv_estimator_fn
+from hybridrl.algorithms.kl import apply_kl_penalty, get_kl_controller
+from hybridrl.algorithms.policy_loss import agg_loss
+from hybridrl.protocol import DataProto
+from hybridrl.trainer import checkpoint
+from hybridrl.trainer.metrics import (
+    compute_data_metrics,
+    compute_throughput_metrics,
+    compute_timing_metrics,
+    marked_timer,
+    reduce_metrics,
+)
+
+logger = logging.getLogger(__name__)
+
+_GEN_BATCH_KEYS = ["input_ids", "attention_mask", "position_ids"]
+
+
+def compute_advantage(data: DataProto, adv_estimator: str, gamma: float = 1.0, lam: float = 1.0,
+                      norm_adv_by_std_in_grpo: bool = True) -> DataProto:
+    """Fills ``advantages`` and ``returns`` ``(bs, response_length)`` with the named estimator.
+
+    Every estimator gets the same keyword arguments and uses the ones it needs: the group-based
+    ones group responses by the per-prompt ``uid``; GAE uses the critic's ``values``.
+    """
+    batch = data.batch
+    advantages, returns = get_adv_estimator_fn(adv_estimator)(
+        token_level_rewards=batch["token_level_rewards"],
+        response_mask=batch["response_mask"],
+        values=batch.get("values", None),
+        index=data.non_tensor_batch["uid"],
+        gamma=gamma,
+        lam=lam,
+        norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
+    )
+    batch["advantages"] = advantages
+    batch["returns"] = returns
+    return data
+
+
+def compute_reward(data: DataProto, reward_fn) -> tuple[torch.Tensor, dict]:
+    """``(token_level_scores (bs, response_length), reward_extra_info)`` from a reward manager."""
+    result = reward_fn(data, return_dict=True)
+    return result["reward_tensor"], result.get("reward_extra_info", {})
+
+
+class PPOTrainer:
+    """Runs ``fit()``: validation, then ``step()`` per batch, checkpoints and logging."""
+
+    def __init__(self, config, tokenizer, actor_rollout_wg, critic_wg, reward_fn, val_reward_fn,
+                 train_dataloader, val_dataloader, total_training_steps: int, n_workers: int = 1):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.actor_rollout_wg = actor_rollout_wg
+        self.critic_wg = critic_wg
+        self.reward_fn = reward_fn
+        self.val_reward_fn = val_reward_fn
+        self.train_dataloader = train_dataloader
+        self.val_dataloader = val_dataloader
+        self.total_training_steps = total_training_steps
+        self.n_workers = n_workers
+        algo = config.algorithm
+        self.use_critic = algo.adv_estimator == "gae"
+        self.use_reference_policy = algo.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss
+        self.kl_ctrl_in_reward = get_kl_controller(
+            algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.get("target_kl"), algo.kl_ctrl.get("horizon")
+        )
+        self.global_steps = 0
+
+    # ---------------------------------------------------------------- one training step
+    def step(self, batch_dict: dict) -> dict:
+        cfg = self.config
+        metrics: dict = {}
+        timing_raw: dict = {}
+        batch = DataProto.from_single_dict(batch_dict)
+        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+        with marked_timer("step", timing_raw):
+            n = cfg.actor_rollout_ref.rollout.n
+            gen_batch = batch.pop(batch_keys=_GEN_BATCH_KEYS).repeat(n, interleave=True)
+            with marked_timer("gen", timing_raw):
+                gen_output = self.actor_rollout_wg.generate_sequences(gen_batch)
+            batch = batch.repeat(n, interleave=True).union(gen_output)
+            batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
+
+            with marked_timer("reward", timing_raw):
+                reward_tensor, reward_extra_info = compute_reward(batch, self.reward_fn)
+            if "reward_error" in reward_extra_info:
+                metrics["reward/error_count"] = float(np.sum(reward_extra_info["reward_error"]))
+
+            with marked_timer("old_log_prob", timing_raw):
+                old_log_prob = self.actor_rollout_wg.compute_log_prob(batch)
+                entropys = old_log_prob.batch.pop("entropys")
+                metrics["actor/entropy"] = agg_loss(
+                    entropys, batch.batch["response_mask"], cfg.actor_rollout_ref.actor.loss_agg_mode
+                ).item()
+                batch = batch.union(old_log_prob)
+
+            if self.use_reference_policy:
+                with marked_timer("ref", timing_raw):
+                    batch = batch.union(self.actor_rollout_wg.compute_ref_log_prob(batch))
+
+            if self.use_critic:
+                with marked_timer("values", timing_raw):
+                    batch = batch.union(self.critic_wg.compute_values(batch))
+
+            with marked_timer("adv", timing_raw):
+                batch.batch["token_level_scores"] = reward_tensor
+                if cfg.algorithm.use_kl_in_reward:
+                    rewards, kl_metrics = apply_kl_penalty(
+                        reward_tensor, batch.batch["old_log_probs"], batch.batch["ref_log_prob"],
+                        batch.batch["response_mask"], self.kl_ctrl_in_reward, cfg.algorithm.kl_penalty,
+                    )
+                    batch.batch["token_level_rewards"] = rewards
+                    metrics.update(kl_metrics)
+                else:
+                    batch.batch["token_level_rewards"] = reward_tensor
+                batch = compute_advantage(
+                    batch, cfg.algorithm.adv_estimator, cfg.algorithm.gamma, cfg.algorithm.lam,
+                    cfg.algorithm.norm_adv_by_std_in_grpo,
+                )
+
+            if self.use_critic:
+                with marked_timer("update_critic", timing_raw):
+                    critic_output = self.critic_wg.update_critic(batch)
+                metrics.update(reduce_metrics(critic_output.meta_info["metrics"]))
+
+            if cfg.trainer.critic_warmup <= self.global_steps:
+                with marked_timer("update_actor", timing_raw):
+                    actor_output = self.actor_rollout_wg.update_actor(batch)
+                metrics.update(reduce_metrics(actor_output.meta_info["metrics"]))
+
+        metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
+        metrics.update(compute_timing_metrics(batch, timing_raw))
+        metrics.update(compute_throughput_metrics(batch, timing_raw, n_devices=self.n_workers))
+        return metrics
+
+    # ---------------------------------------------------------------- validation
+    def validate(self) -> dict:
+        """Greedy (``rollout.val_kwargs``) generation on the validation set.
+
+        Returns ``val-core/<data_source>/reward/mean@<n>``: the mean score per data source.
+        """
+        val_kwargs = self.config.actor_rollout_ref.rollout.val_kwargs
+        n = val_kwargs.get("n", 1)
+        scores_by_source: dict[str, list[float]] = defaultdict(list)
+        for batch_dict in self.val_dataloader:
+            batch = DataProto.from_single_dict(batch_dict)
+            gen_batch = batch.pop(batch_keys=_GEN_BATCH_KEYS).repeat(n, interleave=True)
+            gen_batch.meta_info = {
+                "do_sample": val_kwargs.get("do_sample", False),
+                "temperature": val_kwargs.get("temperature", 0.0),
+                "top_p": val_kwargs.get("top_p", 1.0),
+                "top_k": val_kwargs.get("top_k", -1),
+                "validate": True,
+            }
+            batch = batch.repeat(n, interleave=True).union(self.actor_rollout_wg.generate_sequences(gen_batch))
+            reward_tensor, _ = compute_reward(batch, self.val_reward_fn)
+            sources = batch.non_tensor_batch[self.config.data.get("reward_fn_key", "data_source")]
+            for source, score in zip(sources, reward_tensor.sum(-1).tolist()):
+                scores_by_source[str(source)].append(score)
+        return {f"val-core/{source}/reward/mean@{n}": float(np.mean(scores))
+                for source, scores in scores_by_source.items()}
+
+    # ---------------------------------------------------------------- checkpoints
+    def save_checkpoint(self) -> str:
+        trainer_cfg = self.config.trainer
+
+        def write_workers(folder: str) -> None:
+            self.actor_rollout_wg.save_checkpoint(os.path.join(folder, "actor"), self.global_steps)
+            if self.use_critic:
+                self.critic_wg.save_checkpoint(os.path.join(folder, "critic"), self.global_steps)
+
+        keep = trainer_cfg.get("max_actor_ckpt_to_keep")
+        return checkpoint.save_checkpoint(
+            trainer_cfg.default_local_dir, self.global_steps, write_workers,
+            self.train_dataloader.state_dict(), max_to_keep=keep,
+        )
+
+    def load_checkpoint(self) -> None:
+        """Restores the latest (``resume_mode=auto``) or the given checkpoint (``resume_path``)."""
+        trainer_cfg = self.config.trainer
+        if trainer_cfg.resume_mode == "disable":
+            return
+        if trainer_cfg.resume_mode == "resume_path":
+            path = trainer_cfg.resume_from_path
+        else:
+            path = checkpoint.find_latest_checkpoint(trainer_cfg.default_local_dir)
+            if path is None:
+                logger.info("no checkpoint in %s: training from scratch", trainer_cfg.default_local_dir)
+                return
+        global_step, dataloader_state = checkpoint.read_checkpoint(path)
+        self.actor_rollout_wg.load_checkpoint(os.path.join(path, "actor"))
+        if self.use_critic:
+            self.critic_wg.load_checkpoint(os.path.join(path, "critic"))
+        if dataloader_state is not None:
+            self.train_dataloader.load_state_dict(dataloader_state)
+        self.global_steps = global_step
+        print(f"hybridrl: resumed from {path} (step {global_step})", flush=True)
+
+    # ---------------------------------------------------------------- the loop
+    def fit(self, tracker) -> None:
+        """Trains until ``total_training_steps``; validates and checkpoints on schedule."""
+        trainer_cfg = self.config.trainer
+        self.load_checkpoint()
+        if self.val_dataloader is not None and trainer_cfg.val_before_train and self.global_steps == 0:
+            tracker.log(self.validate(), step=self.global_steps)
+        self.global_steps += 1
+        while self.global_steps <= self.total_training_steps:
+            for batch_dict in self.train_dataloader:
+                metrics = self.step(batch_dict)
+                is_last = self.global_steps >= self.total_training_steps
+                if self.val_dataloader is not None and trainer_cfg.test_freq > 0 and (
+                    is_last or self.global_steps % trainer_cfg.test_freq == 0
+                ):
+                    with marked_timer("testing", timing := {}):
+                        metrics.update(self.validate())
+                    metrics["timing_s/testing"] = timing["testing"]
+                if trainer_cfg.save_freq > 0 and (is_last or self.global_steps % trainer_cfg.save_freq == 0):
+                    with marked_timer("save_checkpoint", timing := {}):
+                        self.save_checkpoint()
+                    metrics["timing_s/save_checkpoint"] = timing["save_checkpoint"]
+                tracker.log(metrics, step=self.global_steps)
+                if is_last:
+                    return
+                self.global_steps += 1

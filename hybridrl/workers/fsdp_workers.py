@@ -1,0 +1,192 @@
+"""The workers the driver talks to: their ``@register`` methods are the whole driver API.
+
+``ActorRolloutRefWorker`` holds the policy (trained), its rollout engine and, when asked, the
+frozen reference policy. ``CriticWorker`` holds the value model. Both run unchanged in the
+local backend (world size 1) and are written against ``self.rank`` / ``self.world_size``.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+
+import torch
+
+from hybridrl.config import normalize_batch_sizes
+from hybridrl.controller.decorator import Dispatch, register
+from hybridrl.controller.worker import Worker, resolve_device
+from hybridrl.protocol import DataProto
+from hybridrl.workers.checkpoint_io import load_worker_state, save_worker_state
+from hybridrl.workers.optim import build_lr_scheduler, build_optimizer
+
+logger = logging.getLogger(__name__)
+
+
+def _with_normalized_batch_sizes(section, rollout_n: int, world_size: int):
+    """A copy of an actor/critic section with per-worker mini and micro batch sizes (rows)."""
+    from omegaconf import open_dict
+
+    section = copy.deepcopy(section)
+    sizes = normalize_batch_sizes(section, rollout_n, world_size)
+    with open_dict(section):
+        for key, value in sizes.items():
+            section[key] = value
+    return section
+
+
+class ActorRolloutRefWorker(Worker):
+    """Policy worker. ``role`` is ``actor_rollout``, ``actor_rollout_ref`` or ``ref``.
+
+    Args:
+        config: the ``actor_rollout_ref`` section (with ``actor.optim.total_training_steps``
+            filled in by the driver).
+        role: which of actor / rollout / reference this worker hosts.
+        device: ``trainer.device`` (cpu | cuda | auto).
+    """
+
+    def __init__(self, config, role: str = "actor_rollout_ref", device: str = "auto") -> None:
+        super().__init__()
+        if role not in ("actor_rollout", "actor_rollout_ref", "ref"):
+            raise ValueError(f"ActorRolloutRefWorker: unknown role {role!r}")
+        self.config = config
+        self.role = role
+        self.device = resolve_device(device)
+        self._is_actor = role != "ref"
+        self._is_ref = role in ("ref", "actor_rollout_ref")
+        self.init_distributed(self.device)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        from hybridrl.models import load_causal_lm, load_tokenizer, resolve_model_path
+        from hybridrl.workers.actor import PPOActor
+        from hybridrl.workers.rollout.base import get_rollout_cls
+
+        model_cfg = self.config.model
+        self.model_path = resolve_model_path(model_cfg.path, config_key="actor_rollout_ref.model.path")
+        self.tokenizer = load_tokenizer(self.model_path, trust_remote_code=model_cfg.get("trust_remote_code", False))
+        module = load_causal_lm(
+            self.model_path,
+            trust_remote_code=model_cfg.get("trust_remote_code", False),
+            override_config=model_cfg.get("override_config"),
+            enable_gradient_checkpointing=self._is_actor and model_cfg.get("enable_gradient_checkpointing", False),
+        ).to(self.device)
+        rollout_n = self.config.rollout.n
+        if self._is_ref:
+            ref_cfg = self.config.ref
+            ref_module = copy.deepcopy(module) if self._is_actor else module
+            ref_module.requires_grad_(False)
+            self.ref_policy = PPOActor(ref_cfg, ref_module)
+        if not self._is_actor:
+            return
+        actor_cfg = _with_normalized_batch_sizes(self.config.actor, rollout_n, self.world_size)
+        self.actor_optimizer = build_optimizer(module, actor_cfg.optim)
+        total_steps = actor_cfg.optim.get("total_training_steps") or 1
+        self.actor_lr_scheduler = build_lr_scheduler(self.actor_optimizer, actor_cfg.optim, total_steps)
+        self.actor = PPOActor(actor_cfg, module, self.actor_optimizer)
+        rollout_cls = get_rollout_cls(self.config.rollout.name)
+        self.rollout = rollout_cls(module, self.config.rollout, self.tokenizer, getattr(module, "generation_config", None))
+
+    def _log_prob_meta(self, section) -> dict:
+        micro = section.get("log_prob_micro_batch_size_per_gpu") or self.config.actor.get("ppo_micro_batch_size_per_gpu") or 8
+        return {"micro_batch_size": int(micro), "temperature": float(self.config.rollout.temperature)}
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        prompts = prompts.to(self.device)
+        return self.rollout.generate_sequences(prompts).to("cpu")
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """``old_log_probs`` and ``entropys``, ``(bs, response_length)``."""
+        data = data.to(self.device)
+        data.meta_info.update(self._log_prob_meta(self.config.rollout))
+        log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=True)
+        return DataProto.from_dict(
+            tensors={"old_log_probs": log_probs, "entropys": entropys}
+        ).to("cpu")
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """``ref_log_prob`` ``(bs, response_length)`` under the frozen initial policy."""
+        data = data.to(self.device)
+        data.meta_info.update(self._log_prob_meta(self.config.ref))
+        log_probs, _ = self.ref_policy.compute_log_prob(data)
+        return DataProto.from_dict(tensors={"ref_log_prob": log_probs}).to("cpu")
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_actor(self, data: DataProto) -> DataProto:
+        """One PPO update on the batch; the rollout engine gets the new weights after it."""
+        data = data.to(self.device)
+        data.meta_info["temperature"] = float(self.config.rollout.temperature)
+        metrics = self.actor.update_policy(data)
+        metrics["actor/lr"] = [self.actor_lr_scheduler.get_last_lr()[0]]
+        self.actor_lr_scheduler.step()
+        self.rollout.sync_weights(self.actor.actor_module)
+        return DataProto(meta_info={"metrics": metrics})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path: str, global_step: int) -> None:
+        save_worker_state(
+            local_path, self.actor.actor_module, self.actor_optimizer, self.actor_lr_scheduler,
+            self.rank, self.world_size, tokenizer=self.tokenizer,
+        )
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path: str) -> None:
+        load_worker_state(local_path, self.actor.actor_module, self.actor_optimizer, self.actor_lr_scheduler,
+                          self.rank, self.world_size)
+        self.rollout.sync_weights(self.actor.actor_module)
+
+
+class CriticWorker(Worker):
+    """Value-model worker. ``config`` is the ``critic`` section."""
+
+    def __init__(self, config, device: str = "auto") -> None:
+        super().__init__()
+        self.config = config
+        self.device = resolve_device(device)
+        self.init_distributed(self.device)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        from hybridrl.models import load_value_model, resolve_model_path
+        from hybridrl.workers.critic import PPOCritic
+
+        model_cfg = self.config.model
+        path = resolve_model_path(model_cfg.path, config_key="critic.model.path")
+        module = load_value_model(
+            path,
+            trust_remote_code=model_cfg.get("trust_remote_code", False),
+            override_config=model_cfg.get("override_config"),
+            enable_gradient_checkpointing=model_cfg.get("enable_gradient_checkpointing", False),
+        ).to(self.device)
+        critic_cfg = _with_normalized_batch_sizes(self.config, self.config.rollout_n, self.world_size)
+        self.critic_optimizer = build_optimizer(module, critic_cfg.optim)
+        total_steps = critic_cfg.optim.get("total_training_steps") or 1
+        self.critic_lr_scheduler = build_lr_scheduler(self.critic_optimizer, critic_cfg.optim, total_steps)
+        self.critic = PPOCritic(critic_cfg, module, self.critic_optimizer)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_values(self, data: DataProto) -> DataProto:
+        data = data.to(self.device)
+        micro = self.config.get("forward_micro_batch_size_per_gpu") or self.config.get("ppo_micro_batch_size_per_gpu") or 8
+        data.meta_info["micro_batch_size"] = int(micro)
+        return DataProto.from_dict(tensors={"values": self.critic.compute_values(data)}).to("cpu")
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_critic(self, data: DataProto) -> DataProto:
+        metrics = self.critic.update_critic(data.to(self.device))
+        metrics["critic/lr"] = [self.critic_lr_scheduler.get_last_lr()[0]]
+        self.critic_lr_scheduler.step()
+        return DataProto(meta_info={"metrics": metrics})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path: str, global_step: int) -> None:
+        save_worker_state(local_path, self.critic.critic_module, self.critic_optimizer,
+                          self.critic_lr_scheduler, self.rank, self.world_size)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path: str) -> None:
+        load_worker_state(local_path, self.critic.critic_module, self.critic_optimizer,
+                          self.critic_lr_scheduler, self.rank, self.world_size)

@@ -1,0 +1,43 @@
+"""Optimizer and learning-rate schedule from an ``optim`` config section (verl's keys)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def build_optimizer(module: torch.nn.Module, optim_cfg) -> torch.optim.Optimizer:
+    """AdamW with ``lr``, ``betas``, ``weight_decay`` from ``optim_cfg``."""
+    betas = tuple(optim_cfg.get("betas", (0.9, 0.999)))
+    return torch.optim.AdamW(
+        [p for p in module.parameters() if p.requires_grad],
+        lr=optim_cfg.lr,
+        betas=betas,
+        weight_decay=optim_cfg.get("weight_decay", 0.01),
+    )
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg, total_training_steps: int):
+    """verl's schedule: linear warmup, then constant or cosine down to ``min_lr_ratio``.
+
+    Warmup steps: ``lr_warmup_steps`` if > 0, else ``lr_warmup_steps_ratio x total steps``.
+
+    Raises:
+        ValueError: an unknown ``warmup_style``.
+    """
+    from transformers import get_constant_schedule_with_warmup, get_cosine_with_min_lr_schedule_with_warmup
+
+    warmup = optim_cfg.get("lr_warmup_steps", -1)
+    if warmup is None or warmup < 0:
+        warmup = int(optim_cfg.get("lr_warmup_steps_ratio", 0.0) * total_training_steps)
+    style = optim_cfg.get("warmup_style", "constant")
+    if style == "constant":
+        return get_constant_schedule_with_warmup(optimizer, num_warmup_steps=warmup)
+    if style == "cosine":
+        return get_cosine_with_min_lr_schedule_with_warmup(
+            optimizer,
+            num_warmup_steps=warmup,
+            num_training_steps=total_training_steps,
+            num_cycles=optim_cfg.get("num_cycles", 0.5),
+            min_lr_rate=optim_cfg.get("min_lr_ratio", 0.0) or 0.0,
+        )
+    raise ValueError(f"optim.warmup_style={style!r} is not one of constant, cosine")
