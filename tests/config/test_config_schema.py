@@ -1,0 +1,211 @@
+"""validate_ppo_config / normalize_batch_sizes: verl's batch-size rules and the value checks."""
+
+import copy
+
+import pytest
+from omegaconf import OmegaConf
+
+from hybridrl.config import ConfigError, load_config, normalize_batch_sizes, validate_ppo_config
+from hybridrl.config import schema
+
+A = "actor_rollout_ref.actor"
+R = "actor_rollout_ref.rollout"
+
+
+@pytest.fixture(scope="module")
+def base_cfg():
+    """A small valid GRPO config: 8 prompts x 2 responses, mini batch 4, micro batch 2."""
+    return load_config(["algorithm.adv_estimator=grpo", "data.train_batch_size=8",
+                        f"{A}.ppo_mini_batch_size=4", f"{A}.ppo_micro_batch_size_per_gpu=2",
+                        f"{R}.n=2"])
+
+
+def cfg_with(base, **changes):
+    """Copy of ``base`` with dotted keys (``__`` stands for ``.``) changed."""
+    cfg = copy.deepcopy(base)
+    for key, value in changes.items():
+        OmegaConf.update(cfg, key.replace("__", "."), value, merge=False)
+    return cfg
+
+
+def error_of(cfg, world_size=1) -> str:
+    with pytest.raises(ConfigError) as err:
+        validate_ppo_config(cfg, world_size=world_size)
+    msg = str(err.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_valid_config_with_defaults_has_no_notes(base_cfg):
+    assert validate_ppo_config(base_cfg, world_size=1) == []
+    assert validate_ppo_config(base_cfg, world_size=2) == []  # 16 responses, 8 per worker, 4 micro
+
+
+def test_train_batch_size_must_be_positive(base_cfg):
+    msg = error_of(cfg_with(base_cfg, data__train_batch_size=0))
+    assert "data.train_batch_size=0" in msg and ">= 1" in msg
+
+
+def test_train_batch_smaller_than_mini_batch(base_cfg):
+    msg = error_of(cfg_with(base_cfg, **{f"{A}__ppo_mini_batch_size": 16}))
+    assert "data.train_batch_size=8" in msg and f"{A}.ppo_mini_batch_size=16" in msg
+
+
+def test_responses_must_split_over_workers(base_cfg):
+    # 3 prompts x 1 response over 2 workers
+    cfg = cfg_with(base_cfg, data__train_batch_size=3, **{f"{R}__n": 1, f"{A}__ppo_mini_batch_size": 2})
+    msg = error_of(cfg, world_size=2)
+    assert "data.train_batch_size=3" in msg and f"{R}.n=1" in msg and "2 workers" in msg
+
+
+def test_mini_batch_times_n_must_split_over_workers(base_cfg):
+    # train 6 x 1 = 6 splits over 2, but mini 3 x 1 = 3 does not
+    cfg = cfg_with(base_cfg, data__train_batch_size=6,
+                   **{f"{R}__n": 1, f"{A}__ppo_mini_batch_size": 3, f"{A}__ppo_micro_batch_size_per_gpu": 1})
+    msg = error_of(cfg, world_size=2)
+    assert f"{A}.ppo_mini_batch_size=3" in msg and "= 3 responses" in msg and "2 workers" in msg
+
+
+def test_micro_batch_must_divide_per_worker_mini_batch(base_cfg):
+    # 4 prompts x 2 responses / 1 worker = 8 responses; micro batch 3 does not divide 8
+    msg = error_of(cfg_with(base_cfg, **{f"{A}__ppo_micro_batch_size_per_gpu": 3}))
+    assert "= 8 responses per worker" in msg and f"{A}.ppo_micro_batch_size_per_gpu" in msg
+    # dynamic batch sizes pack by tokens: the divisibility rule does not apply
+    validate_ppo_config(cfg_with(base_cfg, **{f"{A}__ppo_micro_batch_size_per_gpu": 3,
+                                              f"{A}__use_dynamic_bsz": True}))
+
+
+def test_both_micro_batch_keys_set(base_cfg):
+    msg = error_of(cfg_with(base_cfg, **{f"{A}__ppo_micro_batch_size": 4}))
+    assert f"{A}.ppo_micro_batch_size=4" in msg and f"{A}.ppo_micro_batch_size_per_gpu=2" in msg
+    assert "remove the deprecated" in msg
+
+
+def test_no_micro_batch_key_set(base_cfg):
+    cfg = cfg_with(base_cfg, **{f"{A}__ppo_micro_batch_size_per_gpu": None})
+    msg = error_of(cfg)
+    assert f"{A}.ppo_micro_batch_size_per_gpu is not set" in msg and "use_dynamic_bsz" in msg
+    validate_ppo_config(cfg_with(cfg, **{f"{A}__use_dynamic_bsz": True}))
+
+
+def test_deprecated_global_micro_batch_smaller_than_workers(base_cfg):
+    cfg = cfg_with(base_cfg, **{f"{A}__ppo_micro_batch_size_per_gpu": None, f"{A}__ppo_micro_batch_size": 2})
+    validate_ppo_config(cfg, world_size=2)  # 2 // 2 = 1 per worker
+    msg = error_of(cfg, world_size=4)
+    assert f"{A}.ppo_micro_batch_size=2" in msg and "0 per worker" in msg
+
+
+def test_critic_rules_apply_only_with_gae(base_cfg):
+    cfg = cfg_with(base_cfg, algorithm__adv_estimator="gae")
+    msg = error_of(cfg)
+    assert "critic.ppo_micro_batch_size_per_gpu is not set" in msg
+    validate_ppo_config(cfg_with(cfg, critic__ppo_micro_batch_size_per_gpu=4))
+    msg = error_of(cfg_with(cfg, critic__ppo_micro_batch_size_per_gpu=3))
+    assert "critic.ppo_mini_batch_size=4" in msg and "micro batches of 3" in msg
+
+
+@pytest.mark.parametrize("prefix", [R, "actor_rollout_ref.ref"])
+def test_log_prob_micro_batch_keys(base_cfg, prefix):
+    p = prefix.replace(".", "__")
+    msg = error_of(cfg_with(base_cfg, **{f"{p}__log_prob_micro_batch_size_per_gpu": 0}))
+    assert f"{prefix}.log_prob_micro_batch_size_per_gpu=0" in msg
+    msg = error_of(cfg_with(base_cfg, **{f"{p}__log_prob_micro_batch_size_per_gpu": 2,
+                                         f"{p}__log_prob_micro_batch_size": 4}))
+    assert f"{prefix}.log_prob_micro_batch_size=4" in msg
+
+
+def test_reward_model_needs_micro_batch_when_enabled(base_cfg):
+    msg = error_of(cfg_with(base_cfg, reward_model__enable=True))
+    assert "reward_model.micro_batch_size_per_gpu is not set" in msg
+
+
+def test_unknown_adv_estimator_lists_known_ones(base_cfg):
+    pytest.importorskip("hybridrl.algorithms.advantages")
+    msg = error_of(cfg_with(base_cfg, algorithm__adv_estimator="grp0"))
+    assert "algorithm.adv_estimator='grp0' is unknown" in msg
+    assert "gae" in msg and "grpo" in msg
+
+
+@pytest.mark.parametrize("key, bad", [
+    ("trainer.device", "tpu"), ("trainer.backend", "slurm"), ("algorithm.kl_ctrl.type", "pid"),
+    (f"{A}.loss_agg_mode", "token-sum"), ("data.truncation", "cut"), ("trainer.resume_mode", "always"),
+    ("reward_model.on_error", "ignore"),
+])
+def test_choices(base_cfg, key, bad):
+    msg = error_of(cfg_with(base_cfg, **{key.replace(".", "__"): bad}))
+    assert f"{key}={bad!r} is not one of" in msg
+
+
+@pytest.mark.parametrize("key, bad", [
+    ("data.max_prompt_length", 0), ("data.max_response_length", -1), ("trainer.critic_warmup", -1),
+    (f"{A}.ppo_epochs", 0), (f"{A}.clip_ratio", 0), (f"{A}.clip_ratio_high", -0.1),
+    (f"{A}.clip_ratio_c", 1.0), (f"{R}.n", 0), ("data.train_batch_size", "8"),
+])
+def test_value_ranges(base_cfg, key, bad):
+    msg = error_of(cfg_with(base_cfg, **{key.replace(".", "__"): bad}))
+    assert f"{key}={bad!r}" in msg
+
+
+def test_resume_path_needs_a_path(base_cfg):
+    msg = error_of(cfg_with(base_cfg, trainer__resume_mode="resume_path"))
+    assert "trainer.resume_from_path" in msg
+    validate_ppo_config(cfg_with(base_cfg, trainer__resume_mode="resume_path",
+                                 trainer__resume_from_path="/ckpt/global_step_10"))
+
+
+def test_cuda_requested_without_cuda(base_cfg):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    msg = error_of(cfg_with(base_cfg, trainer__device="cuda"))
+    assert "trainer.device=cuda" in msg and "trainer.device=cpu" in msg
+
+
+def test_world_size_must_be_positive(base_cfg):
+    with pytest.raises(ConfigError, match="world_size=0"):
+        validate_ppo_config(base_cfg, world_size=0)
+
+
+def test_ignored_key_notes(base_cfg, monkeypatch):
+    cfg = cfg_with(base_cfg, **{f"{R}__enforce_eager": False, f"{A}__use_torch_compile": False,
+                                f"{A}__fsdp_config__param_offload": True, f"{R}__name": "vllm"})
+    monkeypatch.setattr(schema.importlib.util, "find_spec", lambda name: None)
+    notes = validate_ppo_config(cfg, world_size=1)
+    assert f"{R}.enforce_eager=False is ignored: the HF generate engine does not use it (no CUDA graphs)" in notes
+    assert any(n.startswith(f"{A}.use_torch_compile=False is ignored") for n in notes)
+    assert any(n.startswith(f"{A}.fsdp_config.param_offload=True is ignored") for n in notes)
+    assert f"{R}.name=vllm: vLLM is not installed; generating with the HF engine" in notes
+    assert len(notes) == 4
+    # with several workers the FSDP key means something
+    assert not any("fsdp_config" in n for n in validate_ppo_config(cfg, world_size=2))
+
+
+def test_every_ignored_key_exists_in_the_packaged_yaml():
+    defaults = schema._packaged_defaults()
+    absent = [k for k in schema.IGNORED_KEYS if OmegaConf.select(defaults, k, default="<absent>") == "<absent>"]
+    assert absent == []
+
+
+def test_normalize_batch_sizes_like_verl_workers():
+    actor = {"ppo_mini_batch_size": 256, "ppo_micro_batch_size": None, "ppo_micro_batch_size_per_gpu": 16,
+             "use_dynamic_bsz": False}
+    # 256 prompts x 5 responses / 8 workers = 160 responses per worker
+    assert normalize_batch_sizes(actor, 5, 8) == {"ppo_mini_batch_size": 160, "ppo_micro_batch_size_per_gpu": 16}
+    deprecated = dict(actor, ppo_micro_batch_size=64, ppo_micro_batch_size_per_gpu=None)
+    assert normalize_batch_sizes(deprecated, 5, 8)["ppo_micro_batch_size_per_gpu"] == 8  # 64 // 8
+    dynamic = dict(actor, ppo_micro_batch_size_per_gpu=None, use_dynamic_bsz=True)
+    assert normalize_batch_sizes(dynamic, 1, 2) == {"ppo_mini_batch_size": 128, "ppo_micro_batch_size_per_gpu": None}
+
+
+def test_normalize_batch_sizes_critic_forward_micro_batch():
+    critic = {"ppo_mini_batch_size": 4, "ppo_micro_batch_size": None, "ppo_micro_batch_size_per_gpu": 2,
+              "forward_micro_batch_size": None, "forward_micro_batch_size_per_gpu": 8,
+              "use_dynamic_bsz": False, "cliprange_value": 0.5}
+    out = normalize_batch_sizes(critic, 2, 1)
+    assert out == {"ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 2,
+                   "forward_micro_batch_size_per_gpu": 8}
+    critic["forward_micro_batch_size_per_gpu"] = None
+    assert normalize_batch_sizes(critic, 2, 1)["forward_micro_batch_size_per_gpu"] == 2
+    with pytest.raises(ConfigError, match=r"critic\.ppo_micro_batch_size_per_gpu is not set"):
+        normalize_batch_sizes(dict(critic, ppo_micro_batch_size_per_gpu=None), 2, 1)
