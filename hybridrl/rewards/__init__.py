@@ -1,0 +1,139 @@
+"""Reward scorers: a registry from ``data_source`` to a rule-based scoring function.
+
+Light on purpose (no torch, no transformers): built-in scorers are named as
+``"module:function"`` strings and imported on first use.
+
+A scorer is called as ``fn(solution_str, ground_truth, **kwargs)``, plus ``extra_info=...`` when
+it accepts an ``extra_info`` parameter (or ``**kwargs``). It returns a float, or a dict with a
+``"score"`` key and any other per-sample values to log.
+
+Extending::
+
+    from hybridrl.rewards import register_scorer
+
+    @register_scorer("my_dataset")
+    def compute_score(solution_str, ground_truth, extra_info=None):
+        return float(solution_str.strip() == ground_truth)
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any, Callable
+
+__all__ = [
+    "UnknownDataSourceError",
+    "ScorerRegistrationError",
+    "register_scorer",
+    "get_scorer",
+    "known_data_sources",
+    "default_compute_score",
+]
+
+# data_source -> "module:function", imported lazily so that `import hybridrl.rewards` stays light.
+_BUILTIN_SCORERS: dict[str, str] = {
+    "openai/gsm8k": "hybridrl.rewards.gsm8k:compute_score",
+    "gsm8k": "hybridrl.rewards.gsm8k:compute_score",
+    "arithmetic": "hybridrl.rewards.arithmetic:compute_score",
+}
+# Scorers registered by users; they take precedence over the built-in table.
+_REGISTERED_SCORERS: dict[str, Callable[..., Any]] = {}
+
+
+class UnknownDataSourceError(ValueError):
+    """No scorer is registered for a data_source."""
+
+
+class ScorerRegistrationError(ValueError):
+    """register_scorer was called without valid data_source names."""
+
+
+def register_scorer(*data_sources: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: use the decorated function to score rows of the given ``data_source`` values.
+
+    A later registration of the same data_source replaces the earlier one (and the built-in).
+
+    Raises:
+        ScorerRegistrationError: no data_source was given, or one is not a non-empty string.
+    """
+    if not data_sources or not all(isinstance(s, str) and s for s in data_sources):
+        raise ScorerRegistrationError(
+            f"register_scorer{data_sources!r}: give one or more non-empty data_source strings, "
+            "e.g. @register_scorer('my_dataset')"
+        )
+
+    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for source in data_sources:
+            _REGISTERED_SCORERS[source] = fn
+        return fn
+
+    return decorator
+
+
+def known_data_sources() -> list[str]:
+    """Sorted list of every data_source that has a scorer (built-in or registered)."""
+    return sorted(set(_BUILTIN_SCORERS) | set(_REGISTERED_SCORERS))
+
+
+def get_scorer(data_source: str) -> Callable[..., Any]:
+    """Return the scoring function for ``data_source``, importing a built-in one on first use.
+
+    Raises:
+        UnknownDataSourceError: no scorer is known for ``data_source``.
+    """
+    fn = _REGISTERED_SCORERS.get(data_source)
+    if fn is not None:
+        return fn
+    target = _BUILTIN_SCORERS.get(data_source)
+    if target is None:
+        raise UnknownDataSourceError(
+            f"no reward scorer for data_source={data_source!r}; known data sources: "
+            f"{known_data_sources()}. Set custom_reward_function.path/name to your own "
+            "compute_score file, or register one with @hybridrl.rewards.register_scorer"
+            f"({data_source!r})"
+        )
+    module_name, fn_name = target.split(":")
+    fn = getattr(importlib.import_module(module_name), fn_name)
+    _REGISTERED_SCORERS.setdefault(data_source, fn)  # cache the import
+    return fn
+
+
+def _accepts_extra_info(fn: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # builtins without a signature: pass it and let them say
+        return True
+    return any(p.name == "extra_info" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def default_compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: dict | None = None,
+    **kwargs: Any,
+) -> float | dict:
+    """Score one response with the scorer registered for its ``data_source``.
+
+    Args:
+        data_source: the row's ``data_source`` column (e.g. ``"openai/gsm8k"``).
+        solution_str: the decoded response text.
+        ground_truth: ``reward_model["ground_truth"]`` of the row.
+        extra_info: the row's ``extra_info`` dict; passed on only to scorers that accept it.
+        **kwargs: passed on to the scorer (e.g. ``method="flexible"`` for GSM8K).
+
+    Returns:
+        A float, or a dict with a ``"score"`` key (as the scorer returned it; numbers are
+        converted to ``float``).
+
+    Raises:
+        UnknownDataSourceError: no scorer is known for ``data_source``.
+    """
+    fn = get_scorer(data_source)
+    if extra_info is not None and _accepts_extra_info(fn):
+        kwargs["extra_info"] = extra_info
+    result = fn(solution_str, ground_truth, **kwargs)
+    if isinstance(result, dict):
+        return result
+    return float(result)

@@ -1,0 +1,96 @@
+"""Load a user's reward function from a Python file (config ``custom_reward_function.path/name``).
+
+The function is called by the reward manager as
+``fn(data_source=..., solution_str=..., ground_truth=..., extra_info=..., **reward_kwargs)``
+and returns a float or a dict with a ``"score"`` key, like the built-in scorers.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import os
+import sys
+from typing import Any, Callable, Mapping
+
+__all__ = ["RewardConfigError", "load_custom_reward_fn"]
+
+
+class RewardConfigError(ValueError):
+    """The reward configuration (custom function, manager, on_error, ...) is invalid."""
+
+
+def _import_file(path: str) -> Any:
+    # A unique module name per file, registered in sys.modules so that pickling (Ray) and
+    # dataclasses defined in the file work.
+    digest = hashlib.sha1(path.encode()).hexdigest()[:12]
+    stem = os.path.splitext(os.path.basename(path))[0]
+    module_name = f"hybridrl_custom_reward_{stem}_{digest}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise RewardConfigError(
+            f"custom_reward_function.path={path!r} cannot be imported as a Python module; "
+            "point it to a .py file"
+        )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[module_name]
+        msg = str(exc).replace("\n", " ")
+        raise RewardConfigError(
+            f"custom_reward_function.path={path!r}: importing the file failed with "
+            f"{type(exc).__name__}: {msg}; fix the file"
+        ) from exc
+    return module
+
+
+def load_custom_reward_fn(
+    path: str,
+    name: str = "compute_score",
+    reward_kwargs: Mapping[str, Any] | None = None,
+) -> Callable[..., Any]:
+    """Import the Python file at ``path`` and return its function ``name``.
+
+    Args:
+        path: the file (config ``custom_reward_function.path``); relative paths are resolved
+            against the current working directory.
+        name: the function in that file (config ``custom_reward_function.name``).
+        reward_kwargs: extra keyword arguments bound to the function with ``functools.partial``
+            (config ``custom_reward_function.reward_kwargs``); ``None`` or empty binds nothing.
+
+    Returns:
+        The function, or a ``functools.partial`` of it when ``reward_kwargs`` is non-empty.
+
+    Raises:
+        RewardConfigError: the file does not exist, cannot be imported, or does not define a
+            callable named ``name`` (the message lists the callables it does define).
+    """
+    if not path:
+        raise RewardConfigError(
+            "custom_reward_function.path is empty; set it to a .py file that defines "
+            f"{name or 'compute_score'}, or leave custom_reward_function unset"
+        )
+    full_path = os.path.abspath(os.path.expanduser(str(path)))
+    if not os.path.isfile(full_path):
+        raise RewardConfigError(
+            f"custom_reward_function.path={path!r}: file {full_path} does not exist; "
+            "set it to the .py file that defines your reward function"
+        )
+    module = _import_file(full_path)
+    fn = getattr(module, name, None) if name else None
+    if not callable(fn):
+        defined = sorted(
+            k for k, v in vars(module).items()
+            if callable(v) and not k.startswith("_") and getattr(v, "__module__", None) == module.__name__
+        )
+        raise RewardConfigError(
+            f"custom_reward_function.name={name!r} is not a function in {full_path}; "
+            f"callables defined there: {defined or 'none'}. Set custom_reward_function.name "
+            "to one of them"
+        )
+    if reward_kwargs:
+        return functools.partial(fn, **dict(reward_kwargs))
+    return fn

@@ -1,0 +1,312 @@
+"""Reward managers: turn a batch of generated responses into token-level scores.
+
+A reward manager decodes each response, calls a scoring function and writes the score on the
+last valid response token (verl's ``token_level_scores``). Managers are registered by name and
+chosen with the config key ``reward_model.reward_manager`` (default ``"naive"``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import torch
+
+from hybridrl.rewards import default_compute_score
+from hybridrl.rewards.custom import RewardConfigError, load_custom_reward_fn
+
+__all__ = [
+    "RewardFunctionError",
+    "RewardInputError",
+    "register_reward_manager",
+    "get_reward_manager_cls",
+    "NaiveRewardManager",
+    "load_reward_manager",
+]
+
+logger = logging.getLogger(__name__)
+
+_REWARD_MANAGERS: dict[str, type] = {}
+_ON_ERROR = ("raise", "zero")
+
+
+class RewardFunctionError(RuntimeError):
+    """The scoring function raised (or returned something that is not a score) on a sample."""
+
+
+class RewardInputError(ValueError):
+    """The batch lacks a key the reward manager needs, or holds it in the wrong form."""
+
+
+def register_reward_manager(name: str) -> Callable[[type], type]:
+    """Class decorator: make a reward manager available as ``reward_model.reward_manager=name``.
+
+    The class is built as ``cls(tokenizer=..., num_examine=..., compute_score=...,
+    reward_fn_key=..., on_error=..., **reward_model.reward_kwargs)`` and called as
+    ``manager(data: DataProto, return_dict=False)``.
+    """
+
+    def decorator(cls: type) -> type:
+        _REWARD_MANAGERS[name] = cls
+        return cls
+
+    return decorator
+
+
+def get_reward_manager_cls(name: str) -> type:
+    """Return the reward manager class registered as ``name``.
+
+    Raises:
+        RewardConfigError: ``name`` is not registered.
+    """
+    if name not in _REWARD_MANAGERS:
+        raise RewardConfigError(
+            f"reward_model.reward_manager={name!r} is unknown; known: {sorted(_REWARD_MANAGERS)}. "
+            "Pick one of them or register yours with @register_reward_manager"
+        )
+    return _REWARD_MANAGERS[name]
+
+
+def _split_result(result: Any) -> tuple[float, dict]:
+    """A scorer result → (score, other per-sample values). Raises TypeError on a bad result."""
+    if isinstance(result, dict):
+        if "score" not in result:
+            raise TypeError(f"it returned a dict without a 'score' key (keys: {sorted(result)})")
+        extras = {k: v for k, v in result.items() if k != "score"}
+        return float(result["score"]), extras
+    if isinstance(result, (str, bytes)) or not hasattr(result, "__float__"):
+        raise TypeError(f"it returned {type(result).__name__}; return a float or a dict with 'score'")
+    return float(result), {}  # int, bool, numpy and 1-element torch scalars
+
+
+@register_reward_manager("naive")
+class NaiveRewardManager:
+    """Score each response independently with a rule-based function (verl's naive manager).
+
+    Args:
+        tokenizer: a Hugging Face tokenizer, used to decode prompts and responses.
+        num_examine: how many samples per data_source to print on each call (0: none).
+        compute_score: ``fn(data_source=, solution_str=, ground_truth=, extra_info=)`` returning
+            a float or a dict with ``"score"``; default :func:`hybridrl.rewards.default_compute_score`.
+        reward_fn_key: the non-tensor key holding each row's data source (``data.reward_fn_key``).
+        on_error: ``"raise"`` (stop with :class:`RewardFunctionError`) or ``"zero"`` (score a
+            failing sample 0 and report it in ``reward_extra_info["reward_error"]``).
+
+    Raises:
+        RewardConfigError: ``on_error`` is not ``"raise"`` or ``"zero"``.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        num_examine: int,
+        compute_score: Callable[..., Any] | None = None,
+        reward_fn_key: str = "data_source",
+        on_error: str = "raise",
+    ) -> None:
+        if on_error not in _ON_ERROR:
+            raise RewardConfigError(
+                f"reward_model.on_error={on_error!r} is invalid; use 'raise' (stop on a failing "
+                "reward function) or 'zero' (score such samples 0 and go on)"
+            )
+        self.tokenizer = tokenizer
+        self.num_examine = int(num_examine)
+        self.compute_score = compute_score or default_compute_score
+        self.reward_fn_key = reward_fn_key
+        self.on_error = on_error
+
+    def __call__(self, data: Any, return_dict: bool = False) -> torch.Tensor | dict:
+        """Score a batch.
+
+        Args:
+            data: a ``DataProto`` with batch ``prompts`` (bs, P) left-padded, ``responses``
+                (bs, R) right-padded, ``attention_mask`` (bs, P+R), and non-tensors
+                ``<reward_fn_key>`` (str), ``reward_model`` (dict with ``ground_truth``) and
+                optionally ``extra_info`` (dict). If batch ``rm_scores`` exists it is returned as is.
+            return_dict: return ``{"reward_tensor", "reward_extra_info"}`` instead of the tensor.
+
+        Returns:
+            ``reward_tensor``: float32 (bs, R), zero except each sample's score on its last valid
+            response token (a sample with no valid response token gets no score). With
+            ``return_dict``, also ``reward_extra_info``: dict of lists of length bs, one per extra
+            key returned by the scorer (``None`` where a sample lacked it), plus
+            ``reward_error`` (1.0/0.0) when ``on_error="zero"``.
+
+        Raises:
+            RewardInputError: a needed key is missing or malformed.
+            RewardFunctionError: the scorer failed on a sample and ``on_error="raise"``.
+        """
+        if "rm_scores" in data.batch.keys():
+            scores = data.batch["rm_scores"]
+            return {"reward_tensor": scores, "reward_extra_info": {}} if return_dict else scores
+        for key in ("prompts", "responses", "attention_mask"):
+            if key not in data.batch.keys():
+                raise RewardInputError(
+                    f"batch has no '{key}' tensor; the reward manager needs prompts, responses "
+                    "and attention_mask from the rollout"
+                )
+        prompts, responses = data.batch["prompts"], data.batch["responses"]
+        prompt_len = prompts.shape[-1]
+        mask = data.batch["attention_mask"]
+        valid_prompt = mask[:, :prompt_len].sum(-1).tolist()
+        valid_resp = mask[:, prompt_len:].sum(-1).tolist()
+
+        reward_tensor = torch.zeros(responses.shape, dtype=torch.float32, device=responses.device)
+        extras_per_sample, errors, printed = [], [], {}
+        for i in range(len(data)):
+            vp, vr = int(valid_prompt[i]), int(valid_resp[i])
+            response_str = self.tokenizer.decode(responses[i, :vr], skip_special_tokens=True)
+            data_source, ground_truth, extra_info = self._row_inputs(data, i)
+            score, extras, failed = self._score(i, data_source, response_str, ground_truth, extra_info)
+            if vr > 0:
+                reward_tensor[i, vr - 1] = score
+            extras_per_sample.append(extras)
+            errors.append(1.0 if failed else 0.0)
+            if printed.get(data_source, 0) < self.num_examine:
+                printed[data_source] = printed.get(data_source, 0) + 1
+                prompt_str = self.tokenizer.decode(prompts[i, prompt_len - vp:], skip_special_tokens=True)
+                self._print_sample(prompt_str, response_str, ground_truth, score, extras)
+
+        if sum(errors):
+            logger.warning(
+                "reward function failed on %d of %d samples in this batch; they were scored 0 "
+                "(reward_model.on_error=zero)", int(sum(errors)), len(errors)
+            )
+        if not return_dict:
+            return reward_tensor
+        extra_info_out = _collect_extras(extras_per_sample)
+        if self.on_error == "zero":
+            extra_info_out["reward_error"] = errors
+        return {"reward_tensor": reward_tensor, "reward_extra_info": extra_info_out}
+
+    def _row_inputs(self, data: Any, i: int) -> tuple[Any, Any, Any]:
+        """(data_source, ground_truth, extra_info) of row ``i``, with clear errors if missing."""
+        nt = data.non_tensor_batch
+        if self.reward_fn_key not in nt:
+            raise RewardInputError(
+                f"non_tensor_batch has no '{self.reward_fn_key}' (data.reward_fn_key); "
+                f"present keys: {sorted(nt)}. Set data.reward_fn_key to the column naming each "
+                "row's data source"
+            )
+        if "reward_model" not in nt:
+            raise RewardInputError(
+                "non_tensor_batch has no 'reward_model'; each dataset row needs "
+                "reward_model={'style': 'rule', 'ground_truth': ...}"
+            )
+        reward_model = nt["reward_model"][i]
+        if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
+            raise RewardInputError(
+                f"reward_model of sample {i} is {reward_model!r}; it must be a dict with a "
+                "'ground_truth' key, e.g. {'style': 'rule', 'ground_truth': '42'}"
+            )
+        extra_info = nt["extra_info"][i] if "extra_info" in nt else None
+        if "__num_turns__" in nt:  # multi-turn rollouts: let scorers see the turn count (verl)
+            extra_info = {**(extra_info or {}), "num_turns": nt["__num_turns__"][i]}
+        return nt[self.reward_fn_key][i], reward_model["ground_truth"], extra_info
+
+    def _score(self, i, data_source, solution_str, ground_truth, extra_info) -> tuple[float, dict, bool]:
+        """Call the scorer on one sample → (score, extras, failed), applying ``on_error``."""
+        try:
+            result = self.compute_score(
+                data_source=data_source,
+                solution_str=solution_str,
+                ground_truth=ground_truth,
+                extra_info=extra_info,
+            )
+            score, extras = _split_result(result)
+        except Exception as exc:
+            if self.on_error == "zero":
+                return 0.0, {}, True
+            msg = " ".join(str(exc).split())
+            raise RewardFunctionError(
+                f"reward function failed on sample {i} of the batch (data_source={data_source!r}): "
+                f"{type(exc).__name__}: {msg}; fix the function or set reward_model.on_error=zero "
+                "to score such samples 0 and go on"
+            ) from exc
+        return score, extras, False
+
+    @staticmethod
+    def _print_sample(prompt: str, response: str, ground_truth: Any, score: float, extras: dict) -> None:
+        print("[prompt]", prompt)
+        print("[response]", response)
+        print("[ground_truth]", ground_truth)
+        print("[score]", score)
+        for key, value in extras.items():
+            print(f"[{key}]", value)
+
+
+def _collect_extras(extras_per_sample: list[dict]) -> dict[str, list]:
+    """Per-sample extra dicts → dict of lists of length bs (None where a sample lacks the key)."""
+    keys: dict[str, None] = {}
+    for extras in extras_per_sample:
+        keys.update(dict.fromkeys(extras))
+    return {k: [extras.get(k) for extras in extras_per_sample] for k in keys}
+
+
+def _cfg_get(config: Any, dotted: str, default: Any = None) -> Any:
+    """``config.a.b`` for a DictConfig or nested dicts, ``default`` where any part is missing."""
+    node = config
+    for part in dotted.split("."):
+        if node is None or not hasattr(node, "get"):
+            return default
+        node = node.get(part, None)
+    return default if node is None else node
+
+
+def _to_plain_dict(value: Any, key: str) -> dict:
+    try:
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(value):
+            value = OmegaConf.to_container(value, resolve=True)
+    except ImportError:  # plain dict configs work without omegaconf
+        pass
+    if not isinstance(value, dict):
+        raise RewardConfigError(f"{key} is a {type(value).__name__}; it must be a mapping of keyword arguments")
+    return value
+
+
+def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0) -> Any:
+    """Build the reward manager the trainer config asks for (verl's ``load_reward_manager``).
+
+    Reads ``custom_reward_function.{path,name,reward_kwargs}`` (the custom scorer, with its kwargs
+    bound by ``functools.partial``; default :func:`default_compute_score`),
+    ``reward_model.reward_manager`` (default ``"naive"``), ``reward_model.reward_kwargs`` (extra
+    constructor arguments of the manager), ``reward_model.on_error`` (default ``"raise"``) and
+    ``data.reward_fn_key`` (default ``"data_source"``).
+
+    Args:
+        config: the whole trainer config (an omegaconf DictConfig or nested dicts).
+        tokenizer: the tokenizer used to decode responses.
+        num_examine: samples per data_source to print on each call.
+
+    Raises:
+        RewardConfigError: a bad custom function, manager name, on_error value or reward_kwargs.
+    """
+    path = _cfg_get(config, "custom_reward_function.path")
+    compute_score = None
+    if path:
+        name = _cfg_get(config, "custom_reward_function.name", "compute_score")
+        fn_kwargs = _to_plain_dict(
+            _cfg_get(config, "custom_reward_function.reward_kwargs", {}), "custom_reward_function.reward_kwargs"
+        )
+        compute_score = load_custom_reward_fn(path, name, fn_kwargs)
+    manager_name = _cfg_get(config, "reward_model.reward_manager", "naive")
+    manager_cls = get_reward_manager_cls(manager_name)
+    manager_kwargs = _to_plain_dict(_cfg_get(config, "reward_model.reward_kwargs", {}), "reward_model.reward_kwargs")
+    try:
+        return manager_cls(
+            tokenizer=tokenizer,
+            num_examine=num_examine,
+            compute_score=compute_score,
+            reward_fn_key=_cfg_get(config, "data.reward_fn_key", "data_source"),
+            on_error=_cfg_get(config, "reward_model.on_error", "raise"),
+            **manager_kwargs,
+        )
+    except TypeError as exc:
+        if not manager_kwargs:
+            raise
+        raise RewardConfigError(
+            f"reward_model.reward_kwargs={manager_kwargs} do not fit reward manager "
+            f"{manager_name!r}: {exc}; remove the keys it does not take"
+        ) from exc
