@@ -1,0 +1,62 @@
+"""A resumable, seeded dataloader for RLHFDataset (torchdata's StatefulDataLoader)."""
+
+import torch
+from torchdata.stateful_dataloader import StatefulDataLoader
+from torchdata.stateful_dataloader.sampler import RandomSampler
+
+from hybridrl.data.collate import collate_fn
+from hybridrl.data.errors import DataError
+
+
+def create_rl_dataloader(
+    dataset,
+    batch_size: int,
+    shuffle: bool = True,
+    seed: int | None = 1,
+    num_workers: int = 0,
+    drop_last: bool = True,
+    config_key: str = "data.train_batch_size",
+) -> StatefulDataLoader:
+    """Build a ``StatefulDataLoader`` whose ``state_dict()`` resumes mid-epoch exactly.
+
+    Shuffling uses torchdata's stateful ``RandomSampler`` driven by a ``torch.Generator``
+    seeded with ``seed``: the same seed gives the same order, and a state dict taken after
+    k batches makes a fresh loader continue with batch k+1 (also across epochs).
+
+    Args:
+        dataset: a map-style dataset (e.g. ``RLHFDataset``).
+        batch_size: prompts per batch (``data.train_batch_size``).
+        shuffle: random order per epoch; False keeps file order.
+        seed: seed of the shuffling generator (None: 1, like ``data.seed: null``).
+        num_workers: DataLoader worker processes (0: load in the caller).
+        drop_last: drop the last incomplete batch.
+        config_key: the key ``batch_size`` came from, named in errors.
+
+    Returns:
+        StatefulDataLoader yielding ``collate_fn`` dicts (tensors ``(batch_size, ...)``,
+        object arrays ``(batch_size,)``).
+
+    Raises:
+        DataError: ``batch_size`` is not positive or larger than the dataset.
+    """
+    n = len(dataset)
+    if batch_size <= 0:
+        raise DataError(f"{config_key}={batch_size} must be a positive number of prompts")
+    if batch_size > n:
+        raise DataError(
+            f"{config_key}={batch_size} is larger than the dataset ({n} rows after filtering); "
+            f"lower {config_key} or use more data"
+        )
+    if shuffle:
+        generator = torch.Generator().manual_seed(1 if seed is None else int(seed))
+        sampler = RandomSampler(dataset, generator=generator)
+    else:
+        sampler = torch.utils.data.SequentialSampler(dataset)
+    return StatefulDataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=num_workers,
+        drop_last=drop_last,
+        collate_fn=collate_fn,
+    )

@@ -1,0 +1,233 @@
+"""RLHFDataset: verl's RL parquet (one prompt per row) -> left-padded prompt tensors.
+
+The whole file is tokenised once at construction: one batched ``apply_chat_template`` call
+and one batched tokenizer call (about a second for 10k GSM8K rows), so ``__getitem__`` only
+slices precomputed tensors.
+"""
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from hybridrl.data.errors import DataError
+
+TRUNCATIONS = ("error", "left", "right", "middle")
+_PREPROCESS_HINT = "create it with `python examples/data_preprocess/gsm8k.py --local_dir DIR` (or fix the path)"
+
+
+def _as_list(data_files) -> list[str]:
+    if isinstance(data_files, (str, os.PathLike)):
+        return [os.fspath(data_files)]
+    return [os.fspath(f) for f in data_files]  # list, tuple, omegaconf ListConfig
+
+
+def read_parquet_rows(data_files, prompt_key: str = "prompt", config_key: str = "data.train_files") -> list[dict]:
+    """Read one or more verl RL parquet files into a list of plain-Python row dicts.
+
+    Args:
+        data_files: a path or a list of paths (``~`` is expanded).
+        prompt_key: the column that must hold the chat list (``data.prompt_key``).
+        config_key: the config key the paths came from, named in errors.
+
+    Returns:
+        list[dict]: the rows of all files in order, each with a ``"_source"`` key (the file).
+
+    Raises:
+        DataError: no file given, a file missing or not parquet, or without ``prompt_key``.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = [os.path.expanduser(f) for f in _as_list(data_files)]
+    if not files:
+        raise DataError(f"{config_key} is empty; set it to one or more parquet files ({_PREPROCESS_HINT})")
+    rows: list[dict] = []
+    for path in files:
+        if not os.path.isfile(path):
+            raise DataError(f"{config_key}: file {path} does not exist; {_PREPROCESS_HINT}")
+        try:
+            table = pq.read_table(path)
+        except (pa.ArrowException, OSError) as exc:
+            raise DataError(
+                f"{config_key}: {path} is not a readable parquet file ({exc}); {_PREPROCESS_HINT}"
+            ) from None
+        if prompt_key not in table.column_names:
+            raise DataError(
+                f"data.prompt_key: column '{prompt_key}' is not in {path} (its columns: "
+                f"{', '.join(table.column_names)}); set data.prompt_key to the column holding the chat list"
+            )
+        for row in table.to_pylist():
+            row["_source"] = path
+            rows.append(row)
+    return rows
+
+
+def _clean_chat(chat: Any, row: int, prompt_key: str, source: str) -> list[dict]:
+    """Check one prompt is a chat list; drop None fields that parquet adds to merged structs."""
+    if not isinstance(chat, (list, tuple)) or not chat or not all(isinstance(m, dict) for m in chat):
+        raise DataError(
+            f"data.prompt_key: row {row} of {source}: column '{prompt_key}' holds {type(chat).__name__} "
+            f"{str(chat)[:60]!r}, expected a non-empty chat list [{{'role', 'content'}}, ...]; "
+            "rewrite the parquet with a data_preprocess script or point data.prompt_key at the chat column"
+        )
+    return [{k: v for k, v in message.items() if v is not None} for message in chat]
+
+
+def truncate_ids(ids: list[int], max_length: int, mode: str) -> list[int]:
+    """Cut ``ids`` to ``max_length`` tokens: ``left`` keeps the end, ``right`` the start,
+    ``middle`` the first ``max_length // 2`` and the last ``max_length - max_length // 2``."""
+    if len(ids) <= max_length:
+        return ids
+    if mode == "left":
+        return ids[-max_length:]
+    if mode == "right":
+        return ids[:max_length]
+    if mode == "middle":
+        head = max_length // 2
+        return ids[:head] + ids[len(ids) - (max_length - head):]
+    raise DataError(f"data.truncation={mode!r} is not one of {', '.join(TRUNCATIONS)}; pick one of them")
+
+
+class RLHFDataset(torch.utils.data.Dataset):
+    """Prompts of verl's RL parquet, chat-templated, tokenised and left-padded.
+
+    Args:
+        data_files: parquet path or list of paths (``~`` allowed).
+        tokenizer: a Hugging Face tokenizer with a chat template.
+        config: the ``data`` config section (DictConfig or dict). Keys read (default):
+            ``prompt_key`` ("prompt"), ``max_prompt_length`` (512), ``truncation``
+            ("error" | "left" | "right" | "middle"), ``filter_overlong_prompts`` (False),
+            ``return_raw_chat`` (False), ``return_full_prompt`` (False),
+            ``apply_chat_template_kwargs`` ({}), ``seed`` (1, picks the ``max_samples`` subset).
+        config_key: the key ``data_files`` came from, named in errors ("data.val_files" ...).
+        max_samples: keep a seeded random subset of this many rows (-1: all).
+
+    ``__getitem__(i)`` returns ``input_ids``, ``attention_mask``, ``position_ids`` (LongTensors
+    of shape ``(max_prompt_length,)``, left padded; positions are ``cumsum(mask) - 1``
+    clipped at 0), ``raw_prompt_ids`` (list[int], unpadded), ``index`` (``extra_info.index``
+    or the row number), ``data_source``, ``reward_model``, ``extra_info``, ``ability``,
+    ``tools_kwargs``, ``interaction_kwargs``, ``agent_name`` (if the column exists),
+    ``raw_prompt`` (if return_raw_chat) and ``full_prompts`` (the templated text, if
+    return_full_prompt).
+
+    Raises:
+        DataError: missing/unreadable file, no prompt column, malformed prompt, bad
+            ``truncation``, a prompt over ``max_prompt_length`` with ``truncation="error"``,
+            or no rows left.
+    """
+
+    def __init__(
+        self, data_files, tokenizer, config=None, config_key: str = "data.train_files", max_samples: int = -1
+    ):
+        cfg = config if config is not None else {}
+        self.tokenizer = tokenizer
+        self.config_key = config_key
+        self.prompt_key = cfg.get("prompt_key", "prompt")
+        self.max_prompt_length = int(cfg.get("max_prompt_length", 512))
+        self.truncation = cfg.get("truncation", "error")
+        self.filter_overlong_prompts = bool(cfg.get("filter_overlong_prompts", False))
+        self.return_raw_chat = bool(cfg.get("return_raw_chat", False))
+        self.return_full_prompt = bool(cfg.get("return_full_prompt", False))
+        self.apply_chat_template_kwargs = dict(cfg.get("apply_chat_template_kwargs", None) or {})
+        seed = cfg.get("seed", None)
+        self.seed = 1 if seed is None else int(seed)
+        self._check_config()
+
+        rows = read_parquet_rows(data_files, self.prompt_key, config_key)
+        for i, row in enumerate(rows):
+            row["_row"] = i
+        if 0 < max_samples < len(rows):
+            keep = np.sort(np.random.default_rng(self.seed).choice(len(rows), size=max_samples, replace=False))
+            rows = [rows[i] for i in keep]
+        if not rows:
+            raise DataError(f"{config_key}: the parquet file(s) hold no rows; {_PREPROCESS_HINT}")
+        self.rows = rows
+        self._tokenize_all()
+
+    def _check_config(self) -> None:
+        if self.truncation not in TRUNCATIONS:
+            raise DataError(
+                f"data.truncation={self.truncation!r} is not one of {', '.join(TRUNCATIONS)}; pick one of them"
+            )
+        if self.max_prompt_length <= 0:
+            raise DataError(f"data.max_prompt_length={self.max_prompt_length} must be a positive number of tokens")
+        if getattr(self.tokenizer, "chat_template", None) is None:
+            raise DataError(
+                "tokenizer has no chat_template, so RLHFDataset cannot format the chat prompts; "
+                "use an instruct model's tokenizer or set tokenizer.chat_template"
+            )
+        pad = self.tokenizer.pad_token_id
+        self.pad_token_id = pad if pad is not None else self.tokenizer.eos_token_id
+        if self.pad_token_id is None:
+            raise DataError("tokenizer has neither pad_token_id nor eos_token_id; set tokenizer.pad_token")
+
+    def _tokenize_all(self) -> None:
+        """Template + tokenise every row in two batched calls, then filter/truncate and pad."""
+        chats = [_clean_chat(r[self.prompt_key], r["_row"], self.prompt_key, r["_source"]) for r in self.rows]
+        texts = self.tokenizer.apply_chat_template(
+            chats, add_generation_prompt=True, tokenize=False, **self.apply_chat_template_kwargs
+        )
+        all_ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        limit = self.max_prompt_length
+        keep = [i for i, ids in enumerate(all_ids) if len(ids) <= limit]
+        if self.filter_overlong_prompts:
+            if not keep:
+                longest = max(len(ids) for ids in all_ids)
+                raise DataError(
+                    f"{self.config_key}: no rows left after data.filter_overlong_prompts removed every prompt "
+                    f"longer than data.max_prompt_length={limit} (shortest has {min(len(i) for i in all_ids)}, "
+                    f"longest {longest} tokens); raise data.max_prompt_length"
+                )
+        else:
+            keep = list(range(len(all_ids)))
+            if self.truncation == "error":
+                for i, ids in enumerate(all_ids):
+                    if len(ids) > limit:
+                        row = self.rows[i]
+                        raise DataError(
+                            f"{self.config_key}: row {row['_row']} of {row['_source']} has a prompt of {len(ids)} "
+                            f"tokens > data.max_prompt_length={limit}; raise data.max_prompt_length, set "
+                            "data.truncation=left|right or data.filter_overlong_prompts=True"
+                        )
+        self.rows = [self.rows[i] for i in keep]
+        self.chats = [chats[i] for i in keep]
+        self.full_prompts = [texts[i] for i in keep]
+        self.raw_prompt_ids = [truncate_ids(all_ids[i], limit, self.truncation) for i in keep]
+        self.input_ids = torch.full((len(keep), limit), self.pad_token_id, dtype=torch.long)
+        self.attention_mask = torch.zeros((len(keep), limit), dtype=torch.long)
+        for j, ids in enumerate(self.raw_prompt_ids):
+            if ids:  # left padding: the prompt sits at the right end
+                self.input_ids[j, limit - len(ids):] = torch.tensor(ids, dtype=torch.long)
+                self.attention_mask[j, limit - len(ids):] = 1
+        self.has_agent_name = any("agent_name" in r for r in self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, item: int) -> dict:
+        row = self.rows[item]
+        mask = self.attention_mask[item].clone()
+        extra_info = row.get("extra_info") or {}
+        index = extra_info.get("index")
+        out = {
+            "input_ids": self.input_ids[item].clone(),
+            "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+            "raw_prompt_ids": list(self.raw_prompt_ids[item]),
+            "index": row["_row"] if index is None else index,
+            "data_source": row.get("data_source"),
+            "reward_model": row.get("reward_model"),
+            "extra_info": extra_info,
+            "ability": row.get("ability"),
+            "tools_kwargs": extra_info.get("tools_kwargs") or {},
+            "interaction_kwargs": extra_info.get("interaction_kwargs") or {},
+        }
+        if self.has_agent_name:
+            out["agent_name"] = row.get("agent_name")
+        if self.return_raw_chat:
+            out["raw_prompt"] = self.chats[item]
+        if self.return_full_prompt:
+            out["full_prompts"] = self.full_prompts[item]
+        return out
