@@ -24,3 +24,21 @@ def tokenizer(tokenizer_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tokenizer_dir, tmp_path_factory):
+    """A random-init 2-layer Llama (hidden 64) with the real SmolLM2 tokenizer, as an HF folder."""
+    from hybridrl.models import build_tiny_model
+
+    return build_tiny_model(tokenizer_dir, str(tmp_path_factory.mktemp("tiny_model")))
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    """The embedded SmolLM2-135M-Instruct as an HF folder, converted from its GGUF once into the
+    persistent cache ($HYBRIDRL_CACHE or ~/.cache/hybridrl): ~20-60 s the first time, then
+    instant."""
+    from hybridrl.models import resolve_model_path
+
+    return resolve_model_path("HuggingFaceTB/SmolLM2-135M-Instruct")

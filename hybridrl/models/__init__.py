@@ -1,0 +1,30 @@
+"""Model and tokenizer loading: local HF folders, GGUF files (cached conversion), the embedded
+SmolLM2-135M-Instruct default, the value model (critic) and a tiny random model for tests."""
+
+from hybridrl.models.loader import (
+    DEFAULT_CONFIG_KEY,
+    ModelConfigError,
+    ModelDependencyError,
+    ModelPathError,
+    build_tiny_model,
+    compute_values_from_model,
+    embedded_model_gguf,
+    load_causal_lm,
+    load_tokenizer,
+    load_value_model,
+    resolve_model_path,
+)
+
+__all__ = [
+    "DEFAULT_CONFIG_KEY",
+    "ModelConfigError",
+    "ModelDependencyError",
+    "ModelPathError",
+    "build_tiny_model",
+    "compute_values_from_model",
+    "embedded_model_gguf",
+    "load_causal_lm",
+    "load_tokenizer",
+    "load_value_model",
+    "resolve_model_path",
+]

