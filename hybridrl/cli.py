@@ -35,7 +35,8 @@ def _preprocess(argv: list[str]) -> int:
     if not argv or argv[0] not in tasks:
         print(f"hybridrl: error: preprocess needs a task, one of {sorted(tasks)}", file=sys.stderr)
         return 2
-    return importlib.import_module(tasks[argv[0]]).main(argv[1:]) or 0
+    importlib.import_module(tasks[argv[0]]).main(argv[1:])
+    return 0
 
 
 if __name__ == "__main__":
