@@ -171,6 +171,11 @@ def _check_batch_sizes(config, dp: int) -> None:
             raise ConfigError(
                 f"data.train_batch_size={train_bs} is smaller than {prefix}.ppo_mini_batch_size={mini}; "
                 f"lower {prefix}.ppo_mini_batch_size or raise data.train_batch_size")
+        if train_bs % mini:
+            raise ConfigError(
+                f"data.train_batch_size={train_bs} is not a multiple of {prefix}.ppo_mini_batch_size={mini}, "
+                f"so the last mini batch of every step would be smaller; make data.train_batch_size a "
+                f"multiple of {prefix}.ppo_mini_batch_size")
         normalize_batch_sizes(cfg, n, dp, prefix=prefix)
     for prefix in (ROLLOUT, REF):  # optional: the worker falls back to its own default
         _micro_per_worker(_get(config, prefix), prefix, "log_prob_micro_batch_size", dp, required=False)
