@@ -23,6 +23,7 @@ _FSDP_SINGLE = "FSDP sharding and offload need more than one worker; a single wo
 
 # key -> (reason, when). Noted when the value differs from the packaged default;
 # "single" rows only when there is one worker. The one place that lists ignored keys.
+_NOT_YET_SPEED = "not in this build yet (same results, only slower)"
 IGNORED_KEYS: dict[str, tuple[str, str]] = {
     f"{ROLLOUT}.gpu_memory_utilization": ("the HF engine has no KV-cache pool to size", "always"),
     f"{ROLLOUT}.tensor_model_parallel_size": (
@@ -48,6 +49,25 @@ IGNORED_KEYS: dict[str, tuple[str, str]] = {
     "trainer.profile_steps": ("no profiler integration", "always"),
     "trainer.esi_redundant_time": ("no elastic-instance deadline", "always"),
     "trainer.default_hdfs_dir": ("checkpoints are written to trainer.default_local_dir only", "always"),
+    # Speed features that change no result: accepted now, implemented by the speed work.
+    "actor_rollout_ref.model.use_remove_padding": (_NOT_YET_SPEED, "always"),
+    "critic.model.use_remove_padding": (_NOT_YET_SPEED, "always"),
+    f"{ACTOR}.use_dynamic_bsz": (_NOT_YET_SPEED + "; micro batches count rows", "always"),
+    "critic.use_dynamic_bsz": (_NOT_YET_SPEED + "; micro batches count rows", "always"),
+    f"{ROLLOUT}.log_prob_use_dynamic_bsz": (_NOT_YET_SPEED, "always"),
+    f"{REF}.log_prob_use_dynamic_bsz": (_NOT_YET_SPEED, "always"),
+    "trainer.balance_batch": ("one worker has nothing to balance", "single"),
+}
+
+# Keys that change what is trained and that this build does not have yet: an error, not a note.
+NOT_YET_SUPPORTED: dict[str, str] = {
+    "actor_rollout_ref.model.lora_rank": "LoRA training",
+    "reward_model.enable": "model-based rewards (a reward-model worker)",
+    f"{ROLLOUT}.multi_turn.enable": "multi-turn agent rollouts",
+    "data.custom_cls.path": "custom dataset classes",
+    "data.sampler.class_path": "custom samplers",
+    "data.datagen.path": "dynamic data generation",
+    "algorithm.use_pf_ppo": "preference-feedback PPO reweighting",
 }
 _FSDP_ALL = ("param_offload", "optimizer_offload", "offload_policy", "reshard_after_forward",
              "fsdp_size", "forward_prefetch", "wrap_policy.min_num_params")
@@ -102,6 +122,7 @@ def validate_ppo_config(config, world_size: int = 1) -> list[str]:
         raise ConfigError(f"world_size={world_size!r} must be an integer >= 1 "
                           "(trainer.nnodes x trainer.n_gpus_per_node)")
     _check_values(config)
+    _check_not_yet_supported(config)
     _check_batch_sizes(config, world_size)
     return ignored_key_notes(config, world_size)
 
@@ -140,6 +161,15 @@ def _check_values(config) -> None:
         value = _get(config, "critic.cliprange_value", None)
         if value is not None and not _number_above(value, 0):
             raise ConfigError(f"critic.cliprange_value={value!r} must be a number > 0 (0.5 is usual)")
+
+
+def _check_not_yet_supported(config) -> None:
+    defaults = _packaged_defaults()
+    for key, feature in NOT_YET_SUPPORTED.items():
+        value = _get(config, key, _UNSET)
+        if value is not _UNSET and _plain(value) != _plain(_get(defaults, key, _UNSET)):
+            raise ConfigError(f"{key}={_plain(value)!r}: {feature} is not in this build of hybridrl yet; "
+                              f"remove the key (or set it back to {_plain(_get(defaults, key, None))!r})")
 
 
 def _check_adv_estimator(name) -> None:

@@ -114,9 +114,11 @@ def test_log_prob_micro_batch_keys(base_cfg, prefix):
     assert f"{prefix}.log_prob_micro_batch_size=4" in msg
 
 
-def test_reward_model_needs_micro_batch_when_enabled(base_cfg):
-    msg = error_of(cfg_with(base_cfg, reward_model__enable=True))
-    assert "reward_model.micro_batch_size_per_gpu is not set" in msg
+@pytest.mark.parametrize("key, value", [("reward_model__enable", True),
+                                        ("actor_rollout_ref__model__lora_rank", 8)])
+def test_features_not_in_this_build_are_refused(base_cfg, key, value):
+    msg = error_of(cfg_with(base_cfg, **{key: value}))
+    assert key.replace("__", ".") in msg and "not in this build" in msg
 
 
 def test_unknown_adv_estimator_lists_known_ones(base_cfg):
