@@ -7,12 +7,12 @@ from hybridrl.models.loader import (
     ModelDependencyError,
     ModelPathError,
     build_tiny_model,
-    compute_values_from_model,
     embedded_model_gguf,
     load_causal_lm,
     load_tokenizer,
     load_value_model,
     resolve_model_path,
+    to_torch_dtype,
 )
 
 __all__ = [
@@ -21,10 +21,10 @@ __all__ = [
     "ModelDependencyError",
     "ModelPathError",
     "build_tiny_model",
-    "compute_values_from_model",
     "embedded_model_gguf",
     "load_causal_lm",
     "load_tokenizer",
     "load_value_model",
     "resolve_model_path",
+    "to_torch_dtype",
 ]

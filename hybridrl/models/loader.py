@@ -231,7 +231,8 @@ _DTYPE_NAMES = {
 }  # fmt: skip
 
 
-def _as_dtype(dtype) -> torch.dtype:
+def to_torch_dtype(dtype) -> torch.dtype:
+    """A torch dtype from a dtype or its name ("bf16", "float32", ...); ModelConfigError otherwise."""
     if isinstance(dtype, torch.dtype):
         return dtype
     name = str(dtype).lower().removeprefix("torch.")
@@ -301,7 +302,7 @@ def load_causal_lm(
     model = AutoModelForCausalLM.from_pretrained(
         folder,
         config=_load_config(folder, trust_remote_code, override_config),
-        dtype=_as_dtype(dtype),
+        dtype=to_torch_dtype(dtype),
         trust_remote_code=trust_remote_code,
         attn_implementation=attn_implementation,
     )
@@ -339,7 +340,7 @@ def load_value_model(
     model, info = AutoModelForTokenClassification.from_pretrained(
         folder,
         config=config,
-        dtype=_as_dtype(dtype),
+        dtype=to_torch_dtype(dtype),
         trust_remote_code=trust_remote_code,
         attn_implementation=attn_implementation,
         output_loading_info=True,
@@ -352,21 +353,6 @@ def load_value_model(
     if enable_gradient_checkpointing:
         _enable_checkpointing(model)
     return model
-
-
-def compute_values_from_model(
-    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
-) -> torch.Tensor:
-    """Per-token values of a `load_value_model` critic.
-
-    Args:
-        input_ids, attention_mask, position_ids: ``(bs, seqlen)``.
-
-    Returns:
-        ``(bs, seqlen)`` float tensor: the value predicted at every position (in the model dtype).
-    """
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
-    return out.logits[..., 0]
 
 
 def build_tiny_model(

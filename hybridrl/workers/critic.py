@@ -10,11 +10,12 @@ import torch
 from hybridrl.algorithms.functional import masked_mean
 from hybridrl.algorithms.value_loss import compute_value_loss
 from hybridrl.protocol import DataProto
+from hybridrl.workers.actor import autocast, compute_dtype_of
 
 logger = logging.getLogger(__name__)
 
 
-def forward_response_values(module, micro_batch: DataProto) -> torch.Tensor:
+def forward_response_values(module, micro_batch: DataProto, compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Values of the states before each response token, ``(bs, response_length)``, fp32.
 
     The critic is a causal-LM backbone with a scalar head (``num_labels=1``): position ``t``
@@ -23,12 +24,13 @@ def forward_response_values(module, micro_batch: DataProto) -> torch.Tensor:
     """
     batch = micro_batch.batch
     response_length = batch["responses"].shape[-1]
-    output = module(
-        input_ids=batch["input_ids"],
-        attention_mask=batch["attention_mask"],
-        position_ids=batch["position_ids"],
-        use_cache=False,
-    )
+    with autocast(module, compute_dtype):
+        output = module(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+            use_cache=False,
+        )
     return output.logits[:, -response_length - 1 : -1, 0].float()
 
 
@@ -39,6 +41,7 @@ class PPOCritic:
         self.config = config
         self.critic_module = critic_module
         self.critic_optimizer = critic_optimizer
+        self.compute_dtype = compute_dtype_of(config)
 
     @torch.no_grad()
     def compute_values(self, data: DataProto) -> torch.Tensor:
@@ -46,7 +49,7 @@ class PPOCritic:
         self.critic_module.eval()
         keys = ["responses", "input_ids", "attention_mask", "position_ids"]
         values = [
-            forward_response_values(self.critic_module, micro)
+            forward_response_values(self.critic_module, micro, self.compute_dtype)
             for micro in data.select(batch_keys=keys).split(data.meta_info["micro_batch_size"])
         ]
         return torch.cat(values) * data.batch["response_mask"]
@@ -73,7 +76,7 @@ class PPOCritic:
         vf_loss_sum = 0.0
         for micro in mini_batch.split(cfg.ppo_micro_batch_size_per_gpu):
             mb = micro.batch
-            vpreds = forward_response_values(self.critic_module, micro)
+            vpreds = forward_response_values(self.critic_module, micro, self.compute_dtype)
             vf_loss, vf_clipfrac = compute_value_loss(
                 vpreds, mb["returns"], mb["values"], mb["response_mask"], cfg.cliprange_value,
                 loss_agg_mode=cfg.loss_agg_mode, **norm,

@@ -67,6 +67,7 @@ class ActorRolloutRefWorker(Worker):
         self.tokenizer = load_tokenizer(self.model_path, trust_remote_code=model_cfg.get("trust_remote_code", False))
         module = load_causal_lm(
             self.model_path,
+            dtype=self.config.actor.fsdp_config.get("model_dtype", "fp32"),
             trust_remote_code=model_cfg.get("trust_remote_code", False),
             override_config=model_cfg.get("override_config"),
             enable_gradient_checkpointing=self._is_actor and model_cfg.get("enable_gradient_checkpointing", False),
@@ -157,6 +158,7 @@ class CriticWorker(Worker):
         path = resolve_model_path(model_cfg.path, config_key="critic.model.path")
         module = load_value_model(
             path,
+            dtype=model_cfg.fsdp_config.get("model_dtype", "fp32"),
             trust_remote_code=model_cfg.get("trust_remote_code", False),
             override_config=model_cfg.get("override_config"),
             enable_gradient_checkpointing=model_cfg.get("enable_gradient_checkpointing", False),

@@ -9,7 +9,6 @@ import torch
 from hybridrl.models import (
     ModelConfigError,
     build_tiny_model,
-    compute_values_from_model,
     load_causal_lm,
     load_tokenizer,
     load_value_model,
@@ -83,7 +82,7 @@ def test_value_model_shape_zero_head_and_shared_backbone(tiny_model_dir, tokeniz
     input_ids, attention_mask, position_ids = _batch(tokenizer)
     critic = load_value_model(tiny_model_dir)
     assert critic.config.use_cache is False and critic.dropout.p == 0.0
-    values = compute_values_from_model(critic, input_ids, attention_mask, position_ids)
+    values = critic(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits[..., 0]
     assert values.shape == input_ids.shape
     assert torch.equal(values, torch.zeros_like(values))  # zero-initialised head
     lm = load_causal_lm(tiny_model_dir)
@@ -104,6 +103,6 @@ def test_trained_value_head_is_kept_on_reload(tiny_model_dir, tokenizer, tmp_pat
     tokenizer.save_pretrained(tmp_path)
     again = load_value_model(str(tmp_path))
     assert torch.equal(again.score.weight, critic.score.weight)
-    expected = compute_values_from_model(critic, input_ids, attention_mask, position_ids)
-    got = compute_values_from_model(again, input_ids, attention_mask, position_ids)
+    expected = critic(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits[..., 0]
+    got = again(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits[..., 0]
     assert torch.allclose(got, expected) and not torch.equal(got, torch.zeros_like(got))

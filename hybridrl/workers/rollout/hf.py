@@ -6,12 +6,9 @@ import copy
 
 import torch
 
+from hybridrl.models import to_torch_dtype
 from hybridrl.protocol import DataProto
 from hybridrl.workers.rollout.base import BaseRollout, get_response_mask, register_rollout
-
-_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
-           "fp16": torch.float16, "float32": torch.float32, "fp32": torch.float32}
-
 
 @register_rollout("hf")
 class HFRollout(BaseRollout):
@@ -26,11 +23,7 @@ class HFRollout(BaseRollout):
     def __init__(self, actor_module: torch.nn.Module, config, tokenizer, generation_config=None) -> None:
         self.config = config
         self.tokenizer = tokenizer
-        dtype = _DTYPES.get(str(config.get("dtype", "bfloat16")))
-        if dtype is None:
-            raise ValueError(
-                f"actor_rollout_ref.rollout.dtype={config.get('dtype')!r} is not one of {sorted(_DTYPES)}"
-            )
+        dtype = to_torch_dtype(config.get("dtype", "bfloat16"))
         if dtype == next(actor_module.parameters()).dtype:
             self.module = actor_module
         else:
