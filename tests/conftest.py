@@ -5,6 +5,9 @@ import os
 
 import pytest
 
+# Tests never reach a model hub: everything they load is local or built on the spot.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
 # The shared data sits beside the repository: <repo>/../shared/data (see its README).
 GSM8K_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gsm8k"))
 
