@@ -101,7 +101,8 @@ def compute_data_metrics(batch, use_critic: bool = True) -> dict[str, float]:
             unbiased variance (as verl). NaN with fewer than two valid tokens.
         response_length/{mean,max,min,clip_ratio}, prompt_length/{mean,max,min,clip_ratio}:
             token counts from attention_mask; clip_ratio = fraction of samples whose length
-            equals the padded maximum (R resp. P), i.e. that were cut off.
+            equals the padded maximum (R resp. P, or ``meta_info["max_prompt_length"]`` when
+            set), i.e. that were cut off.
 
     Raises:
         MetricsInputError: a required tensor is missing (incl. 'values' with use_critic=True)
@@ -138,6 +139,8 @@ def compute_data_metrics(batch, use_critic: bool = True) -> dict[str, float]:
     metrics.update(_stats("response_length", response_length))
     metrics["response_length/clip_ratio"] = _clip_ratio(response_length, max_response)
     metrics.update(_stats("prompt_length", prompt_length))
+    # The driver trims all-padding prompt columns, so the width may be below the configured limit.
+    max_prompt = batch.meta_info.get("max_prompt_length", max_prompt)
     metrics["prompt_length/clip_ratio"] = _clip_ratio(prompt_length, max_prompt)
     return metrics
 

@@ -31,6 +31,21 @@ logger = logging.getLogger(__name__)
 _GEN_BATCH_KEYS = ["input_ids", "attention_mask", "position_ids"]
 
 
+def trim_left_padding(gen_batch: DataProto) -> DataProto:
+    """Drops the prompt columns that are padding in every row.
+
+    The dataset left-pads every prompt to ``data.max_prompt_length``; when the longest prompt
+    of a batch is shorter, those columns would only cost compute in generation and in every
+    forward pass after it.
+    """
+    attention_mask = gen_batch.batch["attention_mask"]
+    first = int(attention_mask.any(dim=0).int().argmax())
+    if first == 0:
+        return gen_batch
+    tensors = {key: gen_batch.batch[key][:, first:] for key in _GEN_BATCH_KEYS}
+    return DataProto.from_dict(tensors=tensors, non_tensors=gen_batch.non_tensor_batch, meta_info=gen_batch.meta_info)
+
+
 def compute_advantage(data: DataProto, adv_estimator: str, gamma: float = 1.0, lam: float = 1.0,
                       norm_adv_by_std_in_grpo: bool = True) -> DataProto:
     """Fills ``advantages`` and ``returns`` ``(bs, response_length)`` with the named estimator.
@@ -91,11 +106,12 @@ class PPOTrainer:
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         with marked_timer("step", timing_raw):
             n = cfg.actor_rollout_ref.rollout.n
-            gen_batch = batch.pop(batch_keys=_GEN_BATCH_KEYS).repeat(n, interleave=True)
+            gen_batch = trim_left_padding(batch.pop(batch_keys=_GEN_BATCH_KEYS)).repeat(n, interleave=True)
             with marked_timer("gen", timing_raw):
                 gen_output = self.actor_rollout_wg.generate_sequences(gen_batch)
             batch = batch.repeat(n, interleave=True).union(gen_output)
             batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
+            batch.meta_info["max_prompt_length"] = cfg.data.max_prompt_length
 
             with marked_timer("reward", timing_raw):
                 reward_tensor, reward_extra_info = compute_reward(batch, self.reward_fn)
@@ -160,7 +176,7 @@ class PPOTrainer:
         scores_by_source: dict[str, list[float]] = defaultdict(list)
         for batch_dict in self.val_dataloader:
             batch = DataProto.from_single_dict(batch_dict)
-            gen_batch = batch.pop(batch_keys=_GEN_BATCH_KEYS).repeat(n, interleave=True)
+            gen_batch = trim_left_padding(batch.pop(batch_keys=_GEN_BATCH_KEYS)).repeat(n, interleave=True)
             gen_batch.meta_info = {
                 "do_sample": val_kwargs.get("do_sample", False),
                 "temperature": val_kwargs.get("temperature", 0.0),

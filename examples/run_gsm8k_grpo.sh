@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# GRPO on real GSM8K with the bundled SmolLM2-135M-Instruct, on CPU, with greedy validation
+# before and after (val-core/openai/gsm8k/reward/mean@1 in metrics.jsonl).
+# GSM8K_JSONL: a folder with GSM8K train.jsonl/test.jsonl (default: ../shared/data/gsm8k).
+# TEST_SIZE: validation problems (the first N of the test split) — keep it small on CPU.
+# Extra key=value arguments are passed on to the trainer.
+set -euo pipefail
+GSM8K_JSONL=${GSM8K_JSONL:-$(dirname "$0")/../../shared/data/gsm8k}
+DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
+TEST_SIZE=${TEST_SIZE:-128}
+[ -f "$DATA_DIR/train.parquet" ] || python "$(dirname "$0")/data_preprocess/gsm8k.py" \
+    --input_dir "$GSM8K_JSONL" --local_dir "$DATA_DIR" --test_size "$TEST_SIZE"
+
+hybridrl train \
+    algorithm.adv_estimator=grpo \
+    data.train_files="$DATA_DIR/train.parquet" \
+    data.val_files="$DATA_DIR/test.parquet" \
+    data.train_batch_size=8 \
+    data.val_batch_size=64 \
+    data.max_prompt_length=256 \
+    data.max_response_length=256 \
+    data.filter_overlong_prompts=True \
+    actor_rollout_ref.model.path=HuggingFaceTB/SmolLM2-135M-Instruct \
+    actor_rollout_ref.model.enable_gradient_checkpointing=False \
+    actor_rollout_ref.actor.optim.lr=5e-6 \
+    actor_rollout_ref.actor.ppo_mini_batch_size=8 \
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 \
+    actor_rollout_ref.actor.use_kl_loss=True \
+    actor_rollout_ref.actor.kl_loss_coef=0.001 \
+    actor_rollout_ref.actor.kl_loss_type=low_var_kl \
+    actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16 \
+    actor_rollout_ref.rollout.n=4 \
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 \
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16 \
+    trainer.device=auto \
+    trainer.logger="['console','file']" \
+    trainer.project_name=hybridrl_examples \
+    trainer.experiment_name=gsm8k_grpo \
+    trainer.total_training_steps=20 \
+    trainer.val_before_train=True \
+    trainer.test_freq=20 \
+    trainer.save_freq=20 \
+    "$@"
