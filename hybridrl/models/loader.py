@@ -322,7 +322,7 @@ def load_value_model(
     """Load the PPO critic: the causal-LM backbone with a scalar head, as verl does.
 
     `AutoModelForTokenClassification` with ``num_labels=1`` and no dropout on the head; the value
-    of each token is ``logits[..., 0]`` (see `compute_values_from_model`). A head missing from
+    of each token is ``logits[..., 0]``. A head missing from
     the checkpoint (the usual case: a causal-LM checkpoint) is initialised to ZERO: the first
     values are exactly 0 whatever the hidden-state scale of the backbone (which differs a lot
     between models), so step-0 GAE advantages are the plain discounted returns instead of

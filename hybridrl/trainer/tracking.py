@@ -196,6 +196,7 @@ class ConsoleLogger:
             )
         # tqdm.write clears and redraws the bar around the line, so the two don't interleave.
         tqdm.write(format_console_line(data, step, self.total_steps), file=sys.stdout)
+        sys.stdout.flush()  # a redirected stdout is block-buffered: show each step as it ends
         self._bar.update(1)
 
     def finish(self) -> None:

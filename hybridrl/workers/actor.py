@@ -37,6 +37,19 @@ def compute_dtype_of(section) -> torch.dtype:
     return to_torch_dtype((fsdp_config.get("mixed_precision") or {}).get("param_dtype", "fp32"))
 
 
+def forward_model(module, micro_batch: DataProto, compute_dtype: torch.dtype, **kwargs):
+    """One forward pass over ``input_ids`` / ``attention_mask`` / ``position_ids`` (bs, seqlen)."""
+    batch = micro_batch.batch
+    with autocast(module, compute_dtype):
+        return module(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+            use_cache=False,
+            **kwargs,
+        )
+
+
 def forward_response_logits(module, micro_batch: DataProto, temperature: float,
                             compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Logits that predict each response token, ``(bs, response_length, vocab)``, in fp32.
@@ -44,16 +57,8 @@ def forward_response_logits(module, micro_batch: DataProto, temperature: float,
     Only the last ``response_length + 1`` positions are projected on the vocabulary
     (``logits_to_keep``), so the prompt never costs a ``(tokens x vocab)`` logits tensor.
     """
-    batch = micro_batch.batch
-    response_length = batch["responses"].shape[-1]
-    with autocast(module, compute_dtype):
-        output = module(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            position_ids=batch["position_ids"],
-            use_cache=False,
-            logits_to_keep=response_length + 1,
-        )
+    response_length = micro_batch.batch["responses"].shape[-1]
+    output = forward_model(module, micro_batch, compute_dtype, logits_to_keep=response_length + 1)
     logits = output.logits[:, :-1, :].float()
     return logits / temperature if temperature != 1.0 else logits
 

@@ -10,7 +10,7 @@ import torch
 from hybridrl.algorithms.functional import masked_mean
 from hybridrl.algorithms.value_loss import compute_value_loss
 from hybridrl.protocol import DataProto
-from hybridrl.workers.actor import autocast, compute_dtype_of
+from hybridrl.workers.actor import compute_dtype_of, forward_model
 
 logger = logging.getLogger(__name__)
 
@@ -22,15 +22,8 @@ def forward_response_values(module, micro_batch: DataProto, compute_dtype: torch
     scores the prefix up to ``t``, so the value for response token ``i`` is read at the position
     that precedes it, as verl does.
     """
-    batch = micro_batch.batch
-    response_length = batch["responses"].shape[-1]
-    with autocast(module, compute_dtype):
-        output = module(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            position_ids=batch["position_ids"],
-            use_cache=False,
-        )
+    response_length = micro_batch.batch["responses"].shape[-1]
+    output = forward_model(module, micro_batch, compute_dtype)
     return output.logits[:, -response_length - 1 : -1, 0].float()
 
 
