@@ -30,8 +30,9 @@ hybridrl train \
     trainer.logger="['console','file']" \
     trainer.project_name=hybridrl_examples \
     trainer.experiment_name=arithmetic_grpo \
-    trainer.total_training_steps=40 \
+    trainer.total_training_steps=30 \
     trainer.val_before_train=True \
-    trainer.test_freq=20 \
-    trainer.save_freq=20 \
+    trainer.test_freq=10 \
+    trainer.save_freq=10 \
+    trainer.max_actor_ckpt_to_keep=1 \
     "$@"

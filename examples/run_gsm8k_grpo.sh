@@ -7,7 +7,7 @@
 set -euo pipefail
 GSM8K_JSONL=${GSM8K_JSONL:-$(dirname "$0")/../../shared/data/gsm8k}
 DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
-TEST_SIZE=${TEST_SIZE:-128}
+TEST_SIZE=${TEST_SIZE:-64}
 [ -f "$DATA_DIR/train.parquet" ] || python "$(dirname "$0")/data_preprocess/gsm8k.py" \
     --input_dir "$GSM8K_JSONL" --local_dir "$DATA_DIR" --test_size "$TEST_SIZE"
 
@@ -36,8 +36,9 @@ hybridrl train \
     trainer.logger="['console','file']" \
     trainer.project_name=hybridrl_examples \
     trainer.experiment_name=gsm8k_grpo \
-    trainer.total_training_steps=20 \
+    trainer.total_training_steps=10 \
     trainer.val_before_train=True \
-    trainer.test_freq=20 \
-    trainer.save_freq=20 \
+    trainer.test_freq=10 \
+    trainer.save_freq=10 \
+    trainer.max_actor_ckpt_to_keep=1 \
     "$@"
