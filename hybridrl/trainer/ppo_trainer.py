@@ -229,6 +229,10 @@ class PPOTrainer:
         print(f"hybridrl: resumed from {path} (step {global_step})", flush=True)
 
     # ---------------------------------------------------------------- the loop
+    def _due(self, freq: int, is_last: bool) -> bool:
+        """Whether a ``*_freq`` event (validation, checkpoint) happens at this step; <= 0: never."""
+        return freq > 0 and (is_last or self.global_steps % freq == 0)
+
     def fit(self, tracker) -> None:
         """Trains until ``total_training_steps``; validates and checkpoints on schedule."""
         trainer_cfg = self.config.trainer
@@ -240,16 +244,14 @@ class PPOTrainer:
             for batch_dict in self.train_dataloader:
                 metrics = self.step(batch_dict)
                 is_last = self.global_steps >= self.total_training_steps
-                if self.val_dataloader is not None and trainer_cfg.test_freq > 0 and (
-                    is_last or self.global_steps % trainer_cfg.test_freq == 0
-                ):
-                    with marked_timer("testing", timing := {}):
+                timing: dict = {}
+                if self.val_dataloader is not None and self._due(trainer_cfg.test_freq, is_last):
+                    with marked_timer("testing", timing):
                         metrics.update(self.validate())
-                    metrics["timing_s/testing"] = timing["testing"]
-                if trainer_cfg.save_freq > 0 and (is_last or self.global_steps % trainer_cfg.save_freq == 0):
-                    with marked_timer("save_checkpoint", timing := {}):
+                if self._due(trainer_cfg.save_freq, is_last):
+                    with marked_timer("save_checkpoint", timing):
                         self.save_checkpoint()
-                    metrics["timing_s/save_checkpoint"] = timing["save_checkpoint"]
+                metrics.update({f"timing_s/{name}": seconds for name, seconds in timing.items()})
                 tracker.log(metrics, step=self.global_steps)
                 if is_last:
                     return
