@@ -38,7 +38,7 @@ from .policy_loss import (
     get_policy_loss_fn,
     register_policy_loss,
 )
-from .value_loss import compute_explained_variance, compute_value_loss
+from .value_loss import compute_value_loss
 
 __all__ = [
     "ADV_ESTIMATOR_REGISTRY", "register_adv_est", "get_adv_estimator_fn",
@@ -50,5 +50,5 @@ __all__ = [
     "FixedKLController", "AdaptiveKLController", "get_kl_controller", "apply_kl_penalty",
     "POLICY_LOSS_REGISTRY", "register_policy_loss", "get_policy_loss_fn", "PolicyLossConfig",
     "LOSS_AGG_MODES", "agg_loss", "compute_policy_loss_vanilla",
-    "compute_value_loss", "compute_explained_variance",
+    "compute_value_loss",
 ]

@@ -5,7 +5,7 @@ from typing import Optional, Tuple
 import torch
 
 from .errors import AlgorithmConfigError
-from .functional import clip_by_value, masked_mean, masked_var
+from .functional import clip_by_value, masked_mean
 from .policy_loss import Number, agg_loss
 
 
@@ -53,16 +53,3 @@ def compute_value_loss(
     vf_loss = 0.5 * agg_loss(losses, response_mask, loss_agg_mode, global_num_tokens, global_batch_size)
     vf_clipfrac = masked_mean(torch.gt(losses_clipped, losses_unclipped).float(), response_mask)
     return vf_loss, vf_clipfrac.detach()
-
-
-def compute_explained_variance(values: torch.Tensor, returns: torch.Tensor,
-                               response_mask: torch.Tensor) -> float:
-    """Explained variance ``1 - Var(returns - values) / Var(returns)`` over valid tokens.
-
-    1 means the critic predicts the returns perfectly, 0 no better than a constant. Shapes
-    ``(bs, response_length)``; returns a python float (NaN when the returns are constant).
-    """
-    var_returns = masked_var(returns, response_mask)
-    if var_returns.item() == 0:
-        return float("nan")
-    return (1.0 - masked_var(returns - values, response_mask) / var_returns).item()

@@ -9,6 +9,20 @@ from __future__ import annotations
 from typing import Any
 
 from hybridrl.controller.worker_group import WorkerGroup
+from hybridrl.protocol import DataProto
+
+
+def _detached(value: Any) -> Any:
+    """What a remote worker would see: its own DataProto shell and meta_info.
+
+    A remote backend pickles arguments, so a worker that moves a batch to its device or adds
+    meta_info keys never touches the driver's object. Here the shell is copied (the tensors
+    are shared, not copied) so that the same worker code behaves the same in both backends.
+    """
+    if isinstance(value, DataProto):
+        return DataProto(batch=value.batch, non_tensor_batch=dict(value.non_tensor_batch),
+                         meta_info=dict(value.meta_info))
+    return value
 
 
 class LocalWorkerGroup(WorkerGroup):
@@ -20,6 +34,8 @@ class LocalWorkerGroup(WorkerGroup):
 
     def _execute(self, method_name: str, per_rank_args: list, per_rank_kwargs: list, ranks: list[int]) -> list[Any]:
         return [
-            getattr(self.workers[r], method_name)(*a, **kw)
-            for r, a, kw in zip(ranks, per_rank_args, per_rank_kwargs)
+            getattr(self.workers[r], method_name)(
+                *(_detached(a) for a in args), **{k: _detached(v) for k, v in kwargs.items()}
+            )
+            for r, args, kwargs in zip(ranks, per_rank_args, per_rank_kwargs)
         ]

@@ -9,18 +9,20 @@ def resolve_device(device: str) -> str:
     """``trainer.device`` (cpu | cuda | auto) -> a torch device string.
 
     Raises:
-        ValueError: ``cuda`` requested but torch sees no CUDA device, or an unknown value.
+        ConfigError: ``cuda`` requested but torch sees no CUDA device, or an unknown value.
     """
     import torch
+
+    from hybridrl.config import ConfigError
 
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
+        raise ConfigError(
             "trainer.device=cuda but torch sees no CUDA device; set trainer.device=cpu or auto"
         )
     if device not in ("cpu", "cuda"):
-        raise ValueError(f"trainer.device={device!r} is not one of cpu, cuda, auto")
+        raise ConfigError(f"trainer.device={device!r} is not one of cpu, cuda, auto")
     return device
 
 

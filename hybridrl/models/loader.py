@@ -202,11 +202,13 @@ def _tokenizer_folder(path: str) -> str:
     return resolve_model_path(path)
 
 
-def load_tokenizer(path: str, trust_remote_code: bool = False, padding_side: str = "left"):
+def load_tokenizer(path: str, trust_remote_code: bool = False, padding_side: str = "left",
+                   chat_template: str | None = None):
     """Load the tokenizer of `path` (any form `resolve_model_path` accepts, or a tokenizer folder).
 
     As verl's `hf_tokenizer`, a tokenizer without a pad token gets ``pad_token = eos_token``.
     `padding_side` is "left" by default because generation pads prompts on the left.
+    `chat_template` (``actor_rollout_ref.model.custom_chat_template``) replaces the tokenizer's.
 
     Raises:
         ModelPathError / ModelDependencyError: see `resolve_model_path`.
@@ -221,6 +223,8 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, padding_side: str
     )
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if chat_template:
+        tokenizer.chat_template = chat_template
     return tokenizer
 
 

@@ -43,11 +43,14 @@ def save_checkpoint(
     write_workers: Callable[[str], None],
     dataloader_state: dict | None,
     max_to_keep: int | None = None,
+    trainer_state: dict | None = None,
 ) -> str:
     """Writes ``global_step_<N>`` under ``root`` atomically and returns its path.
 
     ``write_workers(tmp_folder)`` asks the workers to write their parts into the temporary
-    folder. Older step folders beyond ``max_to_keep`` are removed afterwards.
+    folder; ``trainer_state`` (JSON-able driver state, e.g. the adaptive KL coefficient) goes
+    into ``trainer_state.json`` with the step. Older step folders beyond ``max_to_keep`` are
+    removed afterwards.
     """
     os.makedirs(root, exist_ok=True)
     final = os.path.join(root, f"global_step_{global_step}")
@@ -58,7 +61,7 @@ def save_checkpoint(
     if dataloader_state is not None:
         torch.save(dataloader_state, os.path.join(tmp, "data.pt"))
     with open(os.path.join(tmp, STATE_FILE), "w") as f:
-        json.dump({"global_step": global_step}, f)
+        json.dump({**(trainer_state or {}), "global_step": global_step}, f)
     if os.path.exists(final):  # re-saving a step (e.g. after a resume): swap, then drop the old one
         stale = f"{final}.stale"
         shutil.rmtree(stale, ignore_errors=True)
@@ -100,8 +103,8 @@ def find_latest_checkpoint(root: str) -> str | None:
     return os.path.join(root, f"global_step_{steps[-1]}") if steps else None
 
 
-def read_checkpoint(path: str) -> tuple[int, dict | None]:
-    """``(global_step, dataloader_state)`` of a step folder.
+def read_checkpoint(path: str) -> tuple[dict, dict | None]:
+    """``(trainer_state, dataloader_state)`` of a step folder; ``trainer_state["global_step"]``.
 
     Raises:
         CheckpointError: the folder is not a complete hybridrl checkpoint.
@@ -113,7 +116,7 @@ def read_checkpoint(path: str) -> tuple[int, dict | None]:
             f"point it at a global_step_<N> folder"
         )
     with open(state_file) as f:
-        global_step = int(json.load(f)["global_step"])
+        trainer_state = json.load(f)
     data_file = os.path.join(path, "data.pt")
     dataloader_state = torch.load(data_file, weights_only=False) if os.path.exists(data_file) else None
-    return global_step, dataloader_state
+    return trainer_state, dataloader_state

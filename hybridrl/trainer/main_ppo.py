@@ -14,19 +14,29 @@ import sys
 logger = logging.getLogger(__name__)
 
 
-def _resolve_backend(config) -> tuple[str, int]:
+def _resolve_backend(config) -> tuple[int, list[str]]:
+    """``(world_size, notes)``: this build runs one in-process worker.
+
+    verl command lines set ``trainer.n_gpus_per_node=8``; they run here unchanged on one worker
+    (batch sizes are global, so the algorithm is the same) with a note. Asking for the Ray
+    backend explicitly is an error, since it would not do what was asked.
+    """
+    from hybridrl.config import ConfigError
+
     trainer_cfg = config.trainer
-    world_size = int(trainer_cfg.nnodes) * int(trainer_cfg.n_gpus_per_node)
-    backend = trainer_cfg.get("backend", "auto")
-    if backend == "auto":
-        backend = "local" if world_size == 1 else "ray"
-    if backend == "ray" or world_size > 1:
-        raise ValueError(
-            f"trainer.backend={backend} with trainer.nnodes x trainer.n_gpus_per_node = {world_size} workers: "
-            "this build runs one in-process worker (the Ray/FSDP2 backend is not in it yet); "
-            "set trainer.nnodes=1 trainer.n_gpus_per_node=1 trainer.backend=local"
+    asked = int(trainer_cfg.nnodes) * int(trainer_cfg.n_gpus_per_node)
+    if trainer_cfg.get("backend", "auto") == "ray":
+        raise ConfigError(
+            "trainer.backend=ray: the Ray/FSDP2 backend is not in this build yet; "
+            "set trainer.backend=local (or auto) to train with one in-process worker"
         )
-    return backend, world_size
+    notes = []
+    if asked > 1:
+        notes.append(
+            f"trainer.nnodes x trainer.n_gpus_per_node = {asked} workers asked; this build runs one "
+            "in-process worker (same global batch sizes, same algorithm, one device)"
+        )
+    return 1, notes
 
 
 def _build_dataloaders(config, tokenizer):
@@ -68,13 +78,16 @@ def run_ppo(config) -> None:
     from hybridrl.trainer.tracking import Tracking
     from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 
-    _, world_size = _resolve_backend(config)
-    for note in validate_ppo_config(config, world_size=world_size):
+    world_size, notes = _resolve_backend(config)
+    for note in notes + validate_ppo_config(config, world_size=world_size):
         print(f"hybridrl: note: {note}", flush=True)
     torch.manual_seed(config.data.get("seed", 1))
 
-    model_path = resolve_model_path(config.actor_rollout_ref.model.path, config_key="actor_rollout_ref.model.path")
-    tokenizer = load_tokenizer(model_path, trust_remote_code=config.actor_rollout_ref.model.get("trust_remote_code", False))
+    model_cfg = config.actor_rollout_ref.model
+    tokenizer_key = "data.tokenizer" if config.data.get("tokenizer") else "actor_rollout_ref.model.path"
+    tokenizer_path = resolve_model_path(config.data.get("tokenizer") or model_cfg.path, config_key=tokenizer_key)
+    tokenizer = load_tokenizer(tokenizer_path, trust_remote_code=model_cfg.get("trust_remote_code", False),
+                               chat_template=model_cfg.get("custom_chat_template"))
     train_dataloader, val_dataloader = _build_dataloaders(config, tokenizer)
     total_steps = total_training_steps(config, len(train_dataloader))
     with open_dict(config):
@@ -112,10 +125,24 @@ def run_ppo(config) -> None:
         tracker.finish()
 
 
-def is_user_error(exc: BaseException) -> bool:
-    """Errors raised by hybridrl about the user's config, data or files: one line is enough."""
-    module = type(exc).__module__ or ""
-    return module.startswith("hybridrl") or isinstance(exc, FileNotFoundError)
+def user_error_types() -> tuple[type[BaseException], ...]:
+    """Errors about the user's config, data, files or reward function: one line is enough.
+
+    Anything else is a bug (ours or a library's) and keeps its traceback.
+    """
+    from hybridrl.algorithms.errors import AlgorithmConfigError, UnknownAlgorithmError
+    from hybridrl.config import ConfigError
+    from hybridrl.data.errors import DataError
+    from hybridrl.models import ModelConfigError, ModelDependencyError, ModelPathError
+    from hybridrl.rewards import UnknownDataSourceError
+    from hybridrl.rewards.custom import RewardConfigError
+    from hybridrl.rewards.manager import RewardFunctionError
+    from hybridrl.trainer.checkpoint import CheckpointError
+    from hybridrl.trainer.tracking import TrackingError
+
+    return (ConfigError, DataError, ModelPathError, ModelDependencyError, ModelConfigError,
+            UnknownDataSourceError, RewardConfigError, RewardFunctionError, UnknownAlgorithmError,
+            AlgorithmConfigError, CheckpointError, TrackingError, FileNotFoundError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_ppo(load_config(argv, config_name="ppo_trainer"))
     except Exception as exc:  # noqa: BLE001 - turned into one readable line below
-        if os.environ.get("HYBRIDRL_DEBUG") or not is_user_error(exc):
+        if os.environ.get("HYBRIDRL_DEBUG") or not isinstance(exc, user_error_types()):
             raise
         print(f"hybridrl: error: {exc}", file=sys.stderr)
         return 2

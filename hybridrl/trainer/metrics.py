@@ -240,12 +240,3 @@ def reduce_metrics(metrics: dict) -> dict[str, float]:
         else:
             reduced[key] = float(value.item() if hasattr(value, "item") else value)
     return reduced
-
-
-def append_to_dict(data: dict, new: dict) -> None:
-    """Append each value of `new` to the list `data[key]` (created when missing), in place.
-
-    Used to gather per-mini-batch metrics before `reduce_metrics`.
-    """
-    for key, value in new.items():
-        data.setdefault(key, []).append(value)

@@ -205,6 +205,7 @@ class PPOTrainer:
         return checkpoint.save_checkpoint(
             trainer_cfg.default_local_dir, self.global_steps, write_workers,
             self.train_dataloader.state_dict(), max_to_keep=keep,
+            trainer_state={"kl_coef_in_reward": self.kl_ctrl_in_reward.value},
         )
 
     def load_checkpoint(self) -> None:
@@ -219,7 +220,9 @@ class PPOTrainer:
             if path is None:
                 logger.info("no checkpoint in %s: training from scratch", trainer_cfg.default_local_dir)
                 return
-        global_step, dataloader_state = checkpoint.read_checkpoint(path)
+        trainer_state, dataloader_state = checkpoint.read_checkpoint(path)
+        global_step = trainer_state["global_step"]
+        self.kl_ctrl_in_reward.value = trainer_state.get("kl_coef_in_reward", self.kl_ctrl_in_reward.value)
         self.actor_rollout_wg.load_checkpoint(os.path.join(path, "actor"))
         if self.use_critic:
             self.critic_wg.load_checkpoint(os.path.join(path, "critic"))
@@ -239,6 +242,8 @@ class PPOTrainer:
         self.load_checkpoint()
         if self.val_dataloader is not None and trainer_cfg.val_before_train and self.global_steps == 0:
             tracker.log(self.validate(), step=self.global_steps)
+        if trainer_cfg.get("val_only", False):
+            return
         self.global_steps += 1
         while self.global_steps <= self.total_training_steps:
             for batch_dict in self.train_dataloader:

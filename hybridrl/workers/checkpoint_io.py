@@ -49,11 +49,13 @@ def save_worker_state(local_path, module, optimizer, lr_scheduler, rank, world_s
 
 
 def load_worker_state(local_path, module, optimizer, lr_scheduler, rank, world_size) -> None:
-    """Raises FileNotFoundError naming the missing file (e.g. a different world size)."""
+    """Raises CheckpointError naming the missing file (e.g. a different world size)."""
+    from hybridrl.trainer.checkpoint import CheckpointError
+
     paths = _paths(local_path, rank, world_size)
     for path in paths.values():
         if not os.path.exists(path):
-            raise FileNotFoundError(
+            raise CheckpointError(
                 f"checkpoint file {path} is missing; the checkpoint in {local_path} was written by a "
                 f"different number of workers or is incomplete"
             )

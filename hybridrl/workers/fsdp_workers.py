@@ -8,8 +8,8 @@ local backend (world size 1) and are written against ``self.rank`` / ``self.worl
 from __future__ import annotations
 
 import copy
+import importlib
 import logging
-import os
 
 import torch
 
@@ -23,6 +23,12 @@ from hybridrl.workers.optim import build_lr_scheduler, build_optimizer
 logger = logging.getLogger(__name__)
 
 
+def import_external_lib(name: str | None) -> None:
+    """``model.external_lib``: a module imported before loading, e.g. one that registers a model class."""
+    if name:
+        importlib.import_module(name)
+
+
 def _with_normalized_batch_sizes(section, rollout_n: int, world_size: int):
     """A copy of an actor/critic section with per-worker mini and micro batch sizes (rows)."""
     from omegaconf import open_dict
@@ -32,6 +38,8 @@ def _with_normalized_batch_sizes(section, rollout_n: int, world_size: int):
     with open_dict(section):
         for key, value in sizes.items():
             section[key] = value
+        if section.ppo_micro_batch_size_per_gpu is None:  # use_dynamic_bsz: one micro batch per mini batch for now
+            section.ppo_micro_batch_size_per_gpu = section.ppo_mini_batch_size
     return section
 
 
@@ -63,8 +71,10 @@ class ActorRolloutRefWorker(Worker):
         from hybridrl.workers.rollout.base import get_rollout_cls
 
         model_cfg = self.config.model
+        import_external_lib(model_cfg.get("external_lib"))
         self.model_path = resolve_model_path(model_cfg.path, config_key="actor_rollout_ref.model.path")
-        self.tokenizer = load_tokenizer(self.model_path, trust_remote_code=model_cfg.get("trust_remote_code", False))
+        self.tokenizer = load_tokenizer(self.model_path, trust_remote_code=model_cfg.get("trust_remote_code", False),
+                                        chat_template=model_cfg.get("custom_chat_template"))
         module = load_causal_lm(
             self.model_path,
             dtype=self.config.actor.fsdp_config.get("model_dtype", "fp32"),
@@ -73,6 +83,8 @@ class ActorRolloutRefWorker(Worker):
             enable_gradient_checkpointing=self._is_actor and model_cfg.get("enable_gradient_checkpointing", False),
         ).to(self.device)
         rollout_n = self.config.rollout.n
+        actor_sizes = _with_normalized_batch_sizes(self.config.actor, rollout_n, self.world_size)
+        self.actor_micro_batch_size = actor_sizes.ppo_micro_batch_size_per_gpu
         if self._is_ref:
             ref_cfg = self.config.ref
             ref_module = copy.deepcopy(module) if self._is_actor else module
@@ -80,7 +92,7 @@ class ActorRolloutRefWorker(Worker):
             self.ref_policy = PPOActor(ref_cfg, ref_module)
         if not self._is_actor:
             return
-        actor_cfg = _with_normalized_batch_sizes(self.config.actor, rollout_n, self.world_size)
+        actor_cfg = actor_sizes
         self.actor_optimizer = build_optimizer(module, actor_cfg.optim)
         total_steps = actor_cfg.optim.get("total_training_steps") or 1
         self.actor_lr_scheduler = build_lr_scheduler(self.actor_optimizer, actor_cfg.optim, total_steps)
@@ -89,7 +101,12 @@ class ActorRolloutRefWorker(Worker):
         self.rollout = rollout_cls(module, self.config.rollout, self.tokenizer, getattr(module, "generation_config", None))
 
     def _log_prob_meta(self, section) -> dict:
-        micro = section.get("log_prob_micro_batch_size_per_gpu") or self.config.actor.get("ppo_micro_batch_size_per_gpu") or 8
+        """Rows per log-prob forward: ``log_prob_micro_batch_size_per_gpu``, else the deprecated
+        global ``log_prob_micro_batch_size`` / workers, else the actor's training micro batch."""
+        micro = section.get("log_prob_micro_batch_size_per_gpu")
+        if not micro and section.get("log_prob_micro_batch_size"):
+            micro = max(1, section.log_prob_micro_batch_size // self.world_size)
+        micro = micro or self.actor_micro_batch_size
         return {"micro_batch_size": int(micro), "temperature": float(self.config.rollout.temperature)}
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -155,6 +172,7 @@ class CriticWorker(Worker):
         from hybridrl.workers.critic import PPOCritic
 
         model_cfg = self.config.model
+        import_external_lib(model_cfg.get("external_lib"))
         path = resolve_model_path(model_cfg.path, config_key="critic.model.path")
         module = load_value_model(
             path,
@@ -172,8 +190,8 @@ class CriticWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:
         data = data.to(self.device)
-        micro = self.config.get("forward_micro_batch_size_per_gpu") or self.config.get("ppo_micro_batch_size_per_gpu") or 8
-        data.meta_info["micro_batch_size"] = int(micro)
+        cfg = self.critic.config
+        data.meta_info["micro_batch_size"] = int(cfg.get("forward_micro_batch_size_per_gpu") or cfg.ppo_micro_batch_size_per_gpu)
         return DataProto.from_dict(tensors={"values": self.critic.compute_values(data)}).to("cpu")
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

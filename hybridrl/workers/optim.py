@@ -22,7 +22,7 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg, total_traini
     Warmup steps: ``lr_warmup_steps`` if > 0, else ``lr_warmup_steps_ratio x total steps``.
 
     Raises:
-        ValueError: an unknown ``warmup_style``.
+        ConfigError: an unknown ``warmup_style``.
     """
     from transformers import get_constant_schedule_with_warmup, get_cosine_with_min_lr_schedule_with_warmup
 
@@ -40,4 +40,6 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg, total_traini
             num_cycles=optim_cfg.get("num_cycles", 0.5),
             min_lr_rate=optim_cfg.get("min_lr_ratio", 0.0) or 0.0,
         )
-    raise ValueError(f"optim.warmup_style={style!r} is not one of constant, cosine")
+    from hybridrl.config import ConfigError
+
+    raise ConfigError(f"optim.warmup_style={style!r} is not one of constant, cosine")

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from hybridrl.algorithms import AlgorithmConfigError, compute_explained_variance, compute_value_loss
+from hybridrl.algorithms import AlgorithmConfigError, compute_value_loss
 
 
 def test_clipped_value_loss_by_hand():
@@ -28,9 +28,3 @@ def test_value_loss_seq_mode_and_error():
         compute_value_loss(vpreds, vpreds, vpreds, torch.ones(2, 2), -1.0)
 
 
-def test_explained_variance():
-    returns = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
-    mask = torch.ones(1, 4)
-    assert compute_explained_variance(returns, returns, mask) == pytest.approx(1.0)
-    # a constant prediction: Var(returns - 2.5) = Var(returns) -> 0
-    assert compute_explained_variance(torch.full((1, 4), 2.5), returns, mask) == pytest.approx(0.0)

@@ -61,3 +61,19 @@ def test_all_to_all_requires_one_item_per_rank():
 def test_register_rejects_bad_modes():
     with pytest.raises(TypeError, match="dispatch_mode"):
         register(dispatch_mode="one_to_all")
+
+
+class MutatingWorker(Worker):
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def touch(self, data: DataProto) -> DataProto:
+        data.meta_info["worker_private"] = 1
+        data.to("meta")
+        return DataProto.from_dict(tensors={"y": torch.zeros(len(data))})
+
+
+def test_local_workers_cannot_mutate_the_drivers_batch():
+    group = LocalWorkerGroup(MutatingWorker)
+    data = DataProto.from_dict(tensors={"x": torch.arange(3.0)}, meta_info={"a": 1})
+    group.touch(data)
+    assert data.meta_info == {"a": 1}
+    assert data.batch["x"].device.type == "cpu"

@@ -14,10 +14,10 @@ def _writer(content):
 
 
 def test_save_then_find_and_read(tmp_path):
-    path = checkpoint.save_checkpoint(str(tmp_path), 3, _writer("w3"), {"pos": 3})
+    path = checkpoint.save_checkpoint(str(tmp_path), 3, _writer("w3"), {"pos": 3}, trainer_state={"kl_coef": 0.2})
     assert path == str(tmp_path / "global_step_3")
     assert checkpoint.find_latest_checkpoint(str(tmp_path)) == path
-    assert checkpoint.read_checkpoint(path) == (3, {"pos": 3})
+    assert checkpoint.read_checkpoint(path) == ({"kl_coef": 0.2, "global_step": 3}, {"pos": 3})
     assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "3"
 
 
@@ -35,7 +35,7 @@ def test_a_crash_while_writing_leaves_the_last_good_checkpoint(tmp_path):
     assert checkpoint.find_latest_checkpoint(root) == good
     # the next save of that step replaces the leftover temporary folder
     checkpoint.save_checkpoint(root, 2, _writer("w2"), {"pos": 2})
-    assert checkpoint.read_checkpoint(checkpoint.find_latest_checkpoint(root))[0] == 2
+    assert checkpoint.read_checkpoint(checkpoint.find_latest_checkpoint(root))[0]["global_step"] == 2
 
 
 def test_a_tracker_naming_a_missing_step_falls_back_to_the_newest_complete_one(tmp_path):

@@ -10,7 +10,6 @@ from hybridrl.protocol import DataProto
 from hybridrl.trainer import metrics as M
 from hybridrl.trainer.metrics import (
     MetricsInputError,
-    append_to_dict,
     compute_data_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
@@ -135,17 +134,3 @@ def test_marked_timer_real_clock():
     assert 0.0 <= timing_raw["step"] < 5.0
 
 
-def test_reduce_and_append():
-    collected = {}
-    append_to_dict(collected, {"actor/pg_loss": 1.0, "actor/clipfrac": torch.tensor(0.5)})
-    append_to_dict(collected, {"actor/pg_loss": 3.0, "actor/clipfrac": np.float32(0.25)})
-    assert collected["actor/pg_loss"] == [1.0, 3.0]
-    collected["lr"] = 1e-6
-    collected["empty"] = []
-    reduced = reduce_metrics(collected)
-    assert reduced["actor/pg_loss"] == 2.0
-    assert reduced["actor/clipfrac"] == pytest.approx(0.375)
-    assert reduced["lr"] == 1e-6
-    assert math.isnan(reduced["empty"])
-    assert collected["actor/pg_loss"] == [1.0, 3.0]  # input untouched
-    assert all(type(v) is float for v in reduced.values())

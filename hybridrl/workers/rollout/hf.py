@@ -17,7 +17,8 @@ class HFRollout(BaseRollout):
     With ``rollout.dtype`` equal to the actor's dtype the actor module itself is used (no
     copy, nothing to sync). Otherwise a copy in that dtype is kept (bf16 decoding is several
     times faster on AMX CPUs and on GPUs) and ``sync_weights`` refreshes it after every update.
-    Generation stops as soon as every sequence has produced an EOS token.
+    Generation stops as soon as every sequence has produced an EOS token
+    (``rollout.ignore_eos=True``: always ``response_length`` tokens).
     """
 
     def __init__(self, actor_module: torch.nn.Module, config, tokenizer, generation_config=None) -> None:
@@ -28,9 +29,14 @@ class HFRollout(BaseRollout):
             self.module = actor_module
         else:
             self.module = copy.deepcopy(actor_module).to(dtype)
-        self.module.eval()
         self.eos_token_ids = _eos_ids(tokenizer, generation_config)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
+        # transformers fills every sampling option we leave unset from model.generation_config
+        # (e.g. a repetition_penalty); the log-probs of the update know nothing of those, so
+        # the rollout samples from the plain softmax only.
+        from transformers import GenerationConfig
+
+        self.module.generation_config = GenerationConfig(eos_token_id=self.eos_token_ids, pad_token_id=self.pad_token_id)
 
     def sync_weights(self, actor_module: torch.nn.Module) -> None:
         if self.module is not actor_module:
@@ -52,41 +58,53 @@ class HFRollout(BaseRollout):
 
     @torch.no_grad()
     def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Generates in chunks of ``rollout.micro_batch_size`` prompts (bounds KV-cache memory)."""
         from transformers import GenerationConfig
 
-        input_ids = prompts.batch["input_ids"]
-        attention_mask = prompts.batch["attention_mask"]
+        self.module.eval()  # the module may be the actor itself, left in train mode by an update
         response_length = int(prompts.meta_info.get("response_length", self.config.response_length))
+        stop_ids = [] if self.config.get("ignore_eos", False) else self.eos_token_ids
         gen_config = GenerationConfig(
             max_new_tokens=response_length,
-            eos_token_id=self.eos_token_ids,
+            eos_token_id=stop_ids or None,
             pad_token_id=self.pad_token_id,
             use_cache=True,
             **self._sampling_kwargs(prompts.meta_info),
         )
-        device = next(self.module.parameters()).device
-        output = self.module.generate(
-            input_ids=input_ids.to(device),
-            attention_mask=attention_mask.to(device),
-            generation_config=gen_config,
-        ).cpu()
-        responses = output[:, input_ids.shape[1]:]
-        if responses.shape[1] < response_length:  # everyone stopped early: pad to a fixed width
-            pad = responses.new_full((responses.shape[0], response_length - responses.shape[1]), self.pad_token_id)
-            responses = torch.cat([responses, pad], dim=1)
-        response_mask = get_response_mask(responses, self.eos_token_ids)
-        responses = torch.where(response_mask.bool(), responses, torch.full_like(responses, self.pad_token_id))
+        chunk = self.config.get("micro_batch_size") or len(prompts)
+        responses = torch.cat([
+            self._generate(part.batch["input_ids"], part.batch["attention_mask"], gen_config, response_length)
+            for part in prompts.split(chunk)
+        ])
+        if stop_ids:
+            response_mask = get_response_mask(responses, stop_ids)
+            responses = torch.where(response_mask.bool(), responses, torch.full_like(responses, self.pad_token_id))
+        else:
+            response_mask = torch.ones_like(responses)
+        input_ids = prompts.batch["input_ids"]
+        attention_mask = prompts.batch["attention_mask"]
         full_mask = torch.cat([attention_mask, response_mask.to(attention_mask.dtype)], dim=1)
-        position_ids = (torch.cumsum(full_mask, dim=1) - 1).clamp(min=0)
         batch = {
             "prompts": input_ids,
             "responses": responses,
             "input_ids": torch.cat([input_ids, responses], dim=1),
             "attention_mask": full_mask,
-            "position_ids": position_ids,
+            "position_ids": (torch.cumsum(full_mask, dim=1) - 1).clamp(min=0),
             "response_mask": response_mask,
         }
         return DataProto.from_dict(tensors=batch, meta_info=dict(prompts.meta_info))
+
+    def _generate(self, input_ids, attention_mask, gen_config, response_length: int) -> torch.Tensor:
+        """``(bs, response_length)`` generated ids, right-padded with the pad token."""
+        device = next(self.module.parameters()).device
+        output = self.module.generate(
+            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), generation_config=gen_config
+        ).cpu()
+        responses = output[:, input_ids.shape[1]:]
+        if responses.shape[1] < response_length:  # every sequence stopped early: pad to a fixed width
+            pad = responses.new_full((responses.shape[0], response_length - responses.shape[1]), self.pad_token_id)
+            responses = torch.cat([responses, pad], dim=1)
+        return responses
 
 
 def _eos_ids(tokenizer, generation_config) -> list[int]:
