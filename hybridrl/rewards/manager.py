@@ -152,7 +152,7 @@ class NaiveRewardManager:
         valid_resp = mask[:, prompt_len:].sum(-1).tolist()
 
         reward_tensor = torch.zeros(responses.shape, dtype=torch.float32, device=responses.device)
-        extras_per_sample, errors, printed = [], [], {}
+        extras_per_sample, errors, failures, printed = [], [], [], {}
         for i in range(len(data)):
             vp, vr = int(valid_prompt[i]), int(valid_resp[i])
             response_str = self.tokenizer.decode(responses[i, :vr], skip_special_tokens=True)
@@ -162,15 +162,17 @@ class NaiveRewardManager:
                 reward_tensor[i, vr - 1] = score
             extras_per_sample.append(extras)
             errors.append(1.0 if failed else 0.0)
+            if failed:
+                failures.append(failed)
             if printed.get(data_source, 0) < self.num_examine:
                 printed[data_source] = printed.get(data_source, 0) + 1
                 prompt_str = self.tokenizer.decode(prompts[i, prompt_len - vp:], skip_special_tokens=True)
                 self._print_sample(prompt_str, response_str, ground_truth, score, extras)
 
-        if sum(errors):
+        if failures:
             logger.warning(
                 "reward function failed on %d of %d samples in this batch; they were scored 0 "
-                "(reward_model.on_error=zero)", int(sum(errors)), len(errors)
+                "(reward_model.on_error=zero). First: %s", len(failures), len(errors), failures[0]
             )
         if not return_dict:
             return reward_tensor
@@ -204,8 +206,8 @@ class NaiveRewardManager:
             extra_info = {**(extra_info or {}), "num_turns": nt["__num_turns__"][i]}
         return nt[self.reward_fn_key][i], reward_model["ground_truth"], extra_info
 
-    def _score(self, i, data_source, solution_str, ground_truth, extra_info) -> tuple[float, dict, bool]:
-        """Call the scorer on one sample → (score, extras, failed), applying ``on_error``."""
+    def _score(self, i, data_source, solution_str, ground_truth, extra_info) -> tuple[float, dict, str | None]:
+        """Call the scorer on one sample → (score, extras, failure or None), applying ``on_error``."""
         try:
             result = self.compute_score(
                 data_source=data_source,
@@ -215,12 +217,11 @@ class NaiveRewardManager:
             )
             score, extras = _split_result(result)
         except Exception as exc:
+            where = f"sample {i} of the batch (data_source={data_source!r}): {type(exc).__name__}: {' '.join(str(exc).split())}"
             if self.on_error == "zero":
-                return 0.0, {}, True
-            msg = " ".join(str(exc).split())
+                return 0.0, {}, where
             raise RewardFunctionError(
-                f"reward function failed on sample {i} of the batch (data_source={data_source!r}): "
-                f"{type(exc).__name__}: {msg}; fix the function or set reward_model.on_error=zero "
+                f"reward function failed on {where}; fix the function or set reward_model.on_error=zero "
                 "to score such samples 0 and go on"
             ) from exc
         return score, extras, False
