@@ -9,7 +9,7 @@ the workers call it too, so the start-up check and the run agree.
 
 from __future__ import annotations
 
-import importlib.util
+import re
 from typing import Any
 
 from hybridrl.config.errors import ConfigError
@@ -20,53 +20,110 @@ REF = "actor_rollout_ref.ref"
 
 _HF_ENGINE = "the HF generate engine does not use it"
 _FSDP_SINGLE = "FSDP sharding and offload need more than one worker; a single worker keeps the whole model"
-
-# key -> (reason, when). Noted when the value differs from the packaged default;
-# "single" rows only when there is one worker. The one place that lists ignored keys.
 _NOT_YET_SPEED = "not in this build yet (same results, only slower)"
-IGNORED_KEYS: dict[str, tuple[str, str]] = {
-    f"{ROLLOUT}.gpu_memory_utilization": ("the HF engine has no KV-cache pool to size", "always"),
-    f"{ROLLOUT}.tensor_model_parallel_size": (
-        "the HF engine is not tensor-parallel; each worker generates with its own full copy", "always"),
-    f"{ROLLOUT}.enforce_eager": (_HF_ENGINE + " (no CUDA graphs)", "always"),
-    f"{ROLLOUT}.free_cache_engine": (_HF_ENGINE + " (no cache engine to free)", "always"),
-    f"{ROLLOUT}.load_format": ("weights go from the actor to the HF engine directly", "always"),
-    f"{ROLLOUT}.max_num_batched_tokens": (_HF_ENGINE + " (no token scheduler)", "always"),
-    f"{ROLLOUT}.max_num_seqs": (_HF_ENGINE + " (no sequence scheduler)", "always"),
-    f"{ROLLOUT}.enable_chunked_prefill": (_HF_ENGINE, "always"),
-    f"{ROLLOUT}.disable_log_stats": (_HF_ENGINE, "always"),
-    f"{ROLLOUT}.layered_summon": (_HF_ENGINE, "always"),
-    f"{ROLLOUT}.multi_stage_wake_up": (_HF_ENGINE, "always"),
-    f"{ACTOR}.ulysses_sequence_parallel_size": (
-        "no sequence parallelism here; each worker holds whole sequences", "always"),
-    "critic.ulysses_sequence_parallel_size": ("no sequence parallelism here", "always"),
-    "reward_model.ulysses_sequence_parallel_size": ("no sequence parallelism here", "always"),
-    f"{ACTOR}.use_torch_compile": ("models run in eager mode", "always"),
-    "actor_rollout_ref.model.use_liger": ("no Liger kernels in this build", "always"),
-    "actor_rollout_ref.model.use_fused_kernels": ("no fused kernels in this build", "always"),
-    "actor_rollout_ref.model.enable_activation_offload": ("activations stay in memory", "always"),
-    "actor_rollout_ref.model.use_shm": ("models load from their own path", "always"),
-    "trainer.profile_steps": ("no profiler integration", "always"),
-    "trainer.esi_redundant_time": ("no elastic-instance deadline", "always"),
-    "trainer.default_hdfs_dir": ("checkpoints are written to trainer.default_local_dir only", "always"),
+
+# reason -> keys that mean nothing on this build. Noted when the value differs from the packaged
+# default (and, for a key that copies another with ${...}, from that key). The one place that
+# lists ignored keys; IGNORED_KEYS below is its key -> (reason, when) form.
+_IGNORED: dict[str, tuple[str, ...]] = {
+    "models load from their own path": (
+        "data.use_shm", "actor_rollout_ref.model.use_shm", "critic.model.use_shm"),
+    "only a reward model with another tokenizer needs it (reward_model.enable is not in this build)": (
+        "data.return_raw_input_ids",),
+    "validation runs over the whole set in file order": ("data.validation_shuffle",),
+    "prompts are filtered in this process": ("data.filter_overlong_prompts_workers",),
+    "this build has no multimodal inputs": ("data.return_multi_modal_inputs",),
+    "the tokenizer loads with actor_rollout_ref.model.trust_remote_code": ("data.trust_remote_code",),
+    "prompts are padded to data.max_prompt_length": (f"{ROLLOUT}.prompt_length",),
+    "the reference model is a copy of the actor in actor.fsdp_config.model_dtype": (
+        f"{REF}.fsdp_config.model_dtype",),
+    "actor and rollout always share one worker here": ("actor_rollout_ref.hybrid_engine",),
+    "the HF engine has no KV-cache pool to size": (f"{ROLLOUT}.gpu_memory_utilization",),
+    "the HF engine is not tensor-parallel; each worker generates with its own full copy": (
+        f"{ROLLOUT}.tensor_model_parallel_size",),
+    _HF_ENGINE + " (no CUDA graphs)": (f"{ROLLOUT}.enforce_eager",),
+    _HF_ENGINE + " (no cache engine to free)": (f"{ROLLOUT}.free_cache_engine",),
+    _HF_ENGINE + " (no token scheduler)": (f"{ROLLOUT}.max_num_batched_tokens",),
+    _HF_ENGINE + " (no sequence scheduler)": (f"{ROLLOUT}.max_num_seqs",),
+    _HF_ENGINE + "; lengths come from data.max_prompt_length and data.max_response_length": (
+        f"{ROLLOUT}.max_model_len",),
+    _HF_ENGINE: (f"{ROLLOUT}.enable_chunked_prefill", f"{ROLLOUT}.disable_log_stats",
+                 f"{ROLLOUT}.layered_summon", f"{ROLLOUT}.multi_stage_wake_up"),
+    "weights go from the actor to the HF engine directly": (
+        f"{ROLLOUT}.load_format", f"{ROLLOUT}.update_weights_bucket_megabytes"),
+    "this build has no vLLM engine": (f"{ROLLOUT}.engine_kwargs.vllm.swap_space",
+                                      f"{ROLLOUT}.engine_kwargs.vllm.disable_mm_preprocessor_cache"),
+    "this build has no SGLang engine": (f"{ROLLOUT}.engine_kwargs.sglang.attention_backend",),
+    "async rollouts are not in this build; generation runs synchronously": (f"{ROLLOUT}.mode",),
+    "no agent-loop workers (async rollouts are not in this build)": (f"{ROLLOUT}.agent.num_workers",),
+    "the rollout returns no log-probs of its own; old_log_probs come from the actor": (
+        f"{ROLLOUT}.calculate_log_probs",),
+    "no rollout tracing in this build": (f"{ROLLOUT}.trace.backend", f"{ROLLOUT}.trace.token2text"),
+    "no sequence parallelism here; each worker holds whole sequences": (
+        f"{ACTOR}.ulysses_sequence_parallel_size", f"{REF}.ulysses_sequence_parallel_size",
+        "critic.ulysses_sequence_parallel_size", "reward_model.ulysses_sequence_parallel_size"),
+    "this build has no FSDP yet: its one worker holds the whole model": (
+        f"{ACTOR}.strategy", f"{REF}.strategy", "critic.strategy"),
+    "models run in eager mode": (f"{ACTOR}.use_torch_compile", f"{REF}.use_torch_compile"),
+    "mini batches are taken in batch order": (f"{ACTOR}.shuffle", "critic.shuffle"),
+    "a memory saving not in this build yet (same results)": (
+        f"{ACTOR}.entropy_from_logits_with_chunking", f"{ACTOR}.entropy_checkpointing",
+        f"{REF}.entropy_from_logits_with_chunking", f"{REF}.entropy_checkpointing"),
+    "checkpoints always hold model, optimizer and extra state (no HF-format copy)": (
+        f"{ACTOR}.checkpoint.save_contents", f"{ACTOR}.checkpoint.load_contents",
+        "critic.checkpoint.save_contents", "critic.checkpoint.load_contents"),
+    "no Liger kernels in this build": ("actor_rollout_ref.model.use_liger",),
+    "no fused kernels in this build": ("actor_rollout_ref.model.use_fused_kernels",
+                                       "actor_rollout_ref.model.fused_kernel_options.impl_backend"),
+    "activations stay in memory": ("actor_rollout_ref.model.enable_activation_offload",
+                                   "critic.model.enable_activation_offload"),
+    "the critic reads the actor's token ids": ("critic.model.tokenizer_path",),
+    "rewards are scored in the driver's thread (same results)": ("reward_model.launch_reward_fn_async",),
+    "buffers stay in fsdp_config.model_dtype": (  # the ref copies the actor's mixed_precision
+        f"{ACTOR}.fsdp_config.mixed_precision.buffer_dtype", "critic.model.fsdp_config.mixed_precision.buffer_dtype"),
+    "no profiler integration": ("trainer.profile_steps",),
+    "no elastic-instance deadline": ("trainer.esi_redundant_time",),
+    "checkpoints are written to trainer.default_local_dir only": ("trainer.default_hdfs_dir",),
+    "the loaded checkpoint is kept": ("trainer.del_local_ckpt_after_load",),
+    "actor and critic share one step folder; trainer.max_actor_ckpt_to_keep governs both": (
+        "trainer.max_critic_ckpt_to_keep",),
+    "sample dumps arrive with the workflow tools": (
+        "trainer.log_val_generations", "trainer.rollout_data_dir", "trainer.validation_data_dir"),
+    "only the Ray backend reads it, and this build has none yet": (
+        "trainer.ray_wait_register_center_timeout", "ray_init.num_cpus", "ray_init.timeline_json_file",
+        "ray_kwargs.ray_init"),
     # Speed features that change no result: accepted now, implemented by the speed work.
-    "actor_rollout_ref.model.use_remove_padding": (_NOT_YET_SPEED, "always"),
-    "critic.model.use_remove_padding": (_NOT_YET_SPEED, "always"),
-    f"{ACTOR}.use_dynamic_bsz": (_NOT_YET_SPEED + "; micro batches count rows", "always"),
-    "critic.use_dynamic_bsz": (_NOT_YET_SPEED + "; micro batches count rows", "always"),
-    f"{ROLLOUT}.log_prob_use_dynamic_bsz": (_NOT_YET_SPEED, "always"),
-    f"{REF}.log_prob_use_dynamic_bsz": (_NOT_YET_SPEED, "always"),
-    "trainer.balance_batch": ("one worker has nothing to balance", "single"),
+    _NOT_YET_SPEED: ("actor_rollout_ref.model.use_remove_padding", "critic.model.use_remove_padding",
+                     f"{ROLLOUT}.log_prob_use_dynamic_bsz", f"{REF}.log_prob_use_dynamic_bsz"),
+    _NOT_YET_SPEED + "; micro batches count rows": (f"{ACTOR}.use_dynamic_bsz", "critic.use_dynamic_bsz"),
+    "read only with use_dynamic_bsz, which is not in this build yet": (
+        f"{ACTOR}.ppo_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu",
+        "critic.forward_max_token_len_per_gpu", f"{ROLLOUT}.log_prob_max_token_len_per_gpu",
+        f"{REF}.log_prob_max_token_len_per_gpu"),
 }
+_IGNORED_SINGLE: dict[str, tuple[str, ...]] = {  # as _IGNORED, noted only when there is one worker
+    "one worker has nothing to balance": ("trainer.balance_batch",),
+    "one worker has no gradient all-reduce": (
+        f"{ACTOR}.fsdp_config.mixed_precision.reduce_dtype", "critic.model.fsdp_config.mixed_precision.reduce_dtype"),
+}
+IGNORED_KEYS: dict[str, tuple[str, str]] = {
+    key: (reason, when) for table, when in ((_IGNORED, "always"), (_IGNORED_SINGLE, "single"))
+    for reason, keys in table.items() for key in keys}
 
 # Keys that change what is trained and that this build does not have yet: an error, not a note.
 NOT_YET_SUPPORTED: dict[str, str] = {
     "actor_rollout_ref.model.lora_rank": "LoRA training",
+    "critic.model.lora_rank": "LoRA training of the critic",
     "reward_model.enable": "model-based rewards (a reward-model worker)",
+    "reward_model.sandbox_fusion.url": "code-execution rewards through a sandbox-fusion service",
     f"{ROLLOUT}.multi_turn.enable": "multi-turn agent rollouts",
+    f"{ROLLOUT}.use_fire_sampling": "FIRE sampling (arXiv:2410.21236)",
+    f"{ROLLOUT}.agent.custom_async_server.path": "a custom async rollout server",
     "data.custom_cls.path": "custom dataset classes",
     "data.sampler.class_path": "custom samplers",
     "data.datagen.path": "dynamic data generation",
+    "data.image_key": "image inputs (multimodal data)",
+    "data.video_key": "video inputs (multimodal data)",
     "algorithm.use_pf_ppo": "preference-feedback PPO reweighting",
 }
 _FSDP_ALL = ("param_offload", "optimizer_offload", "offload_policy", "reshard_after_forward",
@@ -83,20 +140,9 @@ for _prefix, _leaves in _FSDP_LEAVES.items():
     for _leaf in _leaves:
         IGNORED_KEYS[f"{_prefix}.{_leaf}"] = (_FSDP_SINGLE, "single")
 
-# rollout.name -> (module to import, display name) for engines mapped to HF when absent.
-_OPTIONAL_ENGINES = {"vllm": ("vllm", "vLLM"), "sglang": ("sglang", "SGLang"),
-                     "sglang_async": ("sglang", "SGLang")}
-
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-_CHOICES = {
-    "trainer.device": ("cpu", "cuda", "auto"),
-    "trainer.backend": ("local", "ray", "auto"),
-    "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
-    f"{ACTOR}.loss_agg_mode": LOSS_AGG_MODES,
-    "data.truncation": ("error", "left", "right", "middle"),
-    "trainer.resume_mode": ("auto", "disable", "resume_path"),
-    "reward_model.on_error": ("raise", "zero"),
-}
+# rollout.name -> display name: engines verl users name that run on the HF engine when no
+# engine of that name is registered. Read by the start-up note and by get_rollout_cls.
+OPTIONAL_ENGINES = {"vllm": "vLLM", "sglang": "SGLang", "sglang_async": "SGLang"}
 
 _UNSET = object()  # "no such key", as a returned default
 _REQUIRED = object()  # no default: a missing key is an error
@@ -122,24 +168,46 @@ def validate_ppo_config(config, world_size: int = 1) -> list[str]:
         raise ConfigError(f"world_size={world_size!r} must be an integer >= 1 "
                           "(trainer.nnodes x trainer.n_gpus_per_node)")
     _check_values(config)
+    _check_sampling(config)
+    _check_registered_names(config)
     _check_not_yet_supported(config)
     _check_batch_sizes(config, world_size)
     return ignored_key_notes(config, world_size)
 
 
+def _choices(config) -> dict[str, tuple]:
+    """key -> allowed values. The algorithm and data modules own their lists (imported here: torch)."""
+    from hybridrl.algorithms.policy_loss import LOSS_AGG_MODES
+    from hybridrl.data.rl_dataset import TRUNCATIONS
+
+    choices = {
+        "trainer.device": ("cpu", "cuda", "auto"),
+        "trainer.backend": ("local", "ray", "auto"),
+        "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
+        f"{ACTOR}.loss_agg_mode": LOSS_AGG_MODES,
+        f"{ACTOR}.strategy": ("fsdp", "fsdp2"),
+        f"{ROLLOUT}.mode": ("sync", "async"),
+        "data.truncation": TRUNCATIONS,
+        "trainer.resume_mode": ("auto", "disable", "resume_path"),
+        "reward_model.on_error": ("raise", "zero"),
+    }
+    if _get(config, "algorithm.adv_estimator") == "gae":
+        choices.update({"critic.loss_agg_mode": LOSS_AGG_MODES, "critic.strategy": ("fsdp", "fsdp2")})
+    return choices
+
+
 def _check_values(config) -> None:
-    """Single-key checks: sizes, choices, the estimator name, devices."""
+    """Single-key checks: sizes, choices, devices."""
     _int_at_least(config, "data.train_batch_size", 1)
     _int_at_least(config, "data.max_prompt_length", 1)
     _int_at_least(config, "data.max_response_length", 1)
     _int_at_least(config, f"{ROLLOUT}.n", 1)
     _int_at_least(config, f"{ACTOR}.ppo_epochs", 1)
     _int_at_least(config, "trainer.critic_warmup", 0)
-    for key, allowed in _CHOICES.items():
+    for key, allowed in _choices(config).items():
         value = _get(config, key)
         if value not in allowed:
             raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}; set one of them")
-    _check_adv_estimator(_get(config, "algorithm.adv_estimator"))
     for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
         value = _get(config, f"{ACTOR}.{key}", None)
         if value is not None and not _number_above(value, 0):
@@ -172,16 +240,52 @@ def _check_not_yet_supported(config) -> None:
                               f"remove the key (or set it back to {_plain(_get(defaults, key, None))!r})")
 
 
-def _check_adv_estimator(name) -> None:
-    try:
-        from hybridrl.algorithms.advantages import ADV_ESTIMATOR_REGISTRY
-    except ModuleNotFoundError as exc:  # the module is not in this build: nothing to check against
-        if exc.name != "hybridrl.algorithms.advantages":
-            raise
-        return
-    if name not in ADV_ESTIMATOR_REGISTRY:
-        known = ", ".join(sorted(str(k) for k in ADV_ESTIMATOR_REGISTRY))
-        raise ConfigError(f"algorithm.adv_estimator={name!r} is unknown; known estimators: {known}")
+def _check_sampling(config) -> None:
+    """Training samples need temperature > 0 (the actor divides logits by it); validation may be greedy."""
+    temperature = _get(config, f"{ROLLOUT}.temperature")
+    if not _number_above(temperature, 0):
+        raise ConfigError(
+            f"{ROLLOUT}.temperature={temperature!r} must be a number > 0 (training samples and their "
+            f"log-probs divide the logits by it); for greedy decoding set {ROLLOUT}.val_kwargs.temperature=0")
+    val_temperature = _get(config, f"{ROLLOUT}.val_kwargs.temperature", 0)
+    if isinstance(val_temperature, bool) or not isinstance(val_temperature, (int, float)) or val_temperature < 0:
+        raise ConfigError(f"{ROLLOUT}.val_kwargs.temperature={val_temperature!r} must be a number >= 0 "
+                          "(0: greedy validation)")
+
+
+def _check_registered_names(config) -> None:
+    """Names the run looks up in registries, checked before any worker starts."""
+    from hybridrl.algorithms.advantages import ADV_ESTIMATOR_REGISTRY
+    from hybridrl.algorithms.kl import KL_PENALTY_REGISTRY
+    from hybridrl.algorithms.policy_loss import POLICY_LOSS_REGISTRY
+    from hybridrl.rewards.manager import _REWARD_MANAGERS
+    from hybridrl.trainer.tracking import available_loggers
+    from hybridrl.workers.rollout import ROLLOUT_REGISTRY
+
+    def check(key: str, value, known, register: str, shown: str | None = None) -> None:
+        if not isinstance(value, str) or value not in known:
+            shown = shown or f"{key}={_plain(value)!r}"
+            raise ConfigError(f"{shown} is unknown; known: {', '.join(sorted(map(str, known)))}; "
+                              f"pick one of them or register your own with @{register}")
+
+    check("algorithm.adv_estimator", _get(config, "algorithm.adv_estimator"), ADV_ESTIMATOR_REGISTRY,
+          "register_adv_est")
+    if _get(config, f"{ACTOR}.use_kl_loss", False):
+        check(f"{ACTOR}.kl_loss_type", _get(config, f"{ACTOR}.kl_loss_type"), KL_PENALTY_REGISTRY,
+              "register_kl_penalty")
+    if _get(config, "algorithm.use_kl_in_reward", False):
+        check("algorithm.kl_penalty", _get(config, "algorithm.kl_penalty"), KL_PENALTY_REGISTRY,
+              "register_kl_penalty")
+    check(f"{ACTOR}.policy_loss.loss_mode", _get(config, f"{ACTOR}.policy_loss.loss_mode"),
+          POLICY_LOSS_REGISTRY, "register_policy_loss")
+    check("reward_model.reward_manager", _get(config, "reward_model.reward_manager"), _REWARD_MANAGERS,
+          "register_reward_manager")
+    loggers = _plain(_get(config, "trainer.logger"))
+    for name in loggers if isinstance(loggers, list) else [loggers]:  # verl also takes one name
+        check("trainer.logger", name, available_loggers(), "register_logger",
+              shown=f"trainer.logger={loggers!r}: the logger {name!r}")
+    check(f"{ROLLOUT}.name", _get(config, f"{ROLLOUT}.name"), set(ROLLOUT_REGISTRY) | set(OPTIONAL_ENGINES),
+          "register_rollout")
 
 
 def _check_batch_sizes(config, dp: int) -> None:
@@ -286,7 +390,8 @@ def _micro_per_worker(cfg, prefix: str, name: str, dp: int, required: bool):
 
 
 def ignored_key_notes(config, world_size: int = 1) -> list[str]:
-    """Notes for keys that mean nothing on this build or device and are set to non-defaults."""
+    """Notes for keys that mean nothing on this build or device and are set to non-defaults, and
+    for a ``rollout.name`` in :data:`OPTIONAL_ENGINES` that has no registered engine (runs on HF)."""
     defaults = _packaged_defaults()
     notes = []
     for key, (reason, when) in IGNORED_KEYS.items():
@@ -296,20 +401,37 @@ def ignored_key_notes(config, world_size: int = 1) -> list[str]:
         default = _get(defaults, key, _UNSET)
         if value is _UNSET or default is _UNSET or _plain(value) == _plain(default):
             continue
+        source = _interpolation_source(key)
+        if source is not None and _plain(value) == _plain(_get(config, source, _UNSET)):
+            continue  # it still copies its source key; that key's own note (if any) says it once
         notes.append(f"{key}={_plain(value)!r} is ignored: {reason}")
     name = _get(config, f"{ROLLOUT}.name", "hf")
-    if name in _OPTIONAL_ENGINES:
-        module, display = _OPTIONAL_ENGINES[name]
-        if importlib.util.find_spec(module) is None:
-            notes.append(f"{ROLLOUT}.name={name}: {display} is not installed; generating with the HF engine")
+    if isinstance(name, str) and name in OPTIONAL_ENGINES:
+        from hybridrl.workers.rollout import ROLLOUT_REGISTRY
+
+        if name not in ROLLOUT_REGISTRY:
+            notes.append(f"{ROLLOUT}.name={name}: this build has no {OPTIONAL_ENGINES[name]} engine; "
+                         "generating with the HF engine")
     return notes
+
+
+def _interpolation_source(key: str) -> str | None:
+    """The key that ``key`` copies in the packaged yaml (``${a.b}`` or the sibling ``${.b}``), or None."""
+    text = _get(_packaged_defaults(resolved=False), key, None)
+    match = re.fullmatch(r"\$\{(\.?)([\w.]+)\}", text) if isinstance(text, str) else None
+    if match is None:
+        return None
+    return f"{key.rpartition('.')[0]}.{match.group(2)}" if match.group(1) else match.group(2)
 
 
 _DEFAULTS_CACHE: dict[str, Any] = {}
 
 
-def _packaged_defaults():
-    """The packaged ppo_trainer.yaml, resolved (OmegaConf only: it has no Hydra directives)."""
+def _packaged_defaults(resolved: bool = True):
+    """The packaged ppo_trainer.yaml (OmegaConf only: it has no Hydra directives).
+
+    ``resolved=False`` gives a plain dict with the ``${...}`` interpolations as written.
+    """
     if "ppo" not in _DEFAULTS_CACHE:
         from importlib.resources import files
 
@@ -317,9 +439,10 @@ def _packaged_defaults():
 
         text = files("hybridrl.config").joinpath("ppo_trainer.yaml").read_text()
         cfg = OmegaConf.create(text)
+        _DEFAULTS_CACHE["raw"] = OmegaConf.to_container(cfg, resolve=False)
         OmegaConf.resolve(cfg)
         _DEFAULTS_CACHE["ppo"] = cfg
-    return _DEFAULTS_CACHE["ppo"]
+    return _DEFAULTS_CACHE["ppo" if resolved else "raw"]
 
 
 def _get(cfg, key: str, default=_REQUIRED):

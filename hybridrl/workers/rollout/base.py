@@ -7,16 +7,13 @@ the trainer and the workers do not change.
 from __future__ import annotations
 
 import abc
-import importlib.util
 
 import torch
 
+from hybridrl.config.schema import OPTIONAL_ENGINES
 from hybridrl.protocol import DataProto
 
 ROLLOUT_REGISTRY: dict[str, type["BaseRollout"]] = {}
-
-# Engines that verl users name and that this build maps to the HF engine when absent.
-_FALLBACK_TO_HF = {"vllm": "vllm", "sglang": "sglang"}
 
 
 def register_rollout(name: str):
@@ -30,24 +27,21 @@ def register_rollout(name: str):
 def get_rollout_cls(name: str) -> type["BaseRollout"]:
     """Engine class for ``actor_rollout_ref.rollout.name``.
 
-    vllm / sglang fall back to the HF engine when that package is not installed or no engine of
-    that name is registered (the config check reports it once at start-up).
+    A name in ``hybridrl.config.schema.OPTIONAL_ENGINES`` (vllm, sglang, sglang_async) with no
+    engine registered under it falls back to the HF engine; the config check notes it once at
+    start-up.
 
     Raises:
         ValueError: an unknown engine name.
     """
     if name in ROLLOUT_REGISTRY:
         return ROLLOUT_REGISTRY[name]
-    if name in _FALLBACK_TO_HF:
+    if name in OPTIONAL_ENGINES:
         return ROLLOUT_REGISTRY["hf"]
     raise ValueError(
         f"actor_rollout_ref.rollout.name={name!r} is not a known rollout engine; "
-        f"choose one of {sorted(ROLLOUT_REGISTRY) + sorted(_FALLBACK_TO_HF)}"
+        f"choose one of {sorted(set(ROLLOUT_REGISTRY) | set(OPTIONAL_ENGINES))}"
     )
-
-
-def engine_available(name: str) -> bool:
-    return name in ROLLOUT_REGISTRY or importlib.util.find_spec(name) is not None
 
 
 class BaseRollout(abc.ABC):

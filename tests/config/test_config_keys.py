@@ -1,0 +1,226 @@
+"""validate_ppo_config: registered names, sampling temperature, rollout engines, ignored and
+not-yet-supported keys."""
+
+import copy
+import sys
+import types
+
+import pytest
+from omegaconf import OmegaConf
+
+from hybridrl.config import ConfigError, load_config, validate_ppo_config
+from hybridrl.config import schema
+
+A = "actor_rollout_ref.actor"
+R = "actor_rollout_ref.rollout"
+BASE = ["algorithm.adv_estimator=grpo", "data.train_batch_size=8", f"{A}.ppo_mini_batch_size=4",
+        f"{A}.ppo_micro_batch_size_per_gpu=2", f"{R}.n=2"]
+
+
+@pytest.fixture(scope="module")
+def base_cfg():
+    """A small valid GRPO config: 8 prompts x 2 responses, mini batch 4, micro batch 2."""
+    return load_config(BASE)
+
+
+def with_keys(base, changes: dict):
+    """Copy of ``base`` with dotted keys set (interpolations are not re-resolved)."""
+    cfg = copy.deepcopy(base)
+    for key, value in changes.items():
+        OmegaConf.update(cfg, key, value, merge=False)
+    return cfg
+
+
+def error_of(cfg) -> str:
+    with pytest.raises(ConfigError) as err:
+        validate_ppo_config(cfg)
+    msg = str(err.value)
+    assert "\n" not in msg
+    return msg
+
+
+# ---------------------------------------------------------------- registered names
+
+@pytest.mark.parametrize("switch, key", [(f"{A}.use_kl_loss", f"{A}.kl_loss_type"),
+                                         ("algorithm.use_kl_in_reward", "algorithm.kl_penalty")])
+def test_kl_type_is_checked_only_when_kl_is_on(base_cfg, switch, key):
+    off = with_keys(base_cfg, {switch: False, key: "full"})
+    assert validate_ppo_config(off) == []  # not used, not checked
+    msg = error_of(with_keys(base_cfg, {switch: True, key: "full"}))
+    assert f"{key}='full' is unknown" in msg
+    for name in ("kl", "abs", "mse", "low_var_kl"):
+        assert name in msg
+    assert "register_kl_penalty" in msg
+    validate_ppo_config(with_keys(base_cfg, {switch: True, key: "k3"}))  # an alias of low_var_kl
+
+
+@pytest.mark.parametrize("key, bad, known, register", [
+    (f"{A}.policy_loss.loss_mode", "vanila", "vanilla", "register_policy_loss"),
+    ("reward_model.reward_manager", "naiive", "naive", "register_reward_manager"),
+    (f"{R}.name", "vllmm", "sglang_async", "register_rollout"),
+])
+def test_unregistered_names(base_cfg, key, bad, known, register):
+    msg = error_of(with_keys(base_cfg, {key: bad}))
+    assert f"{key}={bad!r} is unknown" in msg and known in msg and register in msg
+
+
+def test_non_string_name_is_one_clean_error(base_cfg):
+    msg = error_of(with_keys(base_cfg, {f"{A}.policy_loss.loss_mode": ["vanilla"]}))
+    assert f"{A}.policy_loss.loss_mode=['vanilla'] is unknown" in msg
+
+
+def test_every_logger_entry_is_checked(base_cfg):
+    msg = error_of(with_keys(base_cfg, {"trainer.logger": ["console", "mlflow"]}))
+    assert "trainer.logger=['console', 'mlflow']" in msg and "'mlflow' is unknown" in msg
+    for name in ("console", "file", "tensorboard", "wandb"):
+        assert name in msg
+    msg = error_of(with_keys(base_cfg, {"trainer.logger": "mlflow"}))  # verl also takes one name
+    assert "trainer.logger='mlflow'" in msg
+    validate_ppo_config(with_keys(base_cfg, {"trainer.logger": ["console", "wandb"]}))
+    validate_ppo_config(with_keys(base_cfg, {"trainer.logger": "file"}))
+
+
+def test_choices_come_from_the_modules_that_implement_them(base_cfg, monkeypatch):
+    """One list per concept: a mode added to the implementing module is accepted by the check."""
+    import hybridrl.algorithms.policy_loss as policy_loss
+    import hybridrl.data.rl_dataset as rl_dataset
+
+    assert not hasattr(schema, "LOSS_AGG_MODES")
+    cfg = with_keys(base_cfg, {f"{A}.loss_agg_mode": "seq-sum", "data.truncation": "head"})
+    assert "loss_agg_mode='seq-sum' is not one of" in error_of(cfg)
+    monkeypatch.setattr(policy_loss, "LOSS_AGG_MODES", policy_loss.LOSS_AGG_MODES + ("seq-sum",))
+    assert "data.truncation='head' is not one of error, left, right, middle" in error_of(cfg)
+    monkeypatch.setattr(rl_dataset, "TRUNCATIONS", rl_dataset.TRUNCATIONS + ("head",))
+    validate_ppo_config(cfg)
+
+
+def test_strategy_and_mode_choices(base_cfg):
+    assert f"{A}.strategy='megatron' is not one of fsdp, fsdp2" in error_of(
+        with_keys(base_cfg, {f"{A}.strategy": "megatron"}))
+    assert f"{R}.mode='fast' is not one of sync, async" in error_of(with_keys(base_cfg, {f"{R}.mode": "fast"}))
+
+
+# ---------------------------------------------------------------- sampling temperature
+
+@pytest.mark.parametrize("bad", [0, 0.0, -0.5, "1.0", True])
+def test_training_temperature_must_be_positive(base_cfg, bad):
+    msg = error_of(with_keys(base_cfg, {f"{R}.temperature": bad}))
+    assert f"{R}.temperature={bad!r} must be a number > 0" in msg
+    assert f"{R}.val_kwargs.temperature=0" in msg  # where greedy decoding goes
+
+
+def test_validation_may_be_greedy_but_not_negative(base_cfg):
+    validate_ppo_config(with_keys(base_cfg, {f"{R}.val_kwargs.temperature": 0, f"{R}.temperature": 0.7}))
+    msg = error_of(with_keys(base_cfg, {f"{R}.val_kwargs.temperature": -1}))
+    assert f"{R}.val_kwargs.temperature=-1 must be a number >= 0" in msg
+
+
+# ---------------------------------------------------------------- rollout engines
+
+@pytest.mark.parametrize("name, display", [("vllm", "vLLM"), ("sglang", "SGLang"), ("sglang_async", "SGLang")])
+def test_optional_engine_note_even_when_the_package_is_installed(base_cfg, monkeypatch, name, display):
+    monkeypatch.setitem(sys.modules, display.lower(), types.ModuleType(display.lower()))  # "installed"
+    notes = validate_ppo_config(with_keys(base_cfg, {f"{R}.name": name}))
+    assert notes == [f"{R}.name={name}: this build has no {display} engine; generating with the HF engine"]
+
+
+def test_get_rollout_cls_falls_back_for_every_optional_engine(monkeypatch):
+    from hybridrl.workers.rollout import ROLLOUT_REGISTRY, base, get_rollout_cls
+
+    assert not hasattr(base, "engine_available") and not hasattr(base, "_FALLBACK_TO_HF")
+    for name in schema.OPTIONAL_ENGINES:
+        assert get_rollout_cls(name) is ROLLOUT_REGISTRY["hf"]
+    with pytest.raises(ValueError, match="rollout.name='vllmm' is not a known rollout engine"):
+        get_rollout_cls("vllmm")
+    engine = type("FakeVLLM", (), {})
+    monkeypatch.setitem(ROLLOUT_REGISTRY, "vllm", engine)  # a registered engine wins over the fallback
+    assert get_rollout_cls("vllm") is engine
+
+
+def test_registered_engine_gets_no_note(base_cfg, monkeypatch):
+    from hybridrl.workers.rollout import ROLLOUT_REGISTRY
+
+    monkeypatch.setitem(ROLLOUT_REGISTRY, "sglang", type("FakeSGLang", (), {}))
+    assert validate_ppo_config(with_keys(base_cfg, {f"{R}.name": "sglang"})) == []
+
+
+# ---------------------------------------------------------------- ignored / not-yet-supported keys
+
+def _other_value(key, value):
+    """A value different from ``value`` that passes the other checks."""
+    if OmegaConf.is_config(value):
+        value = OmegaConf.to_container(value)
+    special = {f"{A}.strategy": "fsdp2", "actor_rollout_ref.ref.strategy": "fsdp2", "critic.strategy": "fsdp2",
+               f"{R}.mode": "async"}
+    if key in special:
+        return special[key]
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 1
+    if isinstance(value, list):
+        return value[:1]
+    if isinstance(value, dict):
+        return {"address": "auto"}
+    return f"{value}_x" if isinstance(value, str) else "x"
+
+
+@pytest.mark.parametrize("key", sorted(schema.IGNORED_KEYS))
+def test_every_ignored_key_is_noted_by_name(base_cfg, key):
+    value = _other_value(key, OmegaConf.select(base_cfg, key))
+    notes = validate_ppo_config(with_keys(base_cfg, {key: value}), world_size=1)
+    mine = [n for n in notes if n.startswith(f"{key}=")]
+    assert len(mine) == 1 and " is ignored: " in mine[0]
+
+
+@pytest.mark.parametrize("key", sorted(schema.NOT_YET_SUPPORTED))
+def test_every_not_yet_supported_key_is_an_error(base_cfg, key):
+    value = _other_value(key, OmegaConf.select(base_cfg, key))
+    msg = error_of(with_keys(base_cfg, {key: value}))
+    assert msg.startswith(f"{key}=") and "is not in this build of hybridrl yet" in msg
+
+
+def test_every_not_yet_supported_key_exists_in_the_packaged_yaml():
+    defaults = schema._packaged_defaults()
+    assert [k for k in schema.NOT_YET_SUPPORTED if OmegaConf.select(defaults, k, default="<absent>") == "<absent>"] == []
+
+
+def test_no_key_is_both_ignored_and_refused():
+    assert set(schema.IGNORED_KEYS) & set(schema.NOT_YET_SUPPORTED) == set()
+
+
+@pytest.mark.parametrize("key, value, reason", [
+    (f"{R}.mode", "async", "generation runs synchronously"),
+    (f"{R}.calculate_log_probs", True, "old_log_probs come from the actor"),
+    ("trainer.log_val_generations", 10, "sample dumps arrive with the workflow tools"),
+    ("trainer.rollout_data_dir", "/tmp/rollouts", "sample dumps arrive with the workflow tools"),
+    ("trainer.validation_data_dir", "/tmp/val", "sample dumps arrive with the workflow tools"),
+    ("trainer.max_critic_ckpt_to_keep", 2, "trainer.max_actor_ckpt_to_keep governs both"),
+    ("trainer.del_local_ckpt_after_load", True, "the loaded checkpoint is kept"),
+    ("reward_model.launch_reward_fn_async", True, "same results"),
+    (f"{A}.checkpoint.save_contents", ["model", "optimizer", "extra", "hf_model"],
+     "always hold model, optimizer and extra state"),
+    ("critic.checkpoint.load_contents", ["model"], "always hold model, optimizer and extra state"),
+    ("data.return_raw_input_ids", True, "reward_model.enable is not in this build"),
+])
+def test_notes_say_why(base_cfg, key, value, reason):
+    notes = validate_ppo_config(with_keys(base_cfg, {key: value}))
+    assert len(notes) == 1 and notes[0].startswith(f"{key}=") and reason in notes[0]
+
+
+@pytest.mark.parametrize("key", [f"{R}.use_fire_sampling", "reward_model.sandbox_fusion.url", "data.image_key"])
+def test_features_that_change_results_are_refused(base_cfg, key):
+    assert key in schema.NOT_YET_SUPPORTED
+    assert key not in schema.IGNORED_KEYS
+
+
+def test_a_key_copied_by_interpolation_is_noted_once():
+    """use_dynamic_bsz / save_contents are copied into other keys by ${...}: one note, not four."""
+    cfg = load_config(BASE + [f"{A}.use_dynamic_bsz=true", f"{A}.checkpoint.save_contents=[model]",
+                              f"{A}.use_torch_compile=false"])
+    notes = validate_ppo_config(cfg)
+    assert sorted(n.split("=")[0] for n in notes) == [
+        f"{A}.checkpoint.save_contents", f"{A}.use_dynamic_bsz", f"{A}.use_torch_compile"]
+    # set directly to something else than its source, the copying key gets its own note
+    cfg = load_config(BASE + ["actor_rollout_ref.ref.use_torch_compile=false"])
+    assert [n.split("=")[0] for n in validate_ppo_config(cfg)] == ["actor_rollout_ref.ref.use_torch_compile"]
