@@ -116,7 +116,8 @@ def run_ppo(config) -> None:
     trainer_cfg = config.trainer
     tracker = Tracking(
         project_name=trainer_cfg.project_name, experiment_name=trainer_cfg.experiment_name,
-        default_backend=list(trainer_cfg.logger), config=config,
+        default_backend=[trainer_cfg.logger] if isinstance(trainer_cfg.logger, str) else list(trainer_cfg.logger),
+        config=config,
         local_dir=trainer_cfg.default_local_dir, total_steps=total_steps,
     )
     try:

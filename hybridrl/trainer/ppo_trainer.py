@@ -96,6 +96,7 @@ class PPOTrainer:
             algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.get("target_kl"), algo.kl_ctrl.get("horizon")
         )
         self.global_steps = 0
+        self._resumed_batches = None  # the rest of the epoch a checkpoint stopped in
 
     # ---------------------------------------------------------------- one training step
     def step(self, batch_dict: dict) -> dict:
@@ -223,11 +224,14 @@ class PPOTrainer:
         trainer_state, dataloader_state = checkpoint.read_checkpoint(path)
         global_step = trainer_state["global_step"]
         self.kl_ctrl_in_reward.value = trainer_state.get("kl_coef_in_reward", self.kl_ctrl_in_reward.value)
+        if dataloader_state is not None:
+            self.train_dataloader.load_state_dict(dataloader_state)
+        # Starting an epoch's iterator draws a seed from the global RNG; do it before the workers
+        # restore the RNG, so the resumed run samples exactly as an uninterrupted one would.
+        self._resumed_batches = iter(self.train_dataloader)
         self.actor_rollout_wg.load_checkpoint(os.path.join(path, "actor"))
         if self.use_critic:
             self.critic_wg.load_checkpoint(os.path.join(path, "critic"))
-        if dataloader_state is not None:
-            self.train_dataloader.load_state_dict(dataloader_state)
         self.global_steps = global_step
         print(f"hybridrl: resumed from {path} (step {global_step})", flush=True)
 
@@ -246,7 +250,8 @@ class PPOTrainer:
             return
         self.global_steps += 1
         while self.global_steps <= self.total_training_steps:
-            for batch_dict in self.train_dataloader:
+            batches, self._resumed_batches = self._resumed_batches or iter(self.train_dataloader), None
+            for batch_dict in batches:
                 metrics = self.step(batch_dict)
                 is_last = self.global_steps >= self.total_training_steps
                 timing: dict = {}

@@ -97,10 +97,11 @@ def test_ppo_with_critic_two_steps(gsm8k_parquet, tiny_model_dir, tmp_path, rewa
     assert rows[1]["critic/values/mean"] != 0.0
 
 
-def test_resume_continues_at_the_next_step(gsm8k_parquet, tiny_model_dir, tmp_path):
+def test_resume_continues_at_the_next_step_as_if_never_stopped(gsm8k_parquet, tiny_model_dir, tmp_path, reward_file):
+    custom = [f"custom_reward_function.path={reward_file}", "custom_reward_function.name=length_reward"]
+    common = [*GRPO, *custom, "trainer.val_before_train=False", "trainer.test_freq=-1"]
     out = tmp_path / "run"
-    base = _overrides(gsm8k_parquet, tiny_model_dir, out, *GRPO, "trainer.val_before_train=False",
-                      "trainer.test_freq=-1", "trainer.save_freq=1")
+    base = _overrides(gsm8k_parquet, tiny_model_dir, out, *common, "trainer.save_freq=1")
     assert main(base) == 0
     assert (out / "global_step_2" / "actor").is_dir()
     assert (out / "latest_checkpointed_iteration.txt").read_text() == "2"
@@ -108,6 +109,15 @@ def test_resume_continues_at_the_next_step(gsm8k_parquet, tiny_model_dir, tmp_pa
     rows = _read_metrics(out)
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert (out / "global_step_3").is_dir()
+
+    # The same three steps without stopping: step 3 sees the same batch, weights, optimizer
+    # state and sampling RNG, so it produces the same numbers.
+    straight = tmp_path / "straight"
+    assert main(_overrides(gsm8k_parquet, tiny_model_dir, straight, *common, "trainer.total_training_steps=3")) == 0
+    expected = _read_metrics(straight)[2]
+    for key in ("critic/score/mean", "response_length/mean", "prompt_length/mean", "actor/entropy",
+                "actor/pg_loss", "actor/grad_norm", "actor/lr"):
+        assert rows[2][key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), key
 
 
 @pytest.mark.parametrize("bad, message", [
