@@ -36,7 +36,8 @@ class HFRollout(BaseRollout):
         # the rollout samples from the plain softmax only.
         from transformers import GenerationConfig
 
-        self.module.generation_config = GenerationConfig(eos_token_id=self.eos_token_ids, pad_token_id=self.pad_token_id)
+        # The stop tokens are passed on every call (none with rollout.ignore_eos).
+        self.module.generation_config = GenerationConfig(pad_token_id=self.pad_token_id)
 
     def sync_weights(self, actor_module: torch.nn.Module) -> None:
         if self.module is not actor_module:
