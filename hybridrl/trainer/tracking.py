@@ -132,7 +132,9 @@ class Tracking:
 _CONSOLE_KEYS = (
     ("score", "critic/score/mean"),
     ("reward", "critic/rewards/mean"),
-    ("kl", "actor/ppo_kl"),
+    ("kl_loss", "actor/kl_loss"),
+    ("kl_penalty", "actor/reward_kl_penalty"),
+    ("ppo_kl", "actor/ppo_kl"),
     ("entropy", "actor/entropy"),
     ("resp_len", "response_length/mean"),
     ("pg_loss", "actor/pg_loss"),
@@ -151,7 +153,7 @@ def _fmt(value: float) -> str:
 
 
 def format_console_line(data: dict, step: int, total_steps: int | None = None) -> str:
-    """One readable line for a step, e.g. `step 3/40 | score 0.312 | kl 0.00123 | 12.3s/step`.
+    """One readable line for a step, e.g. `step 3/40 | score 0.312 | ppo_kl 0.00123 | 12.3s/step`.
 
     Only keys present in `data` are shown; validation scores (`val-core/<source>/reward/mean@1`)
     appear as `val <source>`; the step time comes from `perf/time_per_step`.

@@ -66,7 +66,7 @@ def test_console_line_format():
     }
     line = format_console_line(data, step=3, total_steps=40)
     assert line == (
-        "step 3/40 | score 0.312 | reward 0.25 | kl 0.00123 | entropy 1.23 | resp_len 145.2"
+        "step 3/40 | score 0.312 | reward 0.25 | ppo_kl 0.00123 | entropy 1.23 | resp_len 145.2"
         " | pg_loss -0.0456 | val openai/gsm8k 0.5 | 12.3s/step"
     )
     assert format_console_line({"critic/vf_loss": 2.0}, step=7) == "step 7 | vf_loss 2"
