@@ -262,6 +262,7 @@ class PPOTrainer:
                     with marked_timer("save_checkpoint", timing):
                         self.save_checkpoint()
                 metrics.update({f"timing_s/{name}": seconds for name, seconds in timing.items()})
+                metrics["perf/time_per_step"] += sum(timing.values())  # the step's wall time, as verl counts it
                 tracker.log(metrics, step=self.global_steps)
                 if is_last:
                     return
