@@ -74,7 +74,7 @@ def run_ppo(config) -> None:
     from hybridrl.controller.local import LocalWorkerGroup
     from hybridrl.models import load_tokenizer, resolve_model_path
     from hybridrl.rewards.manager import load_reward_manager
-    from hybridrl.trainer.ppo_trainer import PPOTrainer
+    from hybridrl.trainer.ppo_trainer import PPOTrainer, needs_critic, needs_reference_policy
     from hybridrl.trainer.tracking import Tracking
     from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 
@@ -96,16 +96,14 @@ def run_ppo(config) -> None:
 
     reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
     val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1)
-    algo = config.algorithm
-    use_ref = algo.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss
     device = config.trainer.get("device", "auto")
     actor_rollout_wg = LocalWorkerGroup(
         ActorRolloutRefWorker, config.actor_rollout_ref,
-        role="actor_rollout_ref" if use_ref else "actor_rollout", device=device,
+        role="actor_rollout_ref" if needs_reference_policy(config) else "actor_rollout", device=device,
     )
     actor_rollout_wg.init_model()
     critic_wg = None
-    if algo.adv_estimator == "gae":
+    if needs_critic(config):
         critic_wg = LocalWorkerGroup(CriticWorker, config.critic, device=device)
         critic_wg.init_model()
 

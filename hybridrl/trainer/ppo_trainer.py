@@ -31,6 +31,16 @@ logger = logging.getLogger(__name__)
 _GEN_BATCH_KEYS = ["input_ids", "attention_mask", "position_ids"]
 
 
+def needs_critic(config) -> bool:
+    """Only GAE uses a learned value baseline; the group-based estimators need no critic."""
+    return config.algorithm.adv_estimator == "gae"
+
+
+def needs_reference_policy(config) -> bool:
+    """A reference policy is loaded when KL is used, in the reward or as a loss."""
+    return bool(config.algorithm.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss)
+
+
 def trim_left_padding(gen_batch: DataProto) -> DataProto:
     """Drops the prompt columns that are padding in every row.
 
@@ -90,8 +100,8 @@ class PPOTrainer:
         self.total_training_steps = total_training_steps
         self.n_workers = n_workers
         algo = config.algorithm
-        self.use_critic = algo.adv_estimator == "gae"
-        self.use_reference_policy = algo.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss
+        self.use_critic = needs_critic(config)
+        self.use_reference_policy = needs_reference_policy(config)
         self.kl_ctrl_in_reward = get_kl_controller(
             algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.get("target_kl"), algo.kl_ctrl.get("horizon")
         )

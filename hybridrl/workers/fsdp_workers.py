@@ -92,11 +92,10 @@ class ActorRolloutRefWorker(Worker):
             self.ref_policy = PPOActor(ref_cfg, ref_module)
         if not self._is_actor:
             return
-        actor_cfg = actor_sizes
-        self.actor_optimizer = build_optimizer(module, actor_cfg.optim)
-        total_steps = actor_cfg.optim.get("total_training_steps") or 1
-        self.actor_lr_scheduler = build_lr_scheduler(self.actor_optimizer, actor_cfg.optim, total_steps)
-        self.actor = PPOActor(actor_cfg, module, self.actor_optimizer)
+        self.actor_optimizer = build_optimizer(module, actor_sizes.optim)
+        total_steps = actor_sizes.optim.get("total_training_steps") or 1
+        self.actor_lr_scheduler = build_lr_scheduler(self.actor_optimizer, actor_sizes.optim, total_steps)
+        self.actor = PPOActor(actor_sizes, module, self.actor_optimizer)
         rollout_cls = get_rollout_cls(self.config.rollout.name)
         self.rollout = rollout_cls(module, self.config.rollout, self.tokenizer, getattr(module, "generation_config", None))
 
