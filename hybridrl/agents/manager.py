@@ -12,7 +12,6 @@ import concurrent.futures
 import logging
 from typing import Any
 
-import numpy as np
 import torch
 
 from hybridrl.agents.base import AgentContext, AgentLoopOutput, get_agent_loop_cls

@@ -221,19 +221,10 @@ def run_eval(config) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry: a user error prints one line and returns 2 (``HYBRIDRL_DEBUG=1``: traceback)."""
-    from hybridrl.config import load_config
-    from hybridrl.trainer.main_ppo import user_error_types
+    """``hybridrl eval key=value ...`` (see :func:`hybridrl.trainer.main_ppo.run_cli`)."""
+    from hybridrl.trainer.main_ppo import run_cli
 
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        run_eval(load_config(argv, config_name="evaluation"))
-    except Exception as exc:  # noqa: BLE001 - turned into one readable line below
-        if os.environ.get("HYBRIDRL_DEBUG") or not isinstance(exc, user_error_types()):
-            raise
-        print(f"hybridrl: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return run_cli(run_eval, "evaluation", argv)
 
 
 if __name__ == "__main__":

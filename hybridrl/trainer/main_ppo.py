@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import Any, Callable
 
 logger = logging.getLogger(__name__)
 
@@ -122,18 +123,30 @@ def user_error_types() -> tuple[type[BaseException], ...]:
             FileNotFoundError, RetrieverError, ResourceError, WorkerUserError)
 
 
-def main(argv: list[str] | None = None) -> int:
+def run_cli(run: Callable[[Any], Any], config_name: str, argv: list[str] | None = None) -> int:
+    """The body of every config-driven command (``hybridrl train|sft|rm|generate|eval``):
+    loads ``config_name`` with the ``key=value`` overrides in ``argv`` and calls ``run(config)``.
+
+    Returns 0 on success, 2 after printing one ``hybridrl: error: ...`` line for a user error
+    (:func:`user_error_types`). Any other exception, or any error with ``HYBRIDRL_DEBUG=1``,
+    propagates with its traceback.
+    """
     from hybridrl.config import load_config
 
     argv = sys.argv[1:] if argv is None else argv
     try:
-        run_ppo(load_config(argv, config_name="ppo_trainer"))
+        run(load_config(argv, config_name=config_name))
     except Exception as exc:  # noqa: BLE001 - turned into one readable line below
         if os.environ.get("HYBRIDRL_DEBUG") or not isinstance(exc, user_error_types()):
             raise
         print(f"hybridrl: error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``hybridrl train key=value ...`` (see :func:`run_cli`)."""
+    return run_cli(run_ppo, "ppo_trainer", argv)
 
 
 if __name__ == "__main__":

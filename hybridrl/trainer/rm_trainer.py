@@ -329,20 +329,10 @@ def run_rm(config) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``hybridrl rm key=value ...``: 0 on success, 2 with one ``hybridrl: error:`` line on bad input
-    (``HYBRIDRL_DEBUG=1`` shows the traceback)."""
-    from hybridrl.config import load_config
-    from hybridrl.trainer.main_ppo import user_error_types
+    """``hybridrl rm key=value ...`` (see :func:`hybridrl.trainer.main_ppo.run_cli`)."""
+    from hybridrl.trainer.main_ppo import run_cli
 
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        run_rm(load_config(argv, config_name="rm_trainer"))
-    except Exception as exc:  # noqa: BLE001 - turned into one readable line below
-        if os.environ.get("HYBRIDRL_DEBUG") or not isinstance(exc, user_error_types()):
-            raise
-        print(f"hybridrl: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return run_cli(run_rm, "rm_trainer", argv)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ import copy
 import importlib
 import logging
 
-import torch
 
 from hybridrl.config import normalize_batch_sizes
 from hybridrl.controller.decorator import Dispatch, register

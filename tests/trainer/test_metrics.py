@@ -2,7 +2,6 @@
 
 import math
 
-import numpy as np
 import pytest
 import torch
 
@@ -14,7 +13,6 @@ from hybridrl.trainer.metrics import (
     compute_throughput_metrics,
     compute_timing_metrics,
     marked_timer,
-    reduce_metrics,
 )
 
 
