@@ -44,6 +44,21 @@ def needs_reference_policy(config) -> bool:
     return bool(config.algorithm.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss)
 
 
+def reuses_update_log_probs(config) -> bool:
+    """True when each batch makes exactly one optimizer step and nothing reads the old log-probs
+    before it: then ``old_log_probs`` equal the update's own log-probs (detached), and the
+    separate ``compute_log_prob`` pass is skipped (``actor.skip_on_policy_old_log_prob``).
+
+    On policy means ``ppo_epochs == 1`` and one mini batch per batch
+    (``ppo_mini_batch_size >= data.train_batch_size``); a KL penalty in the reward reads
+    ``old_log_probs`` before the update, so it needs the pass.
+    """
+    actor = config.actor_rollout_ref.actor
+    return bool(actor.get("skip_on_policy_old_log_prob", True) and int(actor.ppo_epochs) == 1
+                and int(actor.ppo_mini_batch_size) >= int(config.data.train_batch_size)
+                and not config.algorithm.use_kl_in_reward)
+
+
 def trim_left_padding(gen_batch: DataProto) -> DataProto:
     """Drops the prompt columns that are padding in every row.
 
@@ -125,6 +140,7 @@ class PPOTrainer:
             algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.get("target_kl"), algo.kl_ctrl.get("horizon")
         )
         self.full_kl_in_reward = bool(algo.use_kl_in_reward and algo.kl_penalty == FULL_KL)
+        self.reuses_update_log_probs = reuses_update_log_probs(config)
         self.global_steps = 0
         self._resumed_batches = None  # the rest of the epoch a checkpoint stopped in
 
@@ -160,13 +176,14 @@ class PPOTrainer:
             if "reward_error" in reward_extra_info:
                 metrics["reward/error_count"] = float(np.sum(reward_extra_info["reward_error"]))
 
-            with marked_timer("old_log_prob", timing_raw):
-                old_log_prob = self.actor_rollout_wg.compute_log_prob(batch)
-                entropys = old_log_prob.batch.pop("entropys")
-                metrics["actor/entropy"] = agg_loss(
-                    entropys, batch.batch["response_mask"], cfg.actor_rollout_ref.actor.loss_agg_mode
-                ).item()
-                batch = batch.union(old_log_prob)
+            if not self.reuses_update_log_probs:  # else the update reports actor/entropy
+                with marked_timer("old_log_prob", timing_raw):
+                    old_log_prob = self.actor_rollout_wg.compute_log_prob(batch)
+                    entropys = old_log_prob.batch.pop("entropys")
+                    metrics["actor/entropy"] = agg_loss(
+                        entropys, batch.batch["response_mask"], cfg.actor_rollout_ref.actor.loss_agg_mode
+                    ).item()
+                    batch = batch.union(old_log_prob)
 
             if self.needs_ref_log_prob:
                 with marked_timer("ref", timing_raw):

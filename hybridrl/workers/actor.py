@@ -144,24 +144,38 @@ class PPOActor:
 
         Each micro-batch loss is normalised by the token (or sequence) count of its whole
         mini batch, so the summed gradients equal those of one pass over the mini batch.
+        Without ``old_log_probs`` in ``data`` (the driver skipped that pass, see
+        ``ppo_trainer.reuses_update_log_probs``) the update is on policy: the old log-probs are
+        the update's own, detached (the ratio is exactly 1), and ``actor/entropy`` is reported.
         Returns metrics as lists (one entry per micro batch or per optimizer step).
+
+        Raises:
+            AlgorithmConfigError: ``old_log_probs`` is missing but the batch makes more than one
+                optimizer step (``ppo_epochs`` > 1 or several mini batches).
         """
         cfg = self.config
         self.actor_module.train()
-        keys = ["responses", "response_mask", "input_ids", "attention_mask", "position_ids",
-                "old_log_probs", "advantages"]
+        on_policy = "old_log_probs" not in data.batch.keys()
+        keys = ["responses", "response_mask", "input_ids", "attention_mask", "position_ids", "advantages"]
+        keys += [] if on_policy else ["old_log_probs"]
         if cfg.use_kl_loss and cfg.kl_loss_type != FULL_KL:
             keys.append("ref_log_prob")
         metrics: dict[str, list[float]] = defaultdict(list)
         options = self.forward_options(data.meta_info)
+        mini_batches = data.select(batch_keys=keys).split(cfg.ppo_mini_batch_size)
+        if on_policy and (cfg.ppo_epochs != 1 or len(mini_batches) != 1):
+            raise AlgorithmConfigError(
+                f"actor update: the batch has no old_log_probs but makes {cfg.ppo_epochs * len(mini_batches)} "
+                "optimizer steps; only a single-step (on-policy) update can use its own log-probs; "
+                "compute old_log_probs first or set ppo_epochs=1 and ppo_mini_batch_size=data.train_batch_size")
         for _ in range(cfg.ppo_epochs):
-            for mini_batch in data.select(batch_keys=keys).split(cfg.ppo_mini_batch_size):
-                self._update_mini_batch(mini_batch, data.meta_info["temperature"], metrics, options)
+            for mini_batch in mini_batches:
+                self._update_mini_batch(mini_batch, data.meta_info["temperature"], metrics, options, on_policy)
         self.actor_optimizer.zero_grad(set_to_none=True)
         return dict(metrics)
 
     def _update_mini_batch(self, mini_batch: DataProto, temperature: float, metrics,
-                           options: ForwardOptions) -> None:
+                           options: ForwardOptions, on_policy: bool = False) -> None:
         cfg = self.config
         norm = loss_normalizers(mini_batch.batch["response_mask"])
         self.actor_optimizer.zero_grad(set_to_none=True)
@@ -176,10 +190,14 @@ class PPOActor:
             mb = micro.batch
             response_mask = mb["response_mask"]
             out = forward_response(self.actor_module, micro, temperature, self.compute_dtype, options,
-                                   calculate_entropy=cfg.entropy_coeff != 0, return_logits=full_kl)
+                                   calculate_entropy=cfg.entropy_coeff != 0 or on_policy, return_logits=full_kl,
+                                   entropy_grad=cfg.entropy_coeff != 0)
             log_prob = out.log_probs
+            if on_policy:  # the metric the skipped old-log-prob pass would have given
+                loss_sums["actor/entropy"] += agg_loss(out.entropy.detach(), response_mask, cfg.loss_agg_mode,
+                                                       **norm).item()
             pg_loss, pg_metrics = self.policy_loss_fn(
-                mb["old_log_probs"], log_prob, mb["advantages"], response_mask,
+                log_prob.detach() if on_policy else mb["old_log_probs"], log_prob, mb["advantages"], response_mask,
                 loss_agg_mode=cfg.loss_agg_mode, config=self.policy_loss_config, **norm,
             )
             loss = pg_loss

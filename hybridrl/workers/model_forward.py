@@ -107,7 +107,7 @@ def autocast(module: torch.nn.Module, compute_dtype: torch.dtype):
 
 def forward_response(module, micro_batch: DataProto, temperature: float, compute_dtype: torch.dtype,
                      options: ForwardOptions, calculate_entropy: bool = False,
-                     return_logits: bool = False) -> ResponseOutput:
+                     return_logits: bool = False, entropy_grad: bool = True) -> ResponseOutput:
     """Log-probs (and entropies, logits) of ``micro_batch.batch["responses"]`` under a causal LM.
 
     Args:
@@ -117,6 +117,8 @@ def forward_response(module, micro_batch: DataProto, temperature: float, compute
         compute_dtype: autocast dtype of the forward (fp32: none).
         options: padded or packed, chunked or not.
         calculate_entropy: also the entropies (nats).
+        entropy_grad: False: the entropies are only a metric, computed without a graph (the
+            chunked path recomputes them in backward anyway, so it ignores this).
         return_logits: also the ``(n, vocab)`` fp32 logits (e.g. for the exact KL); no chunking then.
 
     Returns:
@@ -140,12 +142,13 @@ def forward_response(module, micro_batch: DataProto, temperature: float, compute
         elif options.use_remove_padding:  # the head on the response positions only: (1, n, vocab)
             with output_head_on(module, positions, lambda hidden, head: head(hidden)):
                 logits = module(**inputs, use_cache=False).logits[0]
-            log_probs, entropy, logits = _stats_from_logits(logits, labels, temperature, calculate_entropy, options)
+            log_probs, entropy, logits = _stats_from_logits(logits, labels, temperature, calculate_entropy, options,
+                                                            entropy_grad)
         else:  # padded: the model's own head on the last response_length + 1 positions only
             response_length = batch["responses"].shape[-1]
             logits = module(**inputs, use_cache=False, logits_to_keep=response_length + 1).logits[:, :-1]
             log_probs, entropy, logits = _stats_from_logits(logits, batch["responses"], temperature,
-                                                            calculate_entropy, options)
+                                                            calculate_entropy, options, entropy_grad)
     return ResponseOutput(
         log_probs=scatter_slots(log_probs, slots),
         entropy=scatter_slots(entropy, slots) if entropy is not None else None,
@@ -155,13 +158,17 @@ def forward_response(module, micro_batch: DataProto, temperature: float, compute
 
 
 def _stats_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperature: float, calculate_entropy: bool,
-                       options: ForwardOptions) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+                       options: ForwardOptions, entropy_grad: bool = True,
+                       ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """``(log_probs, entropy or None, fp32 logits / temperature)`` of ``(..., vocab)`` logits and
     ``(...)`` labels; a 3-D view is not copied into 2-D (the helpers walk it in row chunks)."""
     logits = logits.float()
     logits = logits / temperature if temperature != 1.0 else logits
     entropy = None
-    if calculate_entropy:
+    if calculate_entropy and not entropy_grad:
+        with torch.no_grad():
+            entropy = entropy_from_logits(logits.detach())
+    elif calculate_entropy:
         recompute = options.entropy_checkpointing and torch.is_grad_enabled() and logits.requires_grad
         entropy = checkpoint(entropy_from_logits, logits, use_reentrant=False) if recompute \
             else entropy_from_logits(logits)

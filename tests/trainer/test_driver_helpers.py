@@ -44,3 +44,16 @@ def test_compute_advantage_stops_on_non_finite_input_naming_tensor_and_step():
     out = compute_advantage(data, "gae")
     assert torch.isfinite(out.batch["advantages"]).all()
     assert out.batch["advantages"][0, 2] == 0
+
+
+def test_reuses_update_log_probs_only_for_a_single_on_policy_step():
+    from hybridrl.config import load_config
+    from hybridrl.trainer.ppo_trainer import reuses_update_log_probs
+
+    base = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]
+    assert reuses_update_log_probs(load_config(base))
+    assert not reuses_update_log_probs(load_config(base + ["actor_rollout_ref.actor.ppo_epochs=2"]))
+    assert not reuses_update_log_probs(load_config(["data.train_batch_size=8",
+                                                    "actor_rollout_ref.actor.ppo_mini_batch_size=4"]))
+    assert not reuses_update_log_probs(load_config(base + ["algorithm.use_kl_in_reward=true"]))
+    assert not reuses_update_log_probs(load_config(base + ["actor_rollout_ref.actor.skip_on_policy_old_log_prob=false"]))

@@ -192,3 +192,44 @@ def test_masked_positions_get_no_gradient(base_model, make_batch):
     _assert_same_params(dirty, clean, rtol=0, atol=0)
     assert m_dirty["actor/pg_loss"] == m_clean["actor/pg_loss"]
     assert all(torch.isfinite(p).all() for p in dirty.parameters())
+
+
+# ----------------------------------------------------------------------------- on-policy update
+
+
+@pytest.mark.parametrize("remove_padding", [False, True])
+def test_on_policy_update_without_old_log_probs_equals_recomputed(base_model, make_batch, remove_padding):
+    """No old_log_probs (the driver skipped the pass): the same update as with old_log_probs
+    recomputed by compute_log_prob, and actor/entropy equals that pass's token-mean entropy."""
+    b = _ppo_batch(base_model, make_batch, seed=13)
+    cfg = _actor_config(2, use_kl_loss=True)
+    meta = {"temperature": 1.0, "micro_batch_size": 4, "use_remove_padding": remove_padding}
+    old, entropy = PPOActor(cfg, base_model).compute_log_prob(DataProto.from_dict(tensors=b, meta_info=meta),
+                                                               calculate_entropy=True)
+    with_old = dict(b, old_log_probs=old)
+    without_old = {k: v for k, v in b.items() if k != "old_log_probs"}
+    module_a, module_b = copy.deepcopy(base_model), copy.deepcopy(base_model)
+    m_a = PPOActor(cfg, module_a, torch.optim.SGD(module_a.parameters(), lr=1.0)).update_policy(
+        DataProto.from_dict(tensors=with_old, meta_info=meta))
+    m_b = PPOActor(cfg, module_b, torch.optim.SGD(module_b.parameters(), lr=1.0)).update_policy(
+        DataProto.from_dict(tensors=without_old, meta_info=meta))
+
+    _assert_same_params(module_b, module_a)
+    assert sum(m_b["actor/pg_loss"]) == pytest.approx(sum(m_a["actor/pg_loss"]), rel=1e-5, abs=1e-6)
+    assert max(m_b["actor/ppo_kl"]) == 0.0 and max(m_b["actor/pg_clipfrac"]) == 0.0  # ratio exactly 1
+    mask = b["response_mask"].float()
+    assert m_b["actor/entropy"] == [pytest.approx(((entropy * mask).sum() / mask.sum()).item(), rel=1e-5)]
+    assert "actor/entropy" not in m_a
+    delta = max((p - q).abs().max().item() for p, q in zip(module_b.parameters(), base_model.parameters()))
+    assert delta > 1e-3
+
+
+def test_on_policy_update_refuses_several_optimizer_steps(base_model, make_batch):
+    from hybridrl.algorithms.errors import AlgorithmConfigError
+
+    b = {k: v for k, v in _ppo_batch(base_model, make_batch).items() if k != "old_log_probs"}
+    cfg = _actor_config(2, ppo_mini_batch_size=2)  # 4 rows: two optimizer steps
+    module = copy.deepcopy(base_model)
+    actor = PPOActor(cfg, module, torch.optim.SGD(module.parameters(), lr=1.0))
+    with pytest.raises(AlgorithmConfigError, match="no old_log_probs but makes 2 optimizer steps"):
+        actor.update_policy(DataProto.from_dict(tensors=b, meta_info={"temperature": 1.0}))
