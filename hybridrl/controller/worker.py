@@ -26,6 +26,33 @@ def resolve_device(device: str) -> str:
     return device
 
 
+MALLOC_REUSE_ENV = "HYBRIDRL_CPU_MALLOC_REUSE"
+
+
+def reuse_freed_cpu_memory() -> bool:
+    """Makes glibc's malloc keep freed memory for reuse instead of returning it to the OS.
+
+    By default glibc serves every allocation over a few MB (activations, logits) with a fresh
+    ``mmap`` and unmaps it on free, so each forward/backward pays page faults and kernel page
+    zeroing again: on these CPUs ~13% of a GRPO step went to system time. With ``M_MMAP_MAX=0``
+    (no mmap'd blocks) and a huge ``M_TRIM_THRESHOLD`` (never trim the heap) the memory is
+    reused: 15% faster steps, peak RSS ~1 GB higher, measured on SmolLM2-135M (see
+    docs/performance.md). The same idea as preloading jemalloc/tcmalloc, PyTorch's CPU tuning
+    advice, without a preload. Applies to this process only; returns False where there is no
+    glibc (macOS, musl), which is harmless.
+    """
+    import ctypes
+    import ctypes.util
+
+    m_trim_threshold, m_mmap_max = -1, -4  # <malloc.h>
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**30))
+
+
 class Worker:
     """Base class of all workers.
 
@@ -39,6 +66,8 @@ class Worker:
         self.rank = int(os.environ.get("RANK", 0))
         self.world_size = int(os.environ.get("WORLD_SIZE", 1))
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        if os.environ.get(MALLOC_REUSE_ENV) == "1":  # trainer.cpu_malloc_reuse, set by the driver
+            reuse_freed_cpu_memory()
 
     def init_distributed(self, device: str) -> None:
         """Joins the default process group: NCCL on CUDA, Gloo on CPU (rendezvous from the

@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from hybridrl.controller.worker import MALLOC_REUSE_ENV, resolve_device
+
 logger = logging.getLogger(__name__)
 
 
@@ -77,6 +79,8 @@ def build_worker_groups(config, use_critic: bool, use_reference: bool, use_rewar
     backend, world_size = resolve_backend(config)
     roles = _roles(config, use_critic, use_reference, use_reward_model)
     device = config.trainer.get("device", "auto")
+    if config.trainer.get("cpu_malloc_reuse", True) and resolve_device(device) == "cpu":
+        os.environ[MALLOC_REUSE_ENV] = "1"  # read by every worker process as it starts
     if backend == "local":
         from hybridrl.controller.local import LocalWorkerGroup
 

@@ -1,0 +1,39 @@
+"""trainer.cpu_malloc_reuse: after reuse_freed_cpu_memory(), a large block comes from the heap
+(reused after free) instead of its own mmap. Runs in a subprocess: the setting is process-wide."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SCRIPT = textwrap.dedent("""
+    import ctypes, sys
+    from hybridrl.controller.worker import reuse_freed_cpu_memory
+
+    def in_heap(address):
+        for line in open("/proc/self/maps"):
+            if line.rstrip().endswith("[heap]"):
+                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                if lo <= address < hi:
+                    return True
+        return False
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype = ctypes.c_void_p
+    size = 64 << 20
+    before = libc.malloc(size)
+    tuned = reuse_freed_cpu_memory() if sys.argv[1] == "tuned" else None
+    after = libc.malloc(size)
+    print(tuned, in_heap(before), in_heap(after))
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
+def test_large_blocks_come_from_the_heap_only_after_tuning():
+    def run(mode):
+        out = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, check=True)
+        return out.stdout.split()
+
+    assert run("plain") == ["None", "False", "False"]  # glibc mmaps a 64 MB block by default
+    assert run("tuned") == ["True", "False", "True"]
