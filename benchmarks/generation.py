@@ -81,12 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new_tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per mode after one warm-up run")
     parser.add_argument("--warmup_tokens", type=int, default=16, help="new tokens of the untimed warm-up run")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     args = parser.parse_args(argv)
 
-    model, tokenizer = load_smollm2(torch.bfloat16)
+    model, tokenizer = load_smollm2(getattr(torch, args.dtype))
     prompt_rows = gsm8k_prompt_ids(tokenizer, args.prompts)
     print(f"batch {args.prompts} prompts x n={args.n} = {args.prompts * args.n} rows, {args.new_tokens} new tokens, "
-          f"bf16, {torch.get_num_threads()} threads; load average {os.getloadavg()[0]:.1f}", flush=True)
+          f"{args.dtype}, {torch.get_num_threads()} threads; load average {os.getloadavg()[0]:.1f}", flush=True)
     print(f"{'mode':<18}{'wall s':>10}{'cpu s':>10}{'tok/s':>10}{'tok/cpu-s':>11}   runs (wall s)")
     for mode in args.modes:
         torch.manual_seed(0)
