@@ -9,6 +9,7 @@ import torch
 from hybridrl.models import to_torch_dtype
 from hybridrl.protocol import DataProto
 from hybridrl.workers.rollout.base import BaseRollout, get_response_mask, register_rollout
+from hybridrl.workers.rollout.decoding import InverseCDFSampler, register_decode_attention
 
 @register_rollout("hf")
 class HFRollout(BaseRollout):
@@ -18,7 +19,9 @@ class HFRollout(BaseRollout):
     copy, nothing to sync). Otherwise a copy in that dtype is kept (bf16 decoding is several
     times faster on AMX CPUs and on GPUs) and ``sync_weights`` refreshes it after every update.
     Generation stops as soon as every sequence has produced an EOS token
-    (``rollout.ignore_eos=True``: always ``response_length`` tokens).
+    (``rollout.ignore_eos=True``: always ``response_length`` tokens). With
+    ``rollout.fast_decoding`` (default) the copy decodes with :mod:`.decoding`'s one-token
+    attention and inverse-CDF sampler (the same distribution, ~1.5x faster on CPU).
     """
 
     def __init__(self, actor_module: torch.nn.Module, config, tokenizer, generation_config=None) -> None:
@@ -29,6 +32,11 @@ class HFRollout(BaseRollout):
             self.module = actor_module
         else:
             self.module = copy.deepcopy(actor_module).to(dtype)
+        # The attention only differs for one-token queries, which training never has; the
+        # choice is not saved with the model's config.
+        self.fast_decoding = bool(config.get("fast_decoding", True))
+        if self.fast_decoding and self.module.config._attn_implementation == "sdpa":
+            self.module.set_attn_implementation(register_decode_attention())
         self.eos_token_ids = _eos_ids(tokenizer, generation_config)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         # transformers fills every sampling option we leave unset from model.generation_config
@@ -62,6 +70,17 @@ class HFRollout(BaseRollout):
             raise RuntimeError(f"rollout sync: the rollout model has no {result.unexpected_keys[:3]}; it must be "
                                "a plain copy of the LoRA actor's base model")
 
+    def _generation_config(self, meta_info: dict, **fields) -> tuple:
+        """``(GenerationConfig, extra generate() kwargs)`` for ``meta_info``'s sampling: with
+        fast decoding, greedy selection over :class:`InverseCDFSampler`'s one-hot scores."""
+        from transformers import GenerationConfig, LogitsProcessorList
+
+        sampling = self._sampling_kwargs(meta_info)
+        if not (self.fast_decoding and sampling["do_sample"]):
+            return GenerationConfig(**fields, **sampling), {}
+        sampler = InverseCDFSampler(sampling["temperature"], sampling["top_k"], sampling["top_p"])
+        return GenerationConfig(**fields, do_sample=False), {"logits_processor": LogitsProcessorList([sampler])}
+
     def _sampling_kwargs(self, meta_info: dict) -> dict:
         cfg = self.config
         do_sample = meta_info.get("do_sample", cfg.get("do_sample", True))
@@ -79,21 +98,15 @@ class HFRollout(BaseRollout):
     @torch.no_grad()
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Generates in chunks of ``rollout.micro_batch_size`` prompts (bounds KV-cache memory)."""
-        from transformers import GenerationConfig
-
         self.module.eval()  # the module may be the actor itself, left in train mode by an update
         response_length = int(prompts.meta_info.get("response_length", self.config.response_length))
         stop_ids = [] if self.config.get("ignore_eos", False) else self.eos_token_ids
-        gen_config = GenerationConfig(
-            max_new_tokens=response_length,
-            eos_token_id=stop_ids or None,
-            pad_token_id=self.pad_token_id,
-            use_cache=True,
-            **self._sampling_kwargs(prompts.meta_info),
-        )
+        gen_config, extra = self._generation_config(
+            prompts.meta_info, max_new_tokens=response_length, eos_token_id=stop_ids or None,
+            pad_token_id=self.pad_token_id, use_cache=True)
         chunk = self.config.get("micro_batch_size") or len(prompts)
         responses = torch.cat([
-            self._generate(part.batch["input_ids"], part.batch["attention_mask"], gen_config, response_length)
+            self._generate(part.batch["input_ids"], part.batch["attention_mask"], gen_config, response_length, **extra)
             for part in prompts.split(chunk)
         ])
         if stop_ids:
@@ -130,18 +143,15 @@ class HFRollout(BaseRollout):
             The new ids of each sequence: up to and including its first EOS token or the token
             that completes a stop string, whichever comes first; never padding.
         """
-        from transformers import GenerationConfig
-
         self.module.eval()
-        gen_config = GenerationConfig(
-            max_new_tokens=int(max_new_tokens), eos_token_id=self.eos_token_ids, pad_token_id=self.pad_token_id,
-            use_cache=True, stop_strings=list(stop_strings) if stop_strings else None,
-            **self._sampling_kwargs(sampling_kwargs or {}),
-        )
+        gen_config, extra = self._generation_config(
+            sampling_kwargs or {}, max_new_tokens=int(max_new_tokens), eos_token_id=self.eos_token_ids,
+            pad_token_id=self.pad_token_id, use_cache=True, stop_strings=list(stop_strings) if stop_strings else None)
         width = max(len(ids) for ids in prompt_ids)
         input_ids = torch.tensor([[self.pad_token_id] * (width - len(ids)) + list(ids) for ids in prompt_ids])
         attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompt_ids])
-        extra = {"tokenizer": self.tokenizer} if stop_strings else {}
+        if stop_strings:
+            extra["tokenizer"] = self.tokenizer
         chunk = self.config.get("micro_batch_size") or len(prompt_ids)
         out = []
         for start in range(0, len(prompt_ids), chunk):
