@@ -10,7 +10,9 @@ for each mode:
 - ``static``: ``cache_implementation="static"`` (pre-allocated KV cache);
 - ``static_compile``: static cache + ``torch.compile`` of the decoding forward (inductor);
 - ``return_sequences``: the ``prompts`` rows once, ``num_return_sequences=n``;
-- ``continuous``: ``generate_batch`` (continuous batching with a paged KV cache).
+- ``continuous``: ``generate_batch`` (continuous batching with a paged KV cache);
+- ``fast``: ``dynamic`` with hybridrl's ``rollout.fast_decoding`` (its one-token attention and
+  inverse-CDF sampler, ``hybridrl.workers.rollout.decoding``), the trainer's default.
 
     python benchmarks/generation.py                          # all modes, batch 64, 256 tokens
     python benchmarks/generation.py --modes dynamic static --repeats 3
@@ -33,7 +35,7 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import cpu_seconds, gsm8k_prompt_ids, load_smollm2  # noqa: E402
 
-MODES = ("dynamic", "static", "static_compile", "return_sequences", "continuous")
+MODES = ("dynamic", "fast", "static", "static_compile", "return_sequences", "continuous")
 
 
 def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,8 +70,22 @@ def run_mode(mode: str, model, prompt_rows: list[list[int]], n: int, new_tokens:
         extra["compile_config"] = compile_config
     if mode == "return_sequences":
         rows, extra["num_return_sequences"] = prompt_rows, n
+    kwargs = {}
+    if mode == "fast":
+        from transformers import LogitsProcessorList
+
+        from hybridrl.workers.rollout.decoding import InverseCDFSampler, register_decode_attention
+
+        model.set_attn_implementation(register_decode_attention())
+        sampler = InverseCDFSampler(sampling.pop("temperature"), sampling.pop("top_k"), sampling.pop("top_p"))
+        sampling["do_sample"] = False
+        kwargs["logits_processor"] = LogitsProcessorList([sampler])
     ids, mask = left_pad(rows, pad_id)
-    out = model.generate(input_ids=ids, attention_mask=mask, generation_config=GenerationConfig(**sampling, **extra))
+    try:
+        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=GenerationConfig(**sampling, **extra),
+                             **kwargs)
+    finally:
+        model.set_attn_implementation("sdpa")
     return out[:, ids.shape[1]:].numel()
 
 
