@@ -11,8 +11,8 @@ for each mode:
 - ``static_compile``: static cache + ``torch.compile`` of the decoding forward (inductor);
 - ``return_sequences``: the ``prompts`` rows once, ``num_return_sequences=n``;
 - ``continuous``: ``generate_batch`` (continuous batching with a paged KV cache);
-- ``fast``: ``dynamic`` with hybridrl's ``rollout.fast_decoding`` (its one-token attention and
-  inverse-CDF sampler, ``hybridrl.workers.rollout.decoding``), the trainer's default.
+- ``fast``: ``dynamic`` with hybridrl's ``rollout.fast_decoding`` (``hybridrl.models.attention``
+  and the sampler of ``hybridrl.workers.rollout.decoding``), the trainer's default.
 
     python benchmarks/generation.py                          # all modes, batch 64, 256 tokens
     python benchmarks/generation.py --modes dynamic static --repeats 3
@@ -74,9 +74,10 @@ def run_mode(mode: str, model, prompt_rows: list[list[int]], n: int, new_tokens:
     if mode == "fast":
         from transformers import LogitsProcessorList
 
-        from hybridrl.workers.rollout.decoding import InverseCDFSampler, register_decode_attention
+        from hybridrl.models.attention import register_attention
+        from hybridrl.workers.rollout.decoding import InverseCDFSampler
 
-        model.set_attn_implementation(register_decode_attention())
+        model.set_attn_implementation(register_attention())
         sampler = InverseCDFSampler(sampling.pop("temperature"), sampling.pop("top_k"), sampling.pop("top_p"))
         sampling["do_sample"] = False
         kwargs["logits_processor"] = LogitsProcessorList([sampler])

@@ -1,5 +1,5 @@
-"""rollout/decoding.py: the one-token attention against transformers' SDPA path, and the
-inverse-CDF sampler's distribution, top-k/top-p and one-hot output."""
+"""rollout/decoding.py and models/attention.py: the one-token attention against transformers'
+SDPA path, and the inverse-CDF sampler's distribution, top-k/top-p and one-hot output."""
 
 import copy
 from types import SimpleNamespace
@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hybridrl.workers.rollout.decoding import InverseCDFSampler, decode_attention
+from hybridrl.models.attention import hybridrl_attention as decode_attention
+from hybridrl.workers.rollout.decoding import InverseCDFSampler
 
 
 def _sdpa(module, q, k, v, mask):
@@ -85,8 +86,9 @@ def test_rollout_samples_with_fast_decoding_and_without(tiny_model_dir, tokenize
         cfg = OmegaConf.create({"dtype": "float32", "response_length": 6, "do_sample": True, "temperature": 1.0,
                                 "top_p": 1.0, "top_k": -1, "fast_decoding": fast})
         rollout = HFRollout(copy.deepcopy(base), cfg, tokenizer)
-        assert (rollout.module.config._attn_implementation == "hybridrl_decode") == fast
+        assert (rollout.module.config._attn_implementation == "hybridrl") == fast
         torch.manual_seed(0)
         responses = rollout.generate_sequences(prompts).batch["responses"]
         assert responses.shape == (4, 6)
         assert len({tuple(r) for r in responses.tolist()}) > 1  # sampled: the 4 copies differ
+

@@ -9,7 +9,8 @@ import torch
 from hybridrl.models import to_torch_dtype
 from hybridrl.protocol import DataProto
 from hybridrl.workers.rollout.base import BaseRollout, get_response_mask, register_rollout
-from hybridrl.workers.rollout.decoding import InverseCDFSampler, register_decode_attention
+from hybridrl.models.attention import ATTENTION_NAME, use_hybridrl_attention
+from hybridrl.workers.rollout.decoding import InverseCDFSampler
 
 @register_rollout("hf")
 class HFRollout(BaseRollout):
@@ -20,8 +21,8 @@ class HFRollout(BaseRollout):
     times faster on AMX CPUs and on GPUs) and ``sync_weights`` refreshes it after every update.
     Generation stops as soon as every sequence has produced an EOS token
     (``rollout.ignore_eos=True``: always ``response_length`` tokens). With
-    ``rollout.fast_decoding`` (default) the copy decodes with :mod:`.decoding`'s one-token
-    attention and inverse-CDF sampler (the same distribution, ~1.5x faster on CPU).
+    ``rollout.fast_decoding`` (default) the module decodes with :mod:`hybridrl.models.attention`'s
+    one-token attention and :mod:`.decoding`'s inverse-CDF sampler (the same distribution, ~1.5x faster on CPU).
     """
 
     def __init__(self, actor_module: torch.nn.Module, config, tokenizer, generation_config=None) -> None:
@@ -32,11 +33,11 @@ class HFRollout(BaseRollout):
             self.module = actor_module
         else:
             self.module = copy.deepcopy(actor_module).to(dtype)
-        # The attention only differs for one-token queries, which training never has; the
-        # choice is not saved with the model's config.
         self.fast_decoding = bool(config.get("fast_decoding", True))
-        if self.fast_decoding and self.module.config._attn_implementation == "sdpa":
-            self.module.set_attn_implementation(register_decode_attention())
+        if self.fast_decoding:
+            use_hybridrl_attention(self.module)
+        elif self.module is not actor_module and self.module.config._attn_implementation == ATTENTION_NAME:
+            self.module.set_attn_implementation("sdpa")  # a copy of an actor that uses it
         self.eos_token_ids = _eos_ids(tokenizer, generation_config)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         # transformers fills every sampling option we leave unset from model.generation_config
