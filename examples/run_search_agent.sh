@@ -17,6 +17,8 @@ INDEX_DIR=${INDEX_DIR:-$HOME/data/wiki_bm25}
 CORPUS=$SHARED_DATA/wiki/corpus.jsonl
 
 # Keep the questions whose answer occurs in some passage: the corpus is a small slice of Wikipedia.
+# The prompts show three solved examples first (483-502 tokens; a 135M model does not search
+# from the bare instruction); add --no_example for Search-R1's plain prompt (under 170 tokens).
 [ -f "$DATA_DIR/train.parquet" ] || hybridrl preprocess search_r1 \
     --input_file "$SHARED_DATA/nq_open/dev.jsonl" --corpus "$CORPUS" --answerable_only \
     --test_size 16 --local_dir "$DATA_DIR"
@@ -30,7 +32,7 @@ hybridrl train \
     data.val_files="$DATA_DIR/test.parquet" \
     data.train_batch_size=4 \
     data.val_batch_size=16 \
-    data.max_prompt_length=256 \
+    data.max_prompt_length=512 \
     data.max_response_length=256 \
     actor_rollout_ref.model.path=HuggingFaceTB/SmolLM2-135M-Instruct \
     actor_rollout_ref.model.enable_gradient_checkpointing=False \

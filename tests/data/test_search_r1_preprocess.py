@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import sys
 
 import pandas as pd
@@ -12,6 +13,8 @@ from hybridrl.data.preprocess import TASKS
 from hybridrl.data.preprocess import search_r1 as prep
 from hybridrl.rewards import default_compute_score
 from hybridrl.rewards.qa_em import normalize_answer
+
+REPO = os.path.join(os.path.dirname(__file__), "..", "..")
 
 SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data")
 NQ_DEV = os.path.join(SHARED, "nq_open", "dev.jsonl")
@@ -74,10 +77,13 @@ def test_rows_follow_the_verl_format_and_score(nq_slice, tmp_path):
             assert row["extra_info"]["split"] == split and question in source
             assert row["data_source"] == "nq" and row["ability"] == "fact-reasoning"
             assert row["agent_name"] == "search_agent"
-            [message] = row["prompt"]
-            assert message["role"] == "user" and message["content"].endswith(f"Question: {question}\n")
+            # the instruction, the solved examples as earlier chat turns, then this question
+            prompt = list(row["prompt"])
+            assert prompt[0] == {"role": "system", "content": prep.PROTOCOL}
+            assert prompt[-1] == {"role": "user", "content": f"Question: {question}"}
+            assert [m["role"] for m in prompt[1:]] == ["user", "assistant"] * len(prep.EXAMPLES) + ["user"]
             for tag in ("<think>", "<search>", "</search>", "<information>", "<answer>", "</answer>"):
-                assert tag in message["content"]
+                assert tag in prompt[0]["content"]
             gt = row["reward_model"]["ground_truth"]
             assert row["reward_model"]["style"] == "rule" and list(gt["target"]) == source[question]
             # the parquet round trip (numpy arrays) still scores with the registered scorer
@@ -85,6 +91,64 @@ def test_rows_follow_the_verl_format_and_score(nq_slice, tmp_path):
             assert default_compute_score("nq", f"<think>x</think><answer> {answer} </answer>", gt) == 1.0
             assert default_compute_score("nq", "<answer>surely wrong</answer>", gt) == 0.0
     assert not set(train["extra_info"].map(lambda e: e["question"])) & set(test["extra_info"].map(lambda e: e["question"]))
+
+
+def test_the_demonstration_is_what_the_search_agent_produces():
+    from hybridrl.agents.retrieval import format_passages
+    from hybridrl.agents.search_agent import INFO_CLOSE, INFO_OPEN, STOP, parse_action
+
+    prompt = prep.make_prompt("who sang yesterday?")
+    assert len(prompt) == 2 + 2 * len(prep.EXAMPLES)
+    for (question, query, passages, _, answer), user, assistant in zip(prep.EXAMPLES, prompt[1::2], prompt[2::2]):
+        assert user == {"role": "user", "content": f"Question: {question}"}
+        text = assistant["content"]
+        # first turn: what the agent samples until its stop string, a search action
+        first = text[: text.index(STOP[0]) + len(STOP[0])]
+        assert parse_action(first) == ("search", query)
+        # then the observation exactly as the agent appends it for these passages
+        hits = [{"document": {"id": str(i), "contents": f'"{title}"\n{body}'}} for i, (title, body) in enumerate(passages)]
+        observation = INFO_OPEN + format_passages(hits).strip() + INFO_CLOSE
+        assert text[len(first):].startswith(observation)
+        # then a turn that reasons and answers with the example's answer
+        last = text[len(first) + len(observation):]
+        assert last.startswith("<think>") and "</think>" in last and parse_action(last) == ("answer", answer)
+        assert normalize_answer(answer) in normalize_answer(" ".join(body for _, body in passages))
+
+
+def test_examples_are_not_nq_questions_and_never_give_the_row_answer_away():
+    if not os.path.isfile(NQ_DEV):
+        pytest.skip(f"{NQ_DEV} not found")
+    nq = {normalize_answer(ex["question"]) for ex in prep.read_jsonl(NQ_DEV)}
+    assert not nq & {normalize_answer(q) for q, *_ in prep.EXAMPLES}
+    # a data set that holds an example's question: that example is left out of its row's prompt
+    question, _, _, _, answer = prep.EXAMPLES[1]
+    row = prep.make_row(question.upper().rstrip("?"), [answer], "train", 0)
+    shown = [m["content"] for m in row["prompt"][1:-1]]
+    assert len(shown) == 2 * (len(prep.EXAMPLES) - 1) and not any(answer in text for text in shown)
+    assert row["prompt"][-1]["content"] == f"Question: {question.upper()}"
+
+
+def test_no_example_gives_the_plain_instruction(nq_slice, tmp_path):
+    prep.main(["--input_file", nq_slice, "--local_dir", str(tmp_path), "--test_size", "2", "--no_example"])
+    for split in ("train", "test"):
+        for row in pd.read_parquet(tmp_path / f"{split}.parquet").to_dict("records"):
+            question = row["extra_info"]["question"]
+            assert list(row["prompt"]) == [{"role": "user", "content": prep.INSTRUCTION.format(question=question)}]
+            assert row["prompt"][0]["content"].endswith(f"Question: {question}\n")
+            assert not any(q in row["prompt"][0]["content"] for q, *_ in prep.EXAMPLES)
+
+
+def test_nq_prompts_fit_the_example_script_prompt_length(tokenizer):
+    """examples/run_search_agent.sh feeds NQ-open dev rows; the trainer rejects longer prompts."""
+    if not os.path.isfile(NQ_DEV):
+        pytest.skip(f"{NQ_DEV} not found")
+    with open(os.path.join(REPO, "examples", "run_search_agent.sh"), encoding="utf-8") as f:
+        [limit] = [int(v) for v in re.findall(r"data\.max_prompt_length=(\d+)", f.read())]
+    chats = [prep.make_row(ex["question"], ex["answers"], "train", 0)["prompt"] for ex in prep.read_jsonl(NQ_DEV)]
+    texts = tokenizer.apply_chat_template(chats, add_generation_prompt=True, tokenize=False)
+    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    assert max(lengths) <= limit
+    assert min(lengths) > limit // 2  # the demonstration is there (the plain prompt is < 170 tokens)
 
 
 def test_split_is_seeded(nq_slice, tmp_path):

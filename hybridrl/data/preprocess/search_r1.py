@@ -13,6 +13,21 @@ Input rows are ``{"question", "answer": [...]}`` (NQ-open) or ``{"question", "go
 uses (``RUC-NLPIR/FlashRAG_datasets``, config = ``--data_source``) is loaded with ``datasets``.
 ``--answerable_only`` keeps the questions with an answer that occurs (normalised, as whole
 words) in some passage of ``--corpus``: needed when the corpus is a small slice of Wikipedia.
+
+Prompt. By default the instruction is followed by a demonstration, as earlier chat turns: the
+instruction is the system message, then three solved questions (:data:`EXAMPLES`, none from
+NQ-open), each answered in the exact form the ``search_agent`` produces (``<search> q </search>``,
+the ``\n\n<information>Doc 1(Title: ...) ...</information>\n\n`` block the agent appends, then
+``<think> ... </think>`` and ``<answer> ... </answer>``), then the real question. A 135M model
+does not follow the bare instruction. First turns of SmolLM2-135M-Instruct on NQ-open dev
+questions (8 questions x 4 samples, T=1, 64-96 tokens) that write ``<search>``: 0/32 with the plain
+prompt, 0/32 with one example inside the user message, 1/32 with one example as chat turns,
+23/32 with three examples that think before searching, and 30/32 (two sets of 8 questions) with
+this prompt, 23/32 and 21/32 with a complete ``<search> q </search>``; the queries are about the
+question, not copies of the examples. So the examples search at once and reason when the
+information has arrived, as the instruction asks. It adds about 330 tokens (NQ-open prompts:
+483-502 tokens with the SmolLM2 chat template). ``--no_example`` gives the plain prompt (one user
+message: :data:`INSTRUCTION` with the question).
 """
 
 import argparse
@@ -27,25 +42,76 @@ from hybridrl.rewards.qa_em import normalize_answer
 HUB_DATASET = "RUC-NLPIR/FlashRAG_datasets"
 ABILITY = "fact-reasoning"
 AGENT_NAME = "search_agent"
-INSTRUCTION = (
+PROTOCOL = (
     "Answer the question below. Every time you receive new information, first reason about it "
     "inside <think> and </think>. If you are missing some knowledge, you can query a search engine "
     "by writing <search> your query </search>; the best matching passages will be returned between "
     "<information> and </information>. You may search as many times as you need. Once you can "
     "answer, give only the final short answer inside <answer> and </answer>, with no explanation, "
-    "for example <answer> Paris </answer>. Question: {question}\n"
+    "for example <answer> Paris </answer>."
 )
+INSTRUCTION = PROTOCOL + " Question: {question}\n"  # the plain (``--no_example``) prompt
+# Solved questions for the demonstration: (question, query, [(title, passage), ...], thought, answer).
+# None is an NQ-open question (a test checks); the passages are shortened Wikipedia lead sentences.
+EXAMPLES = [
+    ("who wrote the novel moby dick?", "Moby Dick novel author",
+     [("Moby-Dick", "Moby-Dick is an 1851 novel by American writer Herman Melville."),
+      ("Herman Melville", "Herman Melville was an American novelist and poet.")],
+     "Doc 1 says Herman Melville wrote it.", "Herman Melville"),
+    ("which is the largest planet in the solar system?", "largest planet in the solar system",
+     [("Jupiter", "Jupiter is the fifth planet from the Sun and the largest in the Solar System."),
+      ("Saturn", "Saturn is the second largest planet in the Solar System.")],
+     "Doc 1 says Jupiter is the largest.", "Jupiter"),
+    ("who is credited with inventing the telephone?", "inventor of the telephone",
+     [("Alexander Graham Bell", "Alexander Graham Bell was an inventor credited with patenting the first telephone."),
+      ("Telephone", "A telephone lets two people talk when they are far apart.")],
+     "Doc 1 says Alexander Graham Bell.", "Alexander Graham Bell"),
+]
 _HINT = "pass --input_file with a {\"question\", \"answer\": [...]} jsonl (e.g. ../shared/data/nq_open/dev.jsonl)"
 
 
-def make_row(question: str, answers: list[str], split: str, index: int, data_source: str = "nq") -> dict:
-    """One verl RL parquet row; the question gets a final '?' as in Search-R1's preprocessing."""
+def information(passages: list[tuple[str, str]]) -> str:
+    """The observation the ``search_agent`` appends after a search, for ``(title, text)`` passages
+    (built by the agent's own formatting, so the demonstration cannot drift from it)."""
+    from hybridrl.agents.retrieval import format_passages
+    from hybridrl.agents.search_agent import INFO_CLOSE, INFO_OPEN
+
+    hits = [{"document": {"contents": f'"{title}"\n{text}'}} for title, text in passages]
+    return INFO_OPEN + format_passages(hits).strip() + INFO_CLOSE
+
+
+def demonstration(question: str | None = None) -> list[dict]:
+    """System message (:data:`PROTOCOL`) and the solved :data:`EXAMPLES` as earlier chat turns;
+    an example with the same question as ``question`` is left out (it would give the answer away)."""
+    messages = [{"role": "system", "content": PROTOCOL}]
+    skip = normalize_answer(question) if question else None
+    for q, query, passages, thought, answer in EXAMPLES:
+        if normalize_answer(q) == skip:
+            continue
+        messages.append({"role": "user", "content": f"Question: {q}"})
+        messages.append({"role": "assistant", "content": f"<search> {query} </search>{information(passages)}"
+                                                         f"<think> {thought} </think>\n<answer> {answer} </answer>"})
+    return messages
+
+
+def make_prompt(question: str, example: bool = True) -> list[dict]:
+    """The chat messages of one row: the demonstration and the question, or (``example=False``)
+    Search-R1's plain instruction prompt."""
+    if not example:
+        return [{"role": "user", "content": INSTRUCTION.format(question=question)}]
+    return demonstration(question) + [{"role": "user", "content": f"Question: {question}"}]
+
+
+def make_row(question: str, answers: list[str], split: str, index: int, data_source: str = "nq",
+             example: bool = True) -> dict:
+    """One verl RL parquet row; the question gets a final '?' as in Search-R1's preprocessing.
+    ``example``: prompt with the demonstration (see the module docstring) or the plain one."""
     question = question.strip()
     if not question.endswith("?"):
         question += "?"
     return {
         "data_source": data_source,
-        "prompt": [{"role": "user", "content": INSTRUCTION.format(question=question)}],
+        "prompt": make_prompt(question, example),
         "ability": ABILITY,
         "reward_model": {"style": "rule", "ground_truth": {"target": list(answers)}},
         "extra_info": {"split": split, "index": index, "question": question},
@@ -180,12 +246,13 @@ def _write_parquet(rows: list[dict], path: str) -> None:
 
 def convert(input_file: str | None, input_dir: str | None, local_dir: str, *, train_size: int | None = None,
             test_size: int | None = None, corpus: str | None = None, answerable_only: bool = False,
-            data_source: str = "nq", seed: int = 0) -> dict[str, str]:
+            data_source: str = "nq", seed: int = 0, example: bool = True) -> dict[str, str]:
     """Write ``train.parquet`` and ``test.parquet`` into ``local_dir``; returns split -> path.
 
     A single input file (``input_file``, or an ``input_dir`` with one of train/test/dev.jsonl)
     is shuffled with ``seed`` and split: ``test_size`` rows (default 10 %) for test, the rest
-    for train. The answerable filter runs before the sizes are applied.
+    for train. The answerable filter runs before the sizes are applied. ``example=False``: the
+    plain instruction prompt instead of the demonstration.
 
     Raises:
         DataError: bad options or unreadable input/corpus.
@@ -209,7 +276,7 @@ def convert(input_file: str | None, input_dir: str | None, local_dir: str, *, tr
     written = {}
     for split, examples in splits.items():
         examples = examples[: sizes[split]] if sizes[split] is not None else examples
-        rows = [make_row(ex["question"], ex["answers"], split, i, data_source) for i, ex in enumerate(examples)]
+        rows = [make_row(ex["question"], ex["answers"], split, i, data_source, example) for i, ex in enumerate(examples)]
         written[split] = os.path.join(local_dir, f"{split}.parquet")
         _write_parquet(rows, written[split])
     return written
@@ -228,6 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="keep questions with an answer that occurs in some passage of --corpus")
     parser.add_argument("--data_source", default="nq", help="data_source column (picks the reward) and hub config")
     parser.add_argument("--seed", type=int, default=0, help="shuffle seed for splitting a single input file")
+    parser.add_argument("--no_example", action="store_true",
+                        help="Search-R1's plain instruction prompt, without the solved examples before the question")
     return parser
 
 
@@ -237,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         written = convert(args.input_file, args.input_dir, args.local_dir, train_size=args.train_size,
                           test_size=args.test_size, corpus=args.corpus, answerable_only=args.answerable_only,
-                          data_source=args.data_source, seed=args.seed)
+                          data_source=args.data_source, seed=args.seed, example=not args.no_example)
     except DataError as exc:
         sys.exit(f"search_r1 preprocess: error: {exc}")
     for split, path in written.items():
