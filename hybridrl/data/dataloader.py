@@ -1,5 +1,7 @@
 """A resumable, seeded dataloader for RLHFDataset (torchdata's StatefulDataLoader)."""
 
+import warnings
+
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import RandomSampler
@@ -52,11 +54,14 @@ def create_rl_dataloader(
         sampler = RandomSampler(dataset, generator=generator)
     else:
         sampler = torch.utils.data.SequentialSampler(dataset)
-    return StatefulDataLoader(
-        dataset,
-        batch_size=batch_size,
-        sampler=sampler,
-        num_workers=num_workers,
-        drop_last=drop_last,
-        collate_fn=collate_fn,
-    )
+    return stateful_dataloader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
+                               drop_last=drop_last, collate_fn=collate_fn)
+
+
+def stateful_dataloader(dataset, **kwargs) -> StatefulDataLoader:
+    """``StatefulDataLoader(dataset, **kwargs)`` without the deprecation warning torchdata's
+    constructor triggers in torch (``torch.set_vital``) at every run start: it says nothing
+    about the user's run."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+        return StatefulDataLoader(dataset, **kwargs)

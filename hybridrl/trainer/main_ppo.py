@@ -17,7 +17,7 @@ logger = logging.getLogger(__name__)
 
 def _build_dataloaders(config, tokenizer):
     from hybridrl.data import RLHFDataset, collate_fn, create_rl_dataloader
-    from torchdata.stateful_dataloader import StatefulDataLoader
+    from hybridrl.data.dataloader import stateful_dataloader
 
     data_cfg = config.data
     train_dataset = RLHFDataset(data_cfg.train_files, tokenizer, data_cfg, config_key="data.train_files")
@@ -28,7 +28,7 @@ def _build_dataloaders(config, tokenizer):
     val_dataloader = None
     if data_cfg.get("val_files"):
         val_dataset = RLHFDataset(data_cfg.val_files, tokenizer, data_cfg, config_key="data.val_files")
-        val_dataloader = StatefulDataLoader(
+        val_dataloader = stateful_dataloader(
             val_dataset, batch_size=data_cfg.get("val_batch_size") or len(val_dataset),
             shuffle=False, drop_last=False, collate_fn=collate_fn,
         )

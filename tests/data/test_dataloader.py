@@ -83,3 +83,12 @@ def test_real_dataset_batches(tokenizer, gsm8k_parquet):
     assert batch["reward_model"].dtype == object and batch["reward_model"].shape == (8,)
     seen = np.concatenate([b["index"] for b in batches]).astype(int)
     assert sorted(seen.tolist()) == list(range(32))
+
+
+def test_building_a_loader_prints_no_torch_deprecation_warning():
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        create_rl_dataloader(Rows(4), batch_size=2)
+    assert not [w for w in caught if "set_vital" in str(w.message)]
