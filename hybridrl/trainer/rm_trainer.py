@@ -16,7 +16,6 @@ and ``trainer_state.json`` (with the last validation accuracy).
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import time
@@ -25,9 +24,9 @@ import torch
 
 from hybridrl.algorithms.reward_loss import compute_bradley_terry_loss, compute_preference_accuracy
 from hybridrl.data.preference_dataset import pad_pairs
+from hybridrl.trainer.sft_trainer import SupervisedTrainer
 from hybridrl.workers.reward_model import forward_sequence_scores
 
-logger = logging.getLogger(__name__)
 
 _CHOICES = {
     "data.truncation": ("left", "drop", "error"),
@@ -129,8 +128,10 @@ def build_dataloaders(config, tokenizer):
     return train, val
 
 
-class RewardModelTrainer:
+class RewardModelTrainer(SupervisedTrainer):
     """Runs ``fit()``: validation, then ``train_step()`` per batch, checkpoints and logging.
+    Unlike SFT, the last step always validates and saves, and a checkpoint keeps the last
+    validation metrics.
 
     Args:
         config: the resolved ``rm_trainer`` config.
@@ -141,23 +142,22 @@ class RewardModelTrainer:
         total_training_steps: optimizer steps of the whole run.
     """
 
-    def __init__(self, config, model, tokenizer, train_dataloader, val_dataset, total_training_steps: int):
-        from hybridrl.models import to_torch_dtype
-        from hybridrl.workers.optim import build_lr_scheduler, build_optimizer
+    name = "rm"
+    resume_hint = "point trainer.resume_from_path at a checkpoint written by hybridrl rm"
 
-        self.config, self.model, self.tokenizer = config, model, tokenizer
-        self.train_dataloader, self.val_dataset = train_dataloader, val_dataset
-        self.total_training_steps = total_training_steps
-        self.device = next(model.parameters()).device
-        mixed = config.model.fsdp_config.get("mixed_precision") or {}
-        self.compute_dtype = to_torch_dtype(mixed.get("param_dtype", "fp32"))
-        self.optimizer = build_optimizer(model, config.optim)
-        schedule = {"lr_warmup_steps": -1, "lr_warmup_steps_ratio": config.optim.warmup_steps_ratio,
-                    "warmup_style": config.optim.lr_scheduler, "min_lr_ratio": 0.0, "num_cycles": 0.5}
-        self.lr_scheduler = build_lr_scheduler(self.optimizer, schedule, total_training_steps)
-        self.global_steps = 0
+    def __init__(self, config, model, tokenizer, train_dataloader, val_dataset, total_training_steps: int):
+        super().__init__(config, model, tokenizer, train_dataloader, total_training_steps)
+        self.val_dataset = val_dataset
         self.last_val: dict = {}
-        self._resumed_batches = None
+
+    def has_validation(self) -> bool:
+        return self.val_dataset is not None
+
+    def _due(self, freq, is_last: bool) -> bool:
+        return is_last or (bool(freq) and freq > 0 and self.global_steps % freq == 0)
+
+    def _checkpoint_trainer_state(self) -> dict:
+        return self.last_val
 
     def train_step(self, batch: dict) -> dict:
         """One optimizer step on ``batch`` (``train_batch_size`` pairs) in micro batches; metrics."""
@@ -178,15 +178,7 @@ class RewardModelTrainer:
             chosen_all.append(chosen.detach())
             rejected_all.append(rejected.detach())
             tokens += n_tokens
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.clip_grad)
-        if torch.isfinite(grad_norm):
-            self.optimizer.step()
-        else:
-            logger.warning("rm: grad_norm is %s at step %d; this update is skipped", grad_norm.item(),
-                           self.global_steps)
-            self.optimizer.zero_grad(set_to_none=True)
-        lr = self.lr_scheduler.get_last_lr()[0]
-        self.lr_scheduler.step()
+        grad_norm, lr = self._optimizer_step()
         seconds = time.perf_counter() - start
         metrics = {"train/loss": loss_total, "train/lr": lr, "train/grad_norm": grad_norm.item(),
                    "perf/time_per_step": seconds, "perf/throughput": tokens / seconds}
@@ -209,70 +201,6 @@ class RewardModelTrainer:
         loss = compute_bradley_terry_loss(chosen, rejected, torch.tensor(margins, device=chosen.device))
         self.last_val = {"val/loss": loss.item(), **_score_metrics("val", chosen, rejected)}
         return self.last_val
-
-    def save_checkpoint(self) -> str:
-        from hybridrl.trainer import checkpoint
-        from hybridrl.trainer.sft_trainer import EXTRA_FILE, OPTIM_FILE, save_hf_folder
-        from hybridrl.workers.checkpoint_io import rng_state
-
-        def write(folder: str) -> None:
-            save_hf_folder(self.model, self.tokenizer, folder)
-            torch.save(self.optimizer.state_dict(), os.path.join(folder, OPTIM_FILE))
-            torch.save({"lr_scheduler": self.lr_scheduler.state_dict(), "rng": rng_state()},
-                       os.path.join(folder, EXTRA_FILE))
-
-        trainer_cfg = self.config.trainer
-        return checkpoint.save_checkpoint(trainer_cfg.default_local_dir, self.global_steps, write,
-                                          self.train_dataloader.state_dict(),
-                                          max_to_keep=trainer_cfg.get("max_ckpt_to_keep"), trainer_state=self.last_val)
-
-    def load_checkpoint(self, path: str) -> None:
-        """Restore optimizer, schedule, data position and RNG from ``path`` (the weights were
-        loaded when the model was built, see ``run_rm``)."""
-        from hybridrl.trainer import checkpoint
-        from hybridrl.trainer.sft_trainer import EXTRA_FILE, OPTIM_FILE
-        from hybridrl.workers.checkpoint_io import set_rng_state
-
-        trainer_state, dataloader_state = checkpoint.read_checkpoint(path)
-        for name in (OPTIM_FILE, EXTRA_FILE):
-            if not os.path.isfile(os.path.join(path, name)):
-                raise checkpoint.CheckpointError(f"checkpoint {path} has no {name}; point trainer.resume_from_path "
-                                                 "at a checkpoint written by hybridrl rm")
-        self.optimizer.load_state_dict(torch.load(os.path.join(path, OPTIM_FILE), map_location=self.device,
-                                                  weights_only=True))
-        extra = torch.load(os.path.join(path, EXTRA_FILE), weights_only=False)
-        self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
-        if dataloader_state is not None:
-            self.train_dataloader.load_state_dict(dataloader_state)
-        self._resumed_batches = iter(self.train_dataloader)  # draws from the RNG: before restoring it
-        set_rng_state(extra["rng"])
-        self.global_steps = trainer_state["global_step"]
-        print(f"hybridrl: resumed from {path} (step {self.global_steps})", flush=True)
-
-    def fit(self, tracker) -> None:
-        """Trains until ``total_training_steps``; validates on schedule and after the last step,
-        checkpoints on schedule and after the last step."""
-        trainer_cfg = self.config.trainer
-        if self.val_dataset is not None and trainer_cfg.get("val_before_train") and self.global_steps == 0:
-            tracker.log(self.validate(), step=0)
-        self.global_steps += 1
-        while self.global_steps <= self.total_training_steps:
-            batches, self._resumed_batches = self._resumed_batches or iter(self.train_dataloader), None
-            for batch in batches:
-                metrics = self.train_step(batch)
-                is_last = self.global_steps >= self.total_training_steps
-                if self.val_dataset is not None and (is_last or _due(trainer_cfg.test_freq, self.global_steps)):
-                    metrics.update(self.validate())
-                if is_last or _due(trainer_cfg.save_freq, self.global_steps):
-                    self.save_checkpoint()
-                tracker.log(metrics, step=self.global_steps)
-                if is_last:
-                    return
-                self.global_steps += 1
-
-
-def _due(freq, step: int) -> bool:
-    return bool(freq) and freq > 0 and step % freq == 0
 
 
 def _score_metrics(prefix: str, chosen: torch.Tensor, rejected: torch.Tensor) -> dict:
