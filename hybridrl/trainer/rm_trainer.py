@@ -24,7 +24,7 @@ import torch
 
 from hybridrl.algorithms.reward_loss import compute_bradley_terry_loss, compute_preference_accuracy
 from hybridrl.data.preference_dataset import pad_pairs
-from hybridrl.trainer.sft_trainer import SupervisedTrainer
+from hybridrl.trainer.supervised import HF_DIR, SupervisedTrainer
 from hybridrl.workers.reward_model import forward_sequence_scores
 
 
@@ -215,7 +215,7 @@ def run_rm(config) -> str:
     ``huggingface/`` folder (the reward model for ``reward_model.model.path``)."""
     from hybridrl.controller.worker import resolve_device
     from hybridrl.models import load_tokenizer, resolve_model_path
-    from hybridrl.trainer.sft_trainer import HF_DIR, find_resume_checkpoint
+    from hybridrl.trainer.sft_trainer import find_resume_checkpoint
     from hybridrl.trainer.tracking import Tracking
 
     validate_rm_config(config)
