@@ -157,7 +157,8 @@ class PPOActor:
         self.actor_module.train()
         on_policy = "old_log_probs" not in data.batch.keys()
         keys = ["responses", "response_mask", "input_ids", "attention_mask", "position_ids", "advantages"]
-        keys += [] if on_policy else ["old_log_probs"]
+        if not on_policy:
+            keys.append("old_log_probs")
         if cfg.use_kl_loss and cfg.kl_loss_type != FULL_KL:
             keys.append("ref_log_prob")
         metrics: dict[str, list[float]] = defaultdict(list)
