@@ -21,10 +21,10 @@ hybridrl train \
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 \
     actor_rollout_ref.actor.use_kl_loss=False \
     actor_rollout_ref.actor.entropy_coeff=0 \
-    actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16 \
+    actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=auto \
     actor_rollout_ref.rollout.n=4 \
     actor_rollout_ref.rollout.temperature=1.0 \
-    actor_rollout_ref.rollout.dtype=bfloat16 \
+    actor_rollout_ref.rollout.dtype=auto \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32 \
     trainer.device=cpu \
     trainer.logger="['console','file']" \

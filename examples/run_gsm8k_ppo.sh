@@ -26,13 +26,13 @@ hybridrl train \
     actor_rollout_ref.actor.optim.lr=1e-6 \
     actor_rollout_ref.actor.ppo_mini_batch_size=8 \
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 \
-    actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16 \
+    actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=auto \
     actor_rollout_ref.rollout.n=1 \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 \
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16 \
     critic.model.path=HuggingFaceTB/SmolLM2-135M-Instruct \
     critic.model.enable_gradient_checkpointing=False \
-    critic.model.fsdp_config.mixed_precision.param_dtype=bf16 \
+    critic.model.fsdp_config.mixed_precision.param_dtype=auto \
     critic.optim.lr=1e-5 \
     critic.ppo_micro_batch_size_per_gpu=8 \
     trainer.critic_warmup=0 \

@@ -29,7 +29,7 @@ hybridrl sft \
     data.micro_batch_size_per_gpu=4 \
     model.partial_pretrain=HuggingFaceTB/SmolLM2-135M-Instruct \
     model.enable_gradient_checkpointing=False \
-    model.fsdp_config.mixed_precision.param_dtype=bf16 \
+    model.fsdp_config.mixed_precision.param_dtype=auto \
     model.lora_rank="$LORA_RANK" \
     model.lora_alpha=16 \
     optim.lr=1e-5 \

@@ -29,7 +29,7 @@ hybridrl train \
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
     actor_rollout_ref.actor.use_kl_loss=True \
     actor_rollout_ref.actor.kl_loss_coef=0.001 \
-    actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16 \
+    actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=auto \
     actor_rollout_ref.rollout.n=4 \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 \
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8 \

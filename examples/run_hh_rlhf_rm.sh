@@ -28,7 +28,7 @@ hybridrl rm \
     data.train_batch_size=16 \
     data.micro_batch_size_per_gpu=4 \
     model.path=HuggingFaceTB/SmolLM2-135M-Instruct \
-    model.fsdp_config.mixed_precision.param_dtype=bf16 \
+    model.fsdp_config.mixed_precision.param_dtype=auto \
     optim.lr=5e-5 \
     optim.warmup_steps_ratio=0.1 \
     optim.lr_scheduler=cosine \

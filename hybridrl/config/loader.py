@@ -14,7 +14,7 @@ CONFIG_MODULE = "hybridrl.config"
 
 
 def load_config(overrides: list[str] | None = None, config_name: str = "ppo_trainer",
-                config_dir: str | None = None):
+                config_dir: str | None = None, resolve_auto_dtypes: bool = True):
     """Compose ``<config_name>.yaml`` with Hydra overrides and return the resolved config.
 
     The override grammar is Hydra's, as verl's command line uses it: ``a.b=1``,
@@ -29,6 +29,10 @@ def load_config(overrides: list[str] | None = None, config_name: str = "ppo_trai
         config_dir: optional folder with the user's own YAML files (absolute or relative to
             the current directory). The packaged configs stay on the search path, so a user
             file may start with ``defaults: [ppo_trainer, _self_]``.
+        resolve_auto_dtypes: replace every ``auto`` dtype (``mixed_precision.param_dtype``,
+            ``rollout.dtype``) by bf16 or fp32 for ``trainer.device``
+            (``hybridrl.models.precision.resolve_precision``); the commands do it themselves, to
+            print the choice.
 
     Returns:
         omegaconf.DictConfig in struct mode (reading an unknown key raises), interpolations
@@ -77,6 +81,11 @@ def load_config(overrides: list[str] | None = None, config_name: str = "ppo_trai
     except OmegaConfBaseException as exc:
         raise ConfigError(_one_line(f"config '{config_name}': cannot resolve an interpolation: {exc}",
                                     exc)) from exc
+    if resolve_auto_dtypes:
+        from hybridrl.models.precision import resolve_precision
+
+        trainer = cfg.get("trainer")
+        resolve_precision(cfg, str(trainer.get("device", "auto")) if trainer is not None else "auto")
     return cfg
 
 

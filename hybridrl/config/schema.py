@@ -39,29 +39,14 @@ _IGNORED: dict[str, tuple[str, ...]] = {
     "the reference model is a copy of the actor in actor.fsdp_config.model_dtype": (
         f"{REF}.fsdp_config.model_dtype",),
     "actor and rollout always share one worker here": ("actor_rollout_ref.hybrid_engine",),
-    "the HF engine has no KV-cache pool to size": (f"{ROLLOUT}.gpu_memory_utilization",),
-    "the HF engine is not tensor-parallel; each worker generates with its own full copy": (
-        f"{ROLLOUT}.tensor_model_parallel_size",),
-    _HF_ENGINE + " (no CUDA graphs)": (f"{ROLLOUT}.enforce_eager",),
-    _HF_ENGINE + " (no cache engine to free)": (f"{ROLLOUT}.free_cache_engine",),
-    _HF_ENGINE + " (no token scheduler)": (f"{ROLLOUT}.max_num_batched_tokens",),
-    _HF_ENGINE + " (no sequence scheduler)": (f"{ROLLOUT}.max_num_seqs",),
-    _HF_ENGINE + "; lengths come from data.max_prompt_length and data.max_response_length": (
-        f"{ROLLOUT}.max_model_len",),
-    _HF_ENGINE: (f"{ROLLOUT}.enable_chunked_prefill", f"{ROLLOUT}.disable_log_stats",
-                 f"{ROLLOUT}.layered_summon", f"{ROLLOUT}.multi_stage_wake_up"),
-    "weights go from the actor to the HF engine directly": (
-        f"{ROLLOUT}.load_format", f"{ROLLOUT}.update_weights_bucket_megabytes"),
-    "this build has no vLLM engine": (f"{ROLLOUT}.engine_kwargs.vllm.swap_space",
-                                      f"{ROLLOUT}.engine_kwargs.vllm.disable_mm_preprocessor_cache"),
     "this build has no SGLang engine": (f"{ROLLOUT}.engine_kwargs.sglang.attention_backend",),
+    "the whole state dict goes to the engine in one call": (f"{ROLLOUT}.update_weights_bucket_megabytes",),
+    "the engine is woken up in one stage": (f"{ROLLOUT}.layered_summon", f"{ROLLOUT}.multi_stage_wake_up"),
     "async rollouts are not in this build; generation runs synchronously": (f"{ROLLOUT}.mode",),
     "the agent loops run as asyncio tasks in the rollout worker": (f"{ROLLOUT}.agent.num_workers",),
     "the prompt's own chat template is used": (f"{ROLLOUT}.multi_turn.use_inference_chat_template",),
     "agent loops append token ids turn by turn and never re-tokenise": (
         f"{ROLLOUT}.multi_turn.tokenization_sanity_check_mode",),
-    "the rollout returns no log-probs of its own; old_log_probs come from the actor": (
-        f"{ROLLOUT}.calculate_log_probs",),
     "no rollout tracing in this build": (f"{ROLLOUT}.trace.backend", f"{ROLLOUT}.trace.token2text"),
     "no sequence parallelism here; each worker holds whole sequences": (
         f"{ACTOR}.ulysses_sequence_parallel_size", f"{REF}.ulysses_sequence_parallel_size",
@@ -98,13 +83,28 @@ _IGNORED: dict[str, tuple[str, ...]] = {
     "read only with reward_model.use_dynamic_bsz, which is not in this build yet": (
         "reward_model.forward_max_token_len_per_gpu",),
 }
+_IGNORED_HF: dict[str, tuple[str, ...]] = {  # as _IGNORED, noted only when the HF engine generates (vLLM reads them)
+    "the HF engine has no KV-cache pool to size": (f"{ROLLOUT}.gpu_memory_utilization",),
+    "the HF engine is not tensor-parallel; each worker generates with its own full copy": (
+        f"{ROLLOUT}.tensor_model_parallel_size",),
+    _HF_ENGINE + " (no CUDA graphs)": (f"{ROLLOUT}.enforce_eager",),
+    _HF_ENGINE + " (no cache engine to free)": (f"{ROLLOUT}.free_cache_engine",),
+    _HF_ENGINE + " (no token scheduler)": (f"{ROLLOUT}.max_num_batched_tokens",),
+    _HF_ENGINE + " (no sequence scheduler)": (f"{ROLLOUT}.max_num_seqs",),
+    _HF_ENGINE + "; lengths come from data.max_prompt_length and data.max_response_length": (
+        f"{ROLLOUT}.max_model_len",),
+    _HF_ENGINE: (f"{ROLLOUT}.enable_chunked_prefill", f"{ROLLOUT}.enable_prefix_caching",
+                 f"{ROLLOUT}.disable_log_stats", f"{ROLLOUT}.kv_cache_memory_gb", f"{ROLLOUT}.seed",
+                 f"{ROLLOUT}.engine_kwargs.vllm"),
+    "weights go from the actor to the HF engine directly": (f"{ROLLOUT}.load_format",),
+}
 _IGNORED_SINGLE: dict[str, tuple[str, ...]] = {  # as _IGNORED, noted only when there is one worker
     "one worker has nothing to balance": ("trainer.balance_batch",),
     "one worker has no gradient all-reduce": (
         f"{ACTOR}.fsdp_config.mixed_precision.reduce_dtype", "critic.model.fsdp_config.mixed_precision.reduce_dtype"),
 }
 IGNORED_KEYS: dict[str, tuple[str, str]] = {
-    key: (reason, when) for table, when in ((_IGNORED, "always"), (_IGNORED_SINGLE, "single"))
+    key: (reason, when) for table, when in ((_IGNORED, "always"), (_IGNORED_SINGLE, "single"), (_IGNORED_HF, "hf"))
     for reason, keys in table.items() for key in keys}
 
 # Keys that change what is trained and that this build does not have yet: an error, not a note.
@@ -142,7 +142,7 @@ for _prefix, _leaves in _FSDP_LEAVES.items():
 
 # rollout.name -> display name: engines verl users name that run on the HF engine when no
 # engine of that name is registered. Read by the start-up note and by get_rollout_cls.
-OPTIONAL_ENGINES = {"vllm": "vLLM", "sglang": "SGLang", "sglang_async": "SGLang"}
+OPTIONAL_ENGINES = {"sglang": "SGLang", "sglang_async": "SGLang"}
 
 _UNSET = object()  # "no such key", as a returned default
 _REQUIRED = object()  # no default: a missing key is an error
@@ -173,6 +173,7 @@ def validate_ppo_config(config, world_size: int = 1) -> list[str]:
     _check_not_yet_supported(config)
     _check_lora(config)
     _check_reward_model(config)
+    _check_rollout_engine(config)
     _check_multi_turn(config)
     _check_batch_sizes(config, world_size)
     return ignored_key_notes(config, world_size)
@@ -287,6 +288,16 @@ def _check_lora(config) -> None:
         except ImportError:
             raise ConfigError(f"{prefix}.lora_rank={rank} needs the peft package: pip install 'hybridrl[lora]', "
                               "or set lora_rank=0") from None
+
+
+def _check_rollout_engine(config) -> None:
+    """Settings the chosen engine cannot run, refused before any model loads."""
+    tp = _get(config, f"{ROLLOUT}.tensor_model_parallel_size", 1)
+    if _get(config, f"{ROLLOUT}.name") == "vllm" and isinstance(tp, int) and tp > 1:
+        raise ConfigError(
+            f"{ROLLOUT}.tensor_model_parallel_size={tp} with {ROLLOUT}.name=vllm: tensor parallelism inside the "
+            "colocated engine is not in this build (vLLM's CPU backend has none; the CUDA path is not written); "
+            "set it to 1: each worker runs its own engine on its share of the batch")
 
 
 def _check_multi_turn(config) -> None:
@@ -524,8 +535,9 @@ def ignored_key_notes(config, world_size: int = 1) -> list[str]:
     for a ``rollout.name`` in :data:`OPTIONAL_ENGINES` that has no registered engine (runs on HF)."""
     defaults = _packaged_defaults()
     notes = []
+    name = _get(config, f"{ROLLOUT}.name", "hf")
     for key, (reason, when) in IGNORED_KEYS.items():
-        if when == "single" and world_size > 1:
+        if (when == "single" and world_size > 1) or (when == "hf" and name not in ("hf", *OPTIONAL_ENGINES)):
             continue
         value = _get(config, key, _UNSET)
         default = _get(defaults, key, _UNSET)
@@ -535,7 +547,6 @@ def ignored_key_notes(config, world_size: int = 1) -> list[str]:
         if source is not None and _plain(value) == _plain(_get(config, source, _UNSET)):
             continue  # it still copies its source key; that key's own note (if any) says it once
         notes.append(f"{key}={_plain(value)!r} is ignored: {reason}")
-    name = _get(config, f"{ROLLOUT}.name", "hf")
     if isinstance(name, str) and name in OPTIONAL_ENGINES:
         from hybridrl.workers.rollout import ROLLOUT_REGISTRY
 

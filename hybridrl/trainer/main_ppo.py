@@ -85,6 +85,7 @@ def run_ppo(config) -> None:
             rm_wg=groups.reward_model,
         )
         trainer_cfg = config.trainer
+        save_run_config(config, trainer_cfg.default_local_dir)
         tracker = Tracking(
             project_name=trainer_cfg.project_name, experiment_name=trainer_cfg.experiment_name,
             default_backend=[trainer_cfg.logger] if isinstance(trainer_cfg.logger, str) else list(trainer_cfg.logger),
@@ -116,11 +117,12 @@ def user_error_types() -> tuple[type[BaseException], ...]:
     from hybridrl.trainer.tracking import TrackingError
     from hybridrl.agents.retrieval import RetrieverError
     from hybridrl.controller.ray import ResourceError, WorkerUserError
+    from hybridrl.workers.rollout.base import RolloutEngineError
 
     return (ConfigError, DataError, ModelPathError, ModelDependencyError, ModelConfigError,
             UnknownDataSourceError, RewardConfigError, RewardFunctionError, UnknownAlgorithmError,
             AlgorithmConfigError, AlgorithmInputError, NonFiniteError, CheckpointError, TrackingError,
-            FileNotFoundError, RetrieverError, ResourceError, WorkerUserError)
+            FileNotFoundError, RetrieverError, ResourceError, WorkerUserError, RolloutEngineError)
 
 
 def run_cli(run: Callable[[Any], Any], config_name: str, argv: list[str] | None = None) -> int:
@@ -135,13 +137,39 @@ def run_cli(run: Callable[[Any], Any], config_name: str, argv: list[str] | None 
 
     argv = sys.argv[1:] if argv is None else argv
     try:
-        run(load_config(argv, config_name=config_name))
+        config = load_config(argv, config_name=config_name, resolve_auto_dtypes=False)
+        resolve_auto_precision(config)
+        run(config)
     except Exception as exc:  # noqa: BLE001 - turned into one readable line below
         if os.environ.get("HYBRIDRL_DEBUG") or not isinstance(exc, user_error_types()):
             raise
         print(f"hybridrl: error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def save_run_config(config, folder: str) -> str:
+    """Writes the resolved config (``auto`` dtypes already replaced) to ``<folder>/config.yaml``
+    atomically, so a run's folder says what it ran with. Returns the path."""
+    from omegaconf import OmegaConf
+
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "config.yaml")
+    tmp = f"{path}.tmp{os.getpid()}"
+    OmegaConf.save(config, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def resolve_auto_precision(config) -> None:
+    """Every ``auto`` dtype key becomes bf16 or fp32 for ``trainer.device`` (see
+    :mod:`hybridrl.models.precision`), printed once; the run's saved config holds the choice."""
+    from hybridrl.models.precision import resolve_precision
+
+    trainer = config.get("trainer")
+    line = resolve_precision(config, str(trainer.get("device", "auto")) if trainer is not None else "auto")
+    if line:
+        print(f"hybridrl: {line}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

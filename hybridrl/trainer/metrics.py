@@ -284,3 +284,44 @@ def reduce_metrics(metrics: dict) -> dict[str, float]:
         else:
             reduced[key] = float(value.item() if hasattr(value, "item") else value)
     return reduced
+
+
+def compute_rollout_probs_diff_metrics(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
+                                       response_mask: torch.Tensor) -> dict[str, float]:
+    """How far the rollout engine's token probabilities are from the trainer's (verl's
+    training/rollout mismatch metrics).
+
+    Engines and trainers compute the same policy with different kernels, precisions and
+    batching; the gap is what rollout correction ("When Speed Kills Stability: Demystifying RL
+    Collapse from the Training-Inference Mismatch", Liu, Li et al. 2025) corrects for.
+
+    Args:
+        old_log_probs: ``(bs, R)`` log-probs of the responses under the trained policy.
+        rollout_log_probs: ``(bs, R)`` log-probs the engine sampled them with.
+        response_mask: ``(bs, R)``, 1 on generated tokens.
+
+    Returns:
+        ``training/rollout_probs_diff_{max,mean,std}`` of ``|exp(rollout) - exp(old)|`` over
+        response tokens and ``training/rollout_actor_probs_pearson_corr`` of the two
+        probabilities (NaN when either is constant); empty when there is no response token.
+
+    Raises:
+        MetricsInputError: the three tensors differ in shape.
+    """
+    if not (old_log_probs.shape == rollout_log_probs.shape == response_mask.shape):
+        raise MetricsInputError(f"rollout probs diff: shapes differ: old_log_probs {tuple(old_log_probs.shape)}, "
+                                f"rollout_log_probs {tuple(rollout_log_probs.shape)}, "
+                                f"response_mask {tuple(response_mask.shape)}")
+    mask = response_mask.bool()
+    if not mask.any():
+        return {}
+    actor = old_log_probs[mask].double().exp()
+    rollout = rollout_log_probs[mask].double().exp()
+    diff = (rollout - actor).abs()
+    corr = torch.corrcoef(torch.stack([rollout, actor]))[0, 1] if actor.numel() > 1 else torch.tensor(float("nan"))
+    return {
+        "training/rollout_probs_diff_max": diff.max().item(),
+        "training/rollout_probs_diff_mean": diff.mean().item(),
+        "training/rollout_probs_diff_std": diff.std(unbiased=False).item(),
+        "training/rollout_actor_probs_pearson_corr": corr.item(),
+    }

@@ -22,6 +22,7 @@ from hybridrl.trainer import checkpoint
 from hybridrl.trainer.balance import balance_batch
 from hybridrl.trainer.metrics import (
     compute_data_metrics,
+    compute_rollout_probs_diff_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
     marked_timer,
@@ -221,6 +222,11 @@ class PPOTrainer:
                 with marked_timer("update_actor", timing_raw):
                     actor_output = self.actor_rollout_wg.update_actor(batch)
                 metrics.update(reduce_metrics(actor_output.meta_info["metrics"]))
+                if actor_output.batch is not None:  # on policy: the update's own log-probs were the old ones
+                    batch.batch["old_log_probs"] = actor_output.batch["old_log_probs"]
+            if "rollout_log_probs" in batch.batch.keys() and "old_log_probs" in batch.batch.keys():
+                metrics.update(compute_rollout_probs_diff_metrics(
+                    batch.batch["old_log_probs"], batch.batch["rollout_log_probs"], batch.batch["response_mask"]))
 
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
         dump_rollouts(cfg.trainer, batch, self.tokenizer, self.global_steps, reward_extra_info)

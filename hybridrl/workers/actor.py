@@ -147,7 +147,9 @@ class PPOActor:
         Without ``old_log_probs`` in ``data`` (the driver skipped that pass, see
         ``ppo_trainer.reuses_update_log_probs``) the update is on policy: the old log-probs are
         the update's own, detached (the ratio is exactly 1), and ``actor/entropy`` is reported.
-        Returns metrics as lists (one entry per micro batch or per optimizer step).
+        Returns ``(metrics, log_probs)``: metrics as lists (one entry per micro batch or per
+        optimizer step); for an on-policy batch (no ``old_log_probs``) the update's own detached
+        log-probs ``(bs, response_length)`` in the rows' order (the old log-probs it used), else None.
 
         Raises:
             AlgorithmConfigError: ``old_log_probs`` is missing but the batch makes more than one
@@ -169,24 +171,28 @@ class PPOActor:
                 f"actor update: the batch has no old_log_probs but makes {cfg.ppo_epochs * len(mini_batches)} "
                 "optimizer steps; only a single-step (on-policy) update can use its own log-probs; "
                 "compute old_log_probs first or set ppo_epochs=1 and ppo_mini_batch_size=data.train_batch_size")
+        log_probs = None
         for _ in range(cfg.ppo_epochs):
             for mini_batch in mini_batches:
-                self._update_mini_batch(mini_batch, data.meta_info["temperature"], metrics, options, on_policy)
+                log_probs = self._update_mini_batch(mini_batch, data.meta_info["temperature"], metrics, options,
+                                                    on_policy)
         self.actor_optimizer.zero_grad(set_to_none=True)
-        return dict(metrics)
+        return dict(metrics), log_probs
 
     def _update_mini_batch(self, mini_batch: DataProto, temperature: float, metrics,
-                           options: ForwardOptions, on_policy: bool = False) -> None:
+                           options: ForwardOptions, on_policy: bool = False) -> torch.Tensor | None:
+        """One optimizer step; returns the detached log-probs of an on-policy mini batch, else None."""
         cfg = self.config
         norm = loss_normalizers(mini_batch.batch["response_mask"])
         self.actor_optimizer.zero_grad(set_to_none=True)
         # Micro losses are already scaled by the mini-batch size: their sums are the mini-batch
         # values, however the rows fall into micro batches (fixed row counts or token budgets).
         loss_sums: dict[str, float] = defaultdict(float)
-        micros, _ = split_micro_batches(
+        micros, order = split_micro_batches(
             mini_batch, cfg.ppo_micro_batch_size_per_gpu, bool(cfg.get("use_dynamic_bsz", False)),
             cfg.get("ppo_max_token_len_per_gpu"), key="actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
         full_kl = cfg.use_kl_loss and cfg.kl_loss_type == FULL_KL
+        own_log_probs = []
         for micro in micros:
             mb = micro.batch
             response_mask = mb["response_mask"]
@@ -195,6 +201,7 @@ class PPOActor:
                                    entropy_grad=cfg.entropy_coeff != 0)
             log_prob = out.log_probs
             if on_policy:  # the metric the skipped old-log-prob pass would have given
+                own_log_probs.append(log_prob.detach())
                 loss_sums["actor/entropy"] += agg_loss(out.entropy.detach(), response_mask, cfg.loss_agg_mode,
                                                        **norm).item()
             pg_loss, pg_metrics = self.policy_loss_fn(
@@ -222,6 +229,7 @@ class PPOActor:
         if cfg.use_kl_loss:
             metrics["actor/kl_coef"].append(cfg.kl_loss_coef)
         metrics["actor/grad_norm"].append(self._optimizer_step())
+        return restore_order(torch.cat(own_log_probs), order) if on_policy else None
 
     def _kl_to_reference(self, micro: DataProto, out: ResponseOutput, temperature: float,
                          options: ForwardOptions) -> torch.Tensor:

@@ -187,17 +187,21 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_actor(self, data: DataProto) -> DataProto:
-        """One PPO update on the batch; the rollout engine gets the new weights after it."""
+        """One PPO update on the batch; the rollout engine gets the new weights after it.
+
+        Returns the metrics in ``meta_info``; for an on-policy batch (no ``old_log_probs``: the
+        pass was skipped) also ``old_log_probs`` ``(bs, response_length)``, the update's own."""
         data = data.to(self.device)
         data.meta_info["temperature"] = float(self.config.rollout.temperature)
         data.meta_info["use_remove_padding"] = bool(self.config.model.get("use_remove_padding", False))
         offload = self.config.actor.fsdp_config.get("optimizer_offload", False)
         with optimizer_on_device(self.actor_optimizer, self.device, offload):
-            metrics = self.actor.update_policy(data)
+            metrics, own_log_probs = self.actor.update_policy(data)
         metrics["actor/lr"] = [self.actor_lr_scheduler.get_last_lr()[0]]
         self.actor_lr_scheduler.step()
         self.rollout.sync_weights(self.actor.actor_module)
-        return DataProto(meta_info={"metrics": metrics})
+        tensors = {"old_log_probs": own_log_probs.cpu()} if own_log_probs is not None else None
+        return DataProto.from_dict(tensors=tensors, meta_info={"metrics": metrics})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path: str, global_step: int) -> None:

@@ -117,7 +117,7 @@ def test_validation_may_be_greedy_but_not_negative(base_cfg):
 
 # ---------------------------------------------------------------- rollout engines
 
-@pytest.mark.parametrize("name, display", [("vllm", "vLLM"), ("sglang", "SGLang"), ("sglang_async", "SGLang")])
+@pytest.mark.parametrize("name, display", [("sglang", "SGLang"), ("sglang_async", "SGLang")])
 def test_optional_engine_note_even_when_the_package_is_installed(base_cfg, monkeypatch, name, display):
     monkeypatch.setitem(sys.modules, display.lower(), types.ModuleType(display.lower()))  # "installed"
     notes = validate_ppo_config(with_keys(base_cfg, {f"{R}.name": name}))
@@ -132,9 +132,10 @@ def test_get_rollout_cls_falls_back_for_every_optional_engine(monkeypatch):
         assert get_rollout_cls(name) is ROLLOUT_REGISTRY["hf"]
     with pytest.raises(ValueError, match="rollout.name='vllmm' is not a known rollout engine"):
         get_rollout_cls("vllmm")
-    engine = type("FakeVLLM", (), {})
-    monkeypatch.setitem(ROLLOUT_REGISTRY, "vllm", engine)  # a registered engine wins over the fallback
-    assert get_rollout_cls("vllm") is engine
+    engine = type("FakeSGLang", (), {})
+    monkeypatch.setitem(ROLLOUT_REGISTRY, "sglang", engine)  # a registered engine wins over the fallback
+    assert get_rollout_cls("sglang") is engine
+    assert get_rollout_cls("vllm").__name__ == "VLLMRollout"  # never a silent fallback to HF
 
 
 def test_registered_engine_gets_no_note(base_cfg, monkeypatch):
@@ -191,7 +192,6 @@ def test_no_key_is_both_ignored_and_refused():
 
 @pytest.mark.parametrize("key, value, reason", [
     (f"{R}.mode", "async", "generation runs synchronously"),
-    (f"{R}.calculate_log_probs", True, "old_log_probs come from the actor"),
     ("trainer.max_critic_ckpt_to_keep", 2, "trainer.max_actor_ckpt_to_keep governs both"),
     ("trainer.del_local_ckpt_after_load", True, "the loaded checkpoint is kept"),
     ("reward_model.launch_reward_fn_async", True, "same results"),

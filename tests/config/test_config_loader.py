@@ -160,10 +160,16 @@ def test_verl_grpo_command_line_loads_and_validates():
     assert cfg.critic.model.tokenizer_path == "Qwen/Qwen2-7B-Instruct"
     assert cfg.trainer.default_local_dir == "checkpoints/verl_grpo_example_gsm8k/qwen2_7b_function_rm"
 
+    # vLLM with tensor parallelism inside the colocated engine is refused at start-up
+    with pytest.raises(ConfigError, match=r"rollout.tensor_model_parallel_size=2 with actor_rollout_ref.rollout.name=vllm"):
+        validate_ppo_config(cfg, world_size=8)
+    cfg.actor_rollout_ref.rollout.tensor_model_parallel_size = 1
     notes = validate_ppo_config(cfg, world_size=8)
     text = "\n".join(notes)
-    assert "actor_rollout_ref.rollout.tensor_model_parallel_size=2 is ignored" in text
-    assert "actor_rollout_ref.rollout.gpu_memory_utilization=0.6 is ignored" in text
+    assert "gpu_memory_utilization" not in text  # vLLM reads it
+    cfg.actor_rollout_ref.rollout.name = "hf"
+    hf_text = "\n".join(validate_ppo_config(cfg, world_size=8))
+    assert "actor_rollout_ref.rollout.gpu_memory_utilization=0.6 is ignored" in hf_text
     assert "fsdp_config" not in text  # 8 workers: FSDP keys mean something
     single = "\n".join(validate_ppo_config(cfg, world_size=1))
     assert "actor_rollout_ref.ref.fsdp_config.param_offload=True is ignored" in single

@@ -71,7 +71,7 @@ def _ppo_batch(model, make_batch, seed=0):
 def _run_update(base_model, batch, config):
     module = copy.deepcopy(base_model)
     actor = PPOActor(config, module, torch.optim.SGD(module.parameters(), lr=1.0))
-    metrics = actor.update_policy(DataProto.from_dict(tensors=batch, meta_info={"temperature": 1.0}))
+    metrics, _ = actor.update_policy(DataProto.from_dict(tensors=batch, meta_info={"temperature": 1.0}))
     return module, metrics
 
 
@@ -209,12 +209,14 @@ def test_on_policy_update_without_old_log_probs_equals_recomputed(base_model, ma
     with_old = dict(b, old_log_probs=old)
     without_old = {k: v for k, v in b.items() if k != "old_log_probs"}
     module_a, module_b = copy.deepcopy(base_model), copy.deepcopy(base_model)
-    m_a = PPOActor(cfg, module_a, torch.optim.SGD(module_a.parameters(), lr=1.0)).update_policy(
+    m_a, none = PPOActor(cfg, module_a, torch.optim.SGD(module_a.parameters(), lr=1.0)).update_policy(
         DataProto.from_dict(tensors=with_old, meta_info=meta))
-    m_b = PPOActor(cfg, module_b, torch.optim.SGD(module_b.parameters(), lr=1.0)).update_policy(
+    m_b, own = PPOActor(cfg, module_b, torch.optim.SGD(module_b.parameters(), lr=1.0)).update_policy(
         DataProto.from_dict(tensors=without_old, meta_info=meta))
 
     _assert_same_params(module_b, module_a)
+    assert none is None  # the batch had old_log_probs: nothing to hand back
+    torch.testing.assert_close(own, old, rtol=1e-5, atol=1e-5)  # the update's log-probs are the old ones, rows in order
     assert sum(m_b["actor/pg_loss"]) == pytest.approx(sum(m_a["actor/pg_loss"]), rel=1e-5, abs=1e-6)
     assert max(m_b["actor/ppo_kl"]) == 0.0 and max(m_b["actor/pg_clipfrac"]) == 0.0  # ratio exactly 1
     mask = b["response_mask"].float()

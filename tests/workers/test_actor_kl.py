@@ -56,7 +56,7 @@ def test_full_kl_loss_gradient_equals_exact_kl_by_hand(models, make_batch):
     b = _batch(make_batch, actor_model)
     module = copy.deepcopy(actor_model)
     actor = PPOActor(_config("full"), module, torch.optim.SGD(module.parameters(), lr=1.0), ref_module=ref_model)
-    metrics = actor.update_policy(DataProto.from_dict(tensors=dict(b), meta_info={"temperature": 1.0}))
+    metrics, _ = actor.update_policy(DataProto.from_dict(tensors=dict(b), meta_info={"temperature": 1.0}))
 
     hand = copy.deepcopy(actor_model)
     p_logits, q_logits = _response_logits(hand, b), _response_logits(ref_model, b)

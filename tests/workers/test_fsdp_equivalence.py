@@ -27,8 +27,10 @@ RESPONSE_LENS = [5, 2, 4, 1, 3, 5, 1, 2]   # uneven: the two ranks hold differen
 
 @pytest.fixture(scope="module")
 def actor_config(tiny_model_dir):
-    # 4 prompts x 2 responses, one mini batch of 8 rows; micro batches of 2 rows per worker.
+    # 4 prompts x 2 responses, one mini batch of 8 rows; micro batches of 2 rows per worker;
+    # fp32 compute (exact comparisons), whatever auto would pick on this CPU.
     cfg = load_config([f"actor_rollout_ref.model.path={tiny_model_dir}", "data.train_batch_size=4",
+                       f"{A}.fsdp_config.mixed_precision.param_dtype=fp32",
                        f"{A}.ppo_mini_batch_size=4", f"{A}.ppo_micro_batch_size_per_gpu=2", f"{A}.optim.lr=1e-2",
                        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2"])
     return cfg.actor_rollout_ref

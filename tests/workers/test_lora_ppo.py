@@ -29,7 +29,8 @@ def _overrides(tiny_model_dir, lora_rank=RANK):
             "data.train_batch_size=4", f"{A}.ppo_mini_batch_size=4", f"{A}.ppo_micro_batch_size_per_gpu=2",
             f"{A}.optim.lr=5e-2", f"{A}.use_kl_loss=true", "actor_rollout_ref.rollout.n=2",
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
-            "actor_rollout_ref.rollout.response_length=5"]
+            "actor_rollout_ref.rollout.response_length=5",
+            f"{A}.fsdp_config.mixed_precision.param_dtype=fp32"]  # exact comparisons on every CPU
 
 
 @pytest.fixture(scope="module")

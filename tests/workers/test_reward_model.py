@@ -83,7 +83,8 @@ def policy_batch(tokenizer, prompt_length=96, response_length=12) -> DataProto:
 
 
 def rm_config(path, input_tokenizer=None, micro=2, **extra):
-    cfg = load_config([f"reward_model.model.path={path}", f"reward_model.micro_batch_size_per_gpu={micro}"])
+    cfg = load_config([f"reward_model.model.path={path}", f"reward_model.micro_batch_size_per_gpu={micro}",
+                       "reward_model.model.fsdp_config.mixed_precision.param_dtype=fp32"])  # exact on every CPU
     rm = cfg.reward_model
     rm.model.input_tokenizer = input_tokenizer
     for key, value in extra.items():

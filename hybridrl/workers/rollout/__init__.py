@@ -1,6 +1,8 @@
 """Rollout engines. Importing the package registers the built-in ones."""
 
 from hybridrl.workers.rollout import hf  # noqa: F401  (registers "hf")
-from hybridrl.workers.rollout.base import ROLLOUT_REGISTRY, BaseRollout, get_rollout_cls, register_rollout
+from hybridrl.workers.rollout import vllm  # noqa: F401  (registers "vllm"; vLLM itself is imported when the engine is built)
+from hybridrl.workers.rollout.base import (ROLLOUT_REGISTRY, BaseRollout, RolloutEngineError, get_rollout_cls,
+                                           register_rollout)
 
-__all__ = ["ROLLOUT_REGISTRY", "BaseRollout", "get_rollout_cls", "register_rollout"]
+__all__ = ["ROLLOUT_REGISTRY", "BaseRollout", "RolloutEngineError", "get_rollout_cls", "register_rollout"]

@@ -16,6 +16,11 @@ from hybridrl.protocol import DataProto
 ROLLOUT_REGISTRY: dict[str, type["BaseRollout"]] = {}
 
 
+class RolloutEngineError(RuntimeError):
+    """An engine cannot run with this config or install (missing package, unsupported model or
+    setting, a prompt longer than the engine allows): printed as one line."""
+
+
 def register_rollout(name: str):
     def decorator(cls):
         ROLLOUT_REGISTRY[name] = cls
@@ -27,7 +32,7 @@ def register_rollout(name: str):
 def get_rollout_cls(name: str) -> type["BaseRollout"]:
     """Engine class for ``actor_rollout_ref.rollout.name``.
 
-    A name in ``hybridrl.config.schema.OPTIONAL_ENGINES`` (vllm, sglang, sglang_async) with no
+    A name in ``hybridrl.config.schema.OPTIONAL_ENGINES`` (sglang, sglang_async) with no
     engine registered under it falls back to the HF engine; the config check notes it once at
     start-up.
 

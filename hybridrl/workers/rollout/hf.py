@@ -10,7 +10,7 @@ from hybridrl.models import to_torch_dtype
 from hybridrl.protocol import DataProto
 from hybridrl.workers.rollout.base import BaseRollout, get_response_mask, register_rollout
 from hybridrl.models.attention import ATTENTION_NAME, use_hybridrl_attention
-from hybridrl.workers.rollout.decoding import InverseCDFSampler
+from hybridrl.workers.rollout.decoding import InverseCDFSampler, SampledLogProbRecorder
 
 @register_rollout("hf")
 class HFRollout(BaseRollout):
@@ -71,16 +71,19 @@ class HFRollout(BaseRollout):
             raise RuntimeError(f"rollout sync: the rollout model has no {result.unexpected_keys[:3]}; it must be "
                                "a plain copy of the LoRA actor's base model")
 
-    def _generation_config(self, meta_info: dict, **fields) -> tuple:
-        """``(GenerationConfig, extra generate() kwargs)`` for ``meta_info``'s sampling: with
-        fast decoding, greedy selection over :class:`InverseCDFSampler`'s one-hot scores."""
-        from transformers import GenerationConfig, LogitsProcessorList
+    def _generation_config(self, sampling: dict, **fields) -> tuple:
+        """``(GenerationConfig, processor)`` for one ``generate`` call with ``sampling``
+        (:meth:`_sampling_kwargs`). The processor records the generated tokens' log-probs: with
+        fast decoding and sampling it is :class:`InverseCDFSampler` itself (under greedy
+        selection), else a :class:`SampledLogProbRecorder` beside transformers' own sampling."""
+        from transformers import GenerationConfig
 
-        sampling = self._sampling_kwargs(meta_info)
-        if not (self.fast_decoding and sampling["do_sample"]):
-            return GenerationConfig(**fields, **sampling), {}
-        sampler = InverseCDFSampler(sampling["temperature"], sampling["top_k"], sampling["top_p"])
-        return GenerationConfig(**fields, do_sample=False), {"logits_processor": LogitsProcessorList([sampler])}
+        if not sampling["do_sample"]:
+            return GenerationConfig(**fields, do_sample=False), SampledLogProbRecorder()
+        knobs = (sampling["temperature"], sampling["top_k"], sampling["top_p"])
+        if self.fast_decoding:
+            return GenerationConfig(**fields, do_sample=False), InverseCDFSampler(*knobs)
+        return GenerationConfig(**fields, **sampling), SampledLogProbRecorder(*knobs)
 
     def _sampling_kwargs(self, meta_info: dict) -> dict:
         cfg = self.config
@@ -102,14 +105,13 @@ class HFRollout(BaseRollout):
         self.module.eval()  # the module may be the actor itself, left in train mode by an update
         response_length = int(prompts.meta_info.get("response_length", self.config.response_length))
         stop_ids = [] if self.config.get("ignore_eos", False) else self.eos_token_ids
-        gen_config, extra = self._generation_config(
-            prompts.meta_info, max_new_tokens=response_length, eos_token_id=stop_ids or None,
-            pad_token_id=self.pad_token_id, use_cache=True)
+        sampling = self._sampling_kwargs(prompts.meta_info)
+        fields = dict(max_new_tokens=response_length, eos_token_id=stop_ids or None, pad_token_id=self.pad_token_id,
+                      use_cache=True)
         chunk = self.config.get("micro_batch_size") or len(prompts)
-        responses = torch.cat([
-            self._generate(part.batch["input_ids"], part.batch["attention_mask"], gen_config, response_length, **extra)
-            for part in prompts.split(chunk)
-        ])
+        parts = [self._generate(part.batch["input_ids"], part.batch["attention_mask"], sampling, fields, response_length)
+                 for part in prompts.split(chunk)]
+        responses = torch.cat([r for r, _ in parts])
         if stop_ids:
             response_mask = get_response_mask(responses, stop_ids)
             responses = torch.where(response_mask.bool(), responses, torch.full_like(responses, self.pad_token_id))
@@ -126,6 +128,8 @@ class HFRollout(BaseRollout):
             "position_ids": (torch.cumsum(full_mask, dim=1) - 1).clamp(min=0),
             "response_mask": response_mask,
         }
+        if self.config.get("calculate_log_probs", True):
+            batch["rollout_log_probs"] = torch.cat([lp for _, lp in parts]) * response_mask
         return DataProto.from_dict(tensors=batch, meta_info=dict(prompts.meta_info))
 
     @torch.no_grad()
@@ -145,34 +149,42 @@ class HFRollout(BaseRollout):
             that completes a stop string, whichever comes first; never padding.
         """
         self.module.eval()
-        gen_config, extra = self._generation_config(
-            sampling_kwargs or {}, max_new_tokens=int(max_new_tokens), eos_token_id=self.eos_token_ids,
-            pad_token_id=self.pad_token_id, use_cache=True, stop_strings=list(stop_strings) if stop_strings else None)
+        sampling = self._sampling_kwargs(sampling_kwargs or {})
+        fields = dict(max_new_tokens=int(max_new_tokens), eos_token_id=self.eos_token_ids, pad_token_id=self.pad_token_id,
+                      use_cache=True, stop_strings=list(stop_strings) if stop_strings else None)
         width = max(len(ids) for ids in prompt_ids)
         input_ids = torch.tensor([[self.pad_token_id] * (width - len(ids)) + list(ids) for ids in prompt_ids])
         attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompt_ids])
-        if stop_strings:
-            extra["tokenizer"] = self.tokenizer
+        extra = {"tokenizer": self.tokenizer} if stop_strings else {}
         chunk = self.config.get("micro_batch_size") or len(prompt_ids)
         out = []
         for start in range(0, len(prompt_ids), chunk):
             rows = slice(start, start + chunk)
-            new = self._generate(input_ids[rows], attention_mask[rows], gen_config, int(max_new_tokens), **extra)
+            new, _ = self._generate(input_ids[rows], attention_mask[rows], sampling, fields, int(max_new_tokens), **extra)
             out.extend(_trim_new_ids(ids, self.eos_token_ids, stop_strings, self.tokenizer) for ids in new.tolist())
         return out
 
-    def _generate(self, input_ids, attention_mask, gen_config, response_length: int, **generate_kwargs) -> torch.Tensor:
-        """``(bs, response_length)`` generated ids, right-padded with the pad token."""
+    def _generate(self, input_ids, attention_mask, sampling: dict, fields: dict, response_length: int,
+                  **generate_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(responses, log_probs)``, each ``(bs, response_length)``: the generated ids right-padded
+        with the pad token, and their fp32 log-probs under the sampling distribution (0 after the
+        last generated position)."""
+        from transformers import LogitsProcessorList
+
+        gen_config, processor = self._generation_config(sampling, **fields)
         device = next(self.module.parameters()).device
         output = self.module.generate(
             input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), generation_config=gen_config,
-            **generate_kwargs,
+            logits_processor=LogitsProcessorList([processor]), **generate_kwargs,
         ).cpu()
         responses = output[:, input_ids.shape[1]:]
+        if isinstance(processor, SampledLogProbRecorder):
+            processor.finish(responses)
+        log_probs = processor.log_probs(response_length, responses.shape[0])
         if responses.shape[1] < response_length:  # every sequence stopped early: pad to a fixed width
             pad = responses.new_full((responses.shape[0], response_length - responses.shape[1]), self.pad_token_id)
             responses = torch.cat([responses, pad], dim=1)
-        return responses
+        return responses, log_probs
 
 
 def _trim_new_ids(ids: list[int], eos_ids: list[int], stop_strings, tokenizer) -> list[int]:

