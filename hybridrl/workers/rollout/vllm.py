@@ -130,10 +130,14 @@ class VLLMRollout(BaseRollout):
         return {**kwargs, **extra}
 
     def _build_engine(self, vllm, load_format: str):
+        """The engine, checked by generating one token: a model the platform's kernels cannot run
+        (e.g. head_dim 16 on CPU) fails here, at start-up, not in the first step."""
         set_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op: put it back
         try:
-            with torch_threads(None):
-                return vllm.LLM(**self._engine_kwargs(load_format))
+            llm = vllm.LLM(**self._engine_kwargs(load_format))
+            llm.generate([{"prompt_token_ids": [self.eos_token_ids[0]]}], vllm.SamplingParams(max_tokens=1),
+                         use_tqdm=False)
+            return llm
         except (ValueError, RuntimeError, TypeError, NotImplementedError) as exc:
             from transformers import AutoConfig
 
