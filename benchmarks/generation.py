@@ -12,10 +12,13 @@ for each mode:
 - ``return_sequences``: the ``prompts`` rows once, ``num_return_sequences=n``;
 - ``continuous``: ``generate_batch`` (continuous batching with a paged KV cache);
 - ``fast``: ``dynamic`` with hybridrl's ``rollout.fast_decoding`` (``hybridrl.models.attention``
-  and the sampler of ``hybridrl.workers.rollout.decoding``), the trainer's default.
+  and the sampler of ``hybridrl.workers.rollout.decoding``), the HF engine's default;
+- ``vllm``: hybridrl's vLLM engine (``rollout.name=vllm``, in-process, eager), with
+  ``--vllm_threads`` torch threads while it generates (needs the ``vllm`` extra).
 
     python benchmarks/generation.py                          # all modes, batch 64, 256 tokens
     python benchmarks/generation.py --modes dynamic static --repeats 3
+    python benchmarks/generation.py --modes fast vllm --dtype float32 --prompts 8 --n 4 --new_tokens 128
 """
 
 from __future__ import annotations
@@ -35,7 +38,27 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import cpu_seconds, gsm8k_prompt_ids, load_smollm2  # noqa: E402
 
-MODES = ("dynamic", "fast", "static", "static_compile", "return_sequences", "continuous")
+MODES = ("dynamic", "fast", "static", "static_compile", "return_sequences", "continuous", "vllm")
+_VLLM: dict = {}  # the one vLLM engine of this process (vLLM keeps its state in module globals)
+
+
+def vllm_tokens(model, tokenizer, rows: list[list[int]], new_tokens: int, threads: int | None) -> int:
+    """Generates with hybridrl's VLLMRollout (built once); returns the number of new tokens."""
+    from omegaconf import OmegaConf
+
+    from hybridrl.protocol import DataProto
+    from hybridrl.workers.rollout.vllm import VLLMRollout
+
+    if "engine" not in _VLLM:
+        dtype = "bf16" if next(model.parameters()).dtype == torch.bfloat16 else "fp32"
+        cfg = OmegaConf.create({"dtype": dtype, "prompt_length": 512, "response_length": 1024,
+                                "ignore_eos": True, "cpu_threads": threads, "max_num_seqs": 1024})
+        _VLLM["engine"] = VLLMRollout(model, cfg, tokenizer, model.generation_config)
+    engine = _VLLM["engine"]
+    ids, mask = left_pad(rows, tokenizer.pad_token_id)
+    prompts = DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": mask.cumsum(1) - 1},
+                                  meta_info={"response_length": new_tokens, "temperature": 1.0, "top_k": -1, "top_p": 1.0})
+    return int(engine.generate_sequences(prompts).batch["response_mask"].sum())
 
 
 def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,10 +68,14 @@ def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     return ids, mask
 
 
-def run_mode(mode: str, model, prompt_rows: list[list[int]], n: int, new_tokens: int, pad_id: int) -> int:
+def run_mode(mode: str, model, prompt_rows: list[list[int]], n: int, new_tokens: int, tokenizer,
+             vllm_threads: int | None = None) -> int:
     """Generates once in ``mode``; returns the number of new tokens produced."""
     from transformers import CompileConfig, GenerationConfig
 
+    pad_id = tokenizer.pad_token_id
+    if mode == "vllm":
+        return vllm_tokens(model, tokenizer, [r for r in prompt_rows for _ in range(n)], new_tokens, vllm_threads)
     sampling = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=new_tokens,
                     min_new_tokens=new_tokens, eos_token_id=None, pad_token_id=pad_id)
     rows = [r for r in prompt_rows for _ in range(n)]
@@ -99,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per mode after one warm-up run")
     parser.add_argument("--warmup_tokens", type=int, default=16, help="new tokens of the untimed warm-up run")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--vllm_threads", type=int, default=None, help="vllm mode: torch threads while generating")
     args = parser.parse_args(argv)
 
     model, tokenizer = load_smollm2(getattr(torch, args.dtype))
@@ -109,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     for mode in args.modes:
         torch.manual_seed(0)
         try:  # warm-up: compilation, allocator, first-call overheads
-            run_mode(mode, model, prompt_rows, args.n, args.warmup_tokens, tokenizer.pad_token_id)
+            run_mode(mode, model, prompt_rows, args.n, args.warmup_tokens, tokenizer, args.vllm_threads)
         except Exception as exc:  # noqa: BLE001 - a mode this device cannot run is reported, not fatal
             print(f"{mode:<18}failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}", flush=True)
             continue
@@ -117,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.repeats):
             wall0, cpu0 = time.perf_counter(), cpu_seconds()
             with torch.no_grad():
-                tokens = run_mode(mode, model, prompt_rows, args.n, args.new_tokens, tokenizer.pad_token_id)
+                tokens = run_mode(mode, model, prompt_rows, args.n, args.new_tokens, tokenizer, args.vllm_threads)
             walls.append(time.perf_counter() - wall0)
             cpus.append(cpu_seconds() - cpu0)
         wall, cpu = statistics.median(walls), statistics.median(cpus)

@@ -173,7 +173,7 @@ def validate_ppo_config(config, world_size: int = 1) -> list[str]:
     _check_not_yet_supported(config)
     _check_lora(config)
     _check_reward_model(config)
-    _check_rollout_engine(config)
+    _check_rollout_engine(config, world_size)
     _check_multi_turn(config)
     _check_batch_sizes(config, world_size)
     return ignored_key_notes(config, world_size)
@@ -290,8 +290,13 @@ def _check_lora(config) -> None:
                               "or set lora_rank=0") from None
 
 
-def _check_rollout_engine(config) -> None:
+def _check_rollout_engine(config, world_size: int) -> None:
     """Settings the chosen engine cannot run, refused before any model loads."""
+    if _get(config, f"{ROLLOUT}.name") == "vllm" and world_size > 1:
+        raise ConfigError(
+            f"{ROLLOUT}.name=vllm with {world_size} workers: one vLLM engine per rank is not in this build yet "
+            "(the in-process engine would start its own process group beside the trainer's); "
+            "use rollout.name=hf with several workers, or one worker (trainer.n_gpus_per_node=1, trainer.nnodes=1)")
     tp = _get(config, f"{ROLLOUT}.tensor_model_parallel_size", 1)
     if _get(config, f"{ROLLOUT}.name") == "vllm" and isinstance(tp, int) and tp > 1:
         raise ConfigError(

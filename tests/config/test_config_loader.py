@@ -162,15 +162,19 @@ def test_verl_grpo_command_line_loads_and_validates():
 
     # vLLM with tensor parallelism inside the colocated engine is refused at start-up
     with pytest.raises(ConfigError, match=r"rollout.tensor_model_parallel_size=2 with actor_rollout_ref.rollout.name=vllm"):
-        validate_ppo_config(cfg, world_size=8)
+        validate_ppo_config(cfg, world_size=1)
     cfg.actor_rollout_ref.rollout.tensor_model_parallel_size = 1
-    notes = validate_ppo_config(cfg, world_size=8)
+    with pytest.raises(ConfigError, match=r"rollout.name=vllm with 8 workers: one vLLM engine per rank is not in this build"):
+        validate_ppo_config(cfg, world_size=8)
+    notes = validate_ppo_config(cfg, world_size=1)
     text = "\n".join(notes)
     assert "gpu_memory_utilization" not in text  # vLLM reads it
     cfg.actor_rollout_ref.rollout.name = "hf"
+    cfg.actor_rollout_ref.rollout.tensor_model_parallel_size = 2
     hf_text = "\n".join(validate_ppo_config(cfg, world_size=8))
+    assert "actor_rollout_ref.rollout.tensor_model_parallel_size=2 is ignored" in hf_text
     assert "actor_rollout_ref.rollout.gpu_memory_utilization=0.6 is ignored" in hf_text
-    assert "fsdp_config" not in text  # 8 workers: FSDP keys mean something
+    assert "fsdp_config" not in hf_text  # 8 workers: FSDP keys mean something
     single = "\n".join(validate_ppo_config(cfg, world_size=1))
     assert "actor_rollout_ref.ref.fsdp_config.param_offload=True is ignored" in single
 

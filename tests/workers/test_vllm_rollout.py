@@ -239,3 +239,23 @@ def _length_reward(tmp_path):
     path.write_text("def length_reward(data_source, solution_str, ground_truth, extra_info=None):\n"
                     "    return (len(solution_str) % 7) / 7.0\n")
     return path
+
+
+@pytest.mark.slow
+def test_hybridrl_generate_with_vllm_samples_n_responses(gsm8k_parquet, model_dir, tmp_path):
+    import pandas as pd
+
+    from hybridrl.config import load_config
+    from hybridrl.trainer.main_generation import run_generation
+
+    prompts = tmp_path / "prompts.parquet"
+    pd.read_parquet(gsm8k_parquet / "test.parquet").head(3).to_parquet(prompts, index=False)
+    out = tmp_path / "out.parquet"
+    cfg = load_config([f"data.path={prompts}", f"data.output_path={out}", f"model.path={model_dir}",
+                       "data.n_samples=2", "data.batch_size=3", "rollout.response_length=6", "rollout.prompt_length=256",
+                       "rollout.dtype=float32", "rollout.name=vllm", "rollout.kv_cache_memory_gb=0.05",
+                       "trainer.device=cpu"], config_name="generation")
+    assert run_generation(cfg) == str(out)
+    responses = pd.read_parquet(out)["responses"].tolist()
+    assert len(responses) == 3 and all(len(r) == 2 for r in responses)
+    assert any(r[0] != r[1] for r in responses)  # n samples per prompt, not copies

