@@ -67,6 +67,36 @@ def torch_threads(n: int | None):
             torch.set_num_threads(before)
 
 
+@contextlib.contextmanager
+def _hidden_unscannable_globals():
+    """Hides module globals whose ``vars()`` has no ``get`` while vLLM starts an engine.
+
+    vLLM 0.32 installs its kernel overrides by scanning every loaded module and calling
+    ``vars(value).get(...)`` on each global; llvmlite's ``ffi.lib`` (loaded with numba, e.g. by
+    bm25s) answers ``__dict__`` through ``__getattr__`` and the engine fails to start. The
+    globals are put back right after."""
+    import sys
+
+    hidden = []
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for attr, value in list(namespace.items()):
+            try:
+                ok = not hasattr(value, "__dict__") or hasattr(vars(value), "get")
+            except TypeError:
+                ok = True
+            if not ok:
+                hidden.append((namespace, attr, value))
+                del namespace[attr]
+    try:
+        yield
+    finally:
+        for namespace, attr, value in hidden:
+            namespace[attr] = value
+
+
 @register_rollout("vllm")
 class VLLMRollout(BaseRollout):
     """vLLM engine behind the :class:`BaseRollout` contract (details in docs/rollout.md).
@@ -136,7 +166,8 @@ class VLLMRollout(BaseRollout):
         (e.g. head_dim 16 on CPU) fails here, at start-up, not in the first step."""
         set_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op: put it back
         try:
-            llm = vllm.LLM(**self._engine_kwargs(load_format))
+            with _hidden_unscannable_globals():
+                llm = vllm.LLM(**self._engine_kwargs(load_format))
             llm.generate([{"prompt_token_ids": [self.eos_token_ids[0]]}], vllm.SamplingParams(max_tokens=1),
                          use_tqdm=False)
             return llm
