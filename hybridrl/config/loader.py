@@ -84,8 +84,7 @@ def load_config(overrides: list[str] | None = None, config_name: str = "ppo_trai
     if resolve_auto_dtypes:
         from hybridrl.models.precision import resolve_precision
 
-        trainer = cfg.get("trainer")
-        resolve_precision(cfg, str(trainer.get("device", "auto")) if trainer is not None else "auto")
+        resolve_precision(cfg)
     return cfg
 
 

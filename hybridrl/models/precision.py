@@ -104,7 +104,7 @@ def auto_dtype_keys(config, prefix: str = "") -> list[str]:
     return found
 
 
-def resolve_precision(config, device: str, flags: Iterable[str] | None = None,
+def resolve_precision(config, device: str | None = None, flags: Iterable[str] | None = None,
                       probe: Callable[[], bool] = bf16_matmul_is_fast) -> str | None:
     """Replaces every ``auto`` dtype in ``config`` (in place) by what the device computes fast.
 
@@ -113,7 +113,8 @@ def resolve_precision(config, device: str, flags: Iterable[str] | None = None,
 
     Args:
         config: a resolved DictConfig (``hybridrl.config.load_config``).
-        device: ``trainer.device``: ``cpu``, ``cuda`` or ``auto``.
+        device: ``cpu``, ``cuda`` or ``auto``; None: the config's ``trainer.device`` (``auto``
+            when it has none).
 
     Returns:
         One line saying what ``auto`` became and why, or None when no key was ``auto``.
@@ -123,6 +124,8 @@ def resolve_precision(config, device: str, flags: Iterable[str] | None = None,
     keys = auto_dtype_keys(config)
     if not keys:
         return None
+    if device is None:
+        device = str(OmegaConf.select(config, "trainer.device", default="auto"))
     dtype, reason = resolve_auto_dtype(device, flags, probe)
     with open_dict(config):
         for key in keys:

@@ -166,8 +166,7 @@ def resolve_auto_precision(config) -> None:
     :mod:`hybridrl.models.precision`), printed once; the run's saved config holds the choice."""
     from hybridrl.models.precision import resolve_precision
 
-    trainer = config.get("trainer")
-    line = resolve_precision(config, str(trainer.get("device", "auto")) if trainer is not None else "auto")
+    line = resolve_precision(config)
     if line:
         print(f"hybridrl: {line}", flush=True)
 

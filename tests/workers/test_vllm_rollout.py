@@ -122,14 +122,27 @@ def test_sampled_first_tokens_follow_the_top_k_softmax(engine, model, tokenizer)
     assert all(abs(g - expected[t]) < 1e-4 for t, g in zip(first.tolist(), got.tolist()))
 
 
-def test_ignore_eos_and_stop_tokens(engine, model, tokenizer):
-    eos = tokenizer.eos_token_id
-    engine.config.ignore_eos = True
+def test_stop_tokens_end_a_response_and_ignore_eos_overrides_them(engine, tokenizer):
+    """The random model rarely samples its real EOS: the first greedy token of the first prompt is
+    made the stop token, so each response must end at its first occurrence of it; with
+    ignore_eos the full length is generated."""
+    prompts = _prompts(tokenizer, TEXTS, do_sample=False)
+    free = engine.generate_sequences(prompts).batch["responses"]
+    stop = int(free[0, 0])
+    saved = engine.eos_token_ids
+    engine.eos_token_ids = [stop]
     try:
-        out = engine.generate_sequences(_prompts(tokenizer, TEXTS)).batch
+        stopped = engine.generate_sequences(prompts).batch
+        engine.config.ignore_eos = True
+        ignored = engine.generate_sequences(prompts).batch
     finally:
-        engine.config.ignore_eos = False
-    assert out["response_mask"].all()
+        engine.eos_token_ids, engine.config.ignore_eos = saved, False
+    for row, mask, out in zip(free.tolist(), stopped["response_mask"].tolist(), stopped["responses"].tolist()):
+        end = row.index(stop) + 1 if stop in row else R  # up to and including the stop token
+        assert mask == [1] * end + [0] * (R - end)
+        assert out == row[:end] + [tokenizer.pad_token_id] * (R - end)
+    assert stopped["response_mask"][0].tolist() == [1] + [0] * (R - 1)
+    assert ignored["response_mask"].all() and torch.equal(ignored["responses"], free)
 
 
 def test_sync_weights_changes_and_restores_greedy_output(engine, model, tokenizer):
@@ -168,10 +181,11 @@ def test_lora_actor_syncs_its_merged_weights(engine, model, tokenizer):
 
 
 def test_token_ids_in_token_ids_out(engine, tokenizer):
-    ids = [tokenizer("Hello there")["input_ids"], tokenizer("2 + 2 =")["input_ids"]]
-    out = engine.generate_token_ids(ids, max_new_tokens=6, sampling_kwargs={"do_sample": False})
-    assert len(out) == 2 and all(1 <= len(o) <= 6 for o in out)
-    assert all(t not in (tokenizer.pad_token_id,) or t == tokenizer.eos_token_id for o in out for t in o)
+    """Unpadded ids in, new ids out: greedily the same tokens generate_sequences gives, no padding."""
+    out = engine.generate_token_ids([tokenizer(t)["input_ids"] for t in TEXTS], max_new_tokens=R,
+                                    sampling_kwargs={"do_sample": False})
+    batch = engine.generate_sequences(_prompts(tokenizer, TEXTS, do_sample=False)).batch
+    assert out == [row[mask.bool()].tolist() for row, mask in zip(batch["responses"], batch["response_mask"])]
 
 
 def test_a_prompt_longer_than_max_model_len_is_one_line(engine, tokenizer):

@@ -10,7 +10,7 @@ import abc
 
 import torch
 
-from hybridrl.config.schema import OPTIONAL_ENGINES
+from hybridrl.config.key_tables import OPTIONAL_ENGINES
 from hybridrl.protocol import DataProto
 
 ROLLOUT_REGISTRY: dict[str, type["BaseRollout"]] = {}
@@ -32,7 +32,7 @@ def register_rollout(name: str):
 def get_rollout_cls(name: str) -> type["BaseRollout"]:
     """Engine class for ``actor_rollout_ref.rollout.name``.
 
-    A name in ``hybridrl.config.schema.OPTIONAL_ENGINES`` (sglang, sglang_async) with no
+    A name in ``hybridrl.config.key_tables.OPTIONAL_ENGINES`` (sglang, sglang_async) with no
     engine registered under it falls back to the HF engine; the config check notes it once at
     start-up.
 
@@ -95,6 +95,46 @@ class BaseRollout(abc.ABC):
 
     def sync_weights(self, actor_module: torch.nn.Module) -> None:
         """Bring the engine's weights up to date with the actor (see the class docstring)."""
+
+
+def resolve_sampling(meta_info: dict, config) -> dict:
+    """The sampling of one call: ``meta_info``'s overrides over the rollout config.
+
+    Returns ``{"do_sample": False}`` for greedy decoding (``do_sample`` false or temperature 0),
+    else ``do_sample``, ``temperature`` (> 0), ``top_p``, ``top_k`` (0: off)."""
+    do_sample = meta_info.get("do_sample", config.get("do_sample", True))
+    temperature = meta_info.get("temperature", config.get("temperature", 1.0))
+    if not do_sample or temperature == 0:
+        return {"do_sample": False}
+    top_k = meta_info.get("top_k", config.get("top_k", -1))
+    return {
+        "do_sample": True,
+        "temperature": float(temperature),
+        "top_p": float(meta_info.get("top_p", config.get("top_p", 1.0))),
+        "top_k": int(top_k) if top_k and top_k > 0 else 0,
+    }
+
+
+def rollout_output(prompts: DataProto, responses: torch.Tensor, response_mask: torch.Tensor,
+                   rollout_log_probs: torch.Tensor | None, pad_token_id: int) -> DataProto:
+    """The :class:`BaseRollout` output of an engine's ``(bs, R)`` responses and mask: responses
+    padded with ``pad_token_id`` where the mask is 0, the full ids / masks / positions, and
+    ``rollout_log_probs`` (zeroed outside the mask) unless it is None."""
+    input_ids = prompts.batch["input_ids"].cpu()
+    attention_mask = prompts.batch["attention_mask"].cpu()
+    responses = torch.where(response_mask.bool(), responses, torch.full_like(responses, pad_token_id))
+    full_mask = torch.cat([attention_mask, response_mask.to(attention_mask.dtype)], dim=1)
+    batch = {
+        "prompts": input_ids,
+        "responses": responses,
+        "input_ids": torch.cat([input_ids, responses], dim=1),
+        "attention_mask": full_mask,
+        "position_ids": (torch.cumsum(full_mask, dim=1) - 1).clamp(min=0),
+        "response_mask": response_mask,
+    }
+    if rollout_log_probs is not None:
+        batch["rollout_log_probs"] = rollout_log_probs * response_mask
+    return DataProto.from_dict(tensors=batch, meta_info=dict(prompts.meta_info))
 
 
 def get_response_mask(responses: torch.Tensor, eos_token_ids: list[int]) -> torch.Tensor:

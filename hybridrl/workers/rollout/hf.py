@@ -8,7 +8,8 @@ import torch
 
 from hybridrl.models import to_torch_dtype
 from hybridrl.protocol import DataProto
-from hybridrl.workers.rollout.base import BaseRollout, get_response_mask, register_rollout
+from hybridrl.workers.rollout.base import (BaseRollout, get_response_mask, register_rollout, resolve_sampling,
+                                           rollout_output)
 from hybridrl.models.attention import ATTENTION_NAME, use_hybridrl_attention
 from hybridrl.workers.rollout.decoding import InverseCDFSampler, SampledLogProbRecorder
 
@@ -73,7 +74,7 @@ class HFRollout(BaseRollout):
 
     def _generation_config(self, sampling: dict, **fields) -> tuple:
         """``(GenerationConfig, processor)`` for one ``generate`` call with ``sampling``
-        (:meth:`_sampling_kwargs`). The processor records the generated tokens' log-probs: with
+        (:func:`~hybridrl.workers.rollout.base.resolve_sampling`). The processor records the generated tokens' log-probs: with
         fast decoding and sampling it is :class:`InverseCDFSampler` itself (under greedy
         selection), else a :class:`SampledLogProbRecorder` beside transformers' own sampling."""
         from transformers import GenerationConfig
@@ -85,52 +86,22 @@ class HFRollout(BaseRollout):
             return GenerationConfig(**fields, do_sample=False), InverseCDFSampler(*knobs)
         return GenerationConfig(**fields, **sampling), SampledLogProbRecorder(*knobs)
 
-    def _sampling_kwargs(self, meta_info: dict) -> dict:
-        cfg = self.config
-        do_sample = meta_info.get("do_sample", cfg.get("do_sample", True))
-        temperature = meta_info.get("temperature", cfg.get("temperature", 1.0))
-        if not do_sample or temperature == 0:
-            return {"do_sample": False}
-        top_k = meta_info.get("top_k", cfg.get("top_k", -1))
-        return {
-            "do_sample": True,
-            "temperature": float(temperature),
-            "top_p": float(meta_info.get("top_p", cfg.get("top_p", 1.0))),
-            "top_k": int(top_k) if top_k and top_k > 0 else 0,
-        }
-
     @torch.no_grad()
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Generates in chunks of ``rollout.micro_batch_size`` prompts (bounds KV-cache memory)."""
         self.module.eval()  # the module may be the actor itself, left in train mode by an update
         response_length = int(prompts.meta_info.get("response_length", self.config.response_length))
         stop_ids = [] if self.config.get("ignore_eos", False) else self.eos_token_ids
-        sampling = self._sampling_kwargs(prompts.meta_info)
+        sampling = resolve_sampling(prompts.meta_info, self.config)
         fields = dict(max_new_tokens=response_length, eos_token_id=stop_ids or None, pad_token_id=self.pad_token_id,
                       use_cache=True)
         chunk = self.config.get("micro_batch_size") or len(prompts)
         parts = [self._generate(part.batch["input_ids"], part.batch["attention_mask"], sampling, fields, response_length)
                  for part in prompts.split(chunk)]
         responses = torch.cat([r for r, _ in parts])
-        if stop_ids:
-            response_mask = get_response_mask(responses, stop_ids)
-            responses = torch.where(response_mask.bool(), responses, torch.full_like(responses, self.pad_token_id))
-        else:
-            response_mask = torch.ones_like(responses)
-        input_ids = prompts.batch["input_ids"]
-        attention_mask = prompts.batch["attention_mask"]
-        full_mask = torch.cat([attention_mask, response_mask.to(attention_mask.dtype)], dim=1)
-        batch = {
-            "prompts": input_ids,
-            "responses": responses,
-            "input_ids": torch.cat([input_ids, responses], dim=1),
-            "attention_mask": full_mask,
-            "position_ids": (torch.cumsum(full_mask, dim=1) - 1).clamp(min=0),
-            "response_mask": response_mask,
-        }
-        if self.config.get("calculate_log_probs", True):
-            batch["rollout_log_probs"] = torch.cat([lp for _, lp in parts]) * response_mask
-        return DataProto.from_dict(tensors=batch, meta_info=dict(prompts.meta_info))
+        response_mask = get_response_mask(responses, stop_ids) if stop_ids else torch.ones_like(responses)
+        log_probs = torch.cat([lp for _, lp in parts]) if self.config.get("calculate_log_probs", True) else None
+        return rollout_output(prompts, responses, response_mask, log_probs, self.pad_token_id)
 
     @torch.no_grad()
     def generate_token_ids(self, prompt_ids: list[list[int]], max_new_tokens: int, sampling_kwargs: dict | None = None,
@@ -149,7 +120,7 @@ class HFRollout(BaseRollout):
             that completes a stop string, whichever comes first; never padding.
         """
         self.module.eval()
-        sampling = self._sampling_kwargs(sampling_kwargs or {})
+        sampling = resolve_sampling(sampling_kwargs or {}, self.config)
         fields = dict(max_new_tokens=int(max_new_tokens), eos_token_id=self.eos_token_ids, pad_token_id=self.pad_token_id,
                       use_cache=True, stop_strings=list(stop_strings) if stop_strings else None)
         width = max(len(ids) for ids in prompt_ids)

@@ -25,7 +25,8 @@ import tempfile
 import torch
 
 from hybridrl.protocol import DataProto
-from hybridrl.workers.rollout.base import BaseRollout, RolloutEngineError, get_response_mask, register_rollout
+from hybridrl.workers.rollout.base import (BaseRollout, RolloutEngineError, get_response_mask, register_rollout,
+                                           resolve_sampling, rollout_output)
 
 # Set before vLLM is imported, unless the user set them: the engine core and its one worker run
 # in this process (weights are handed over in memory), on CPU vLLM leaves thread binding alone,
@@ -116,7 +117,7 @@ class VLLMRollout(BaseRollout):
         from hybridrl.models import to_torch_dtype
         from hybridrl.workers.rollout.hf import _eos_ids
 
-        vllm = import_vllm()
+        self.vllm = import_vllm()
         self.config = config
         self.tokenizer = tokenizer
         self.eos_token_ids = _eos_ids(tokenizer, generation_config)
@@ -130,8 +131,10 @@ class VLLMRollout(BaseRollout):
         load_format = str(config.get("load_format") or "dummy")
         self.dummy_load = load_format.startswith("dummy")
         self._folder = tempfile.TemporaryDirectory(prefix="hybridrl-vllm-")
-        _write_model_folder(actor_module, tokenizer, self._folder.name, weights=not self.dummy_load)
-        self.llm = self._build_engine(vllm, "dummy" if self.dummy_load else load_format)
+        base = actor_module.get_base_model() if hasattr(actor_module, "get_base_model") else actor_module  # LoRA
+        self.architectures = ", ".join(base.config.architectures or [type(base).__name__])
+        _write_model_folder(base, tokenizer, self._folder.name, weights=not self.dummy_load)
+        self.llm = self._build_engine("dummy" if self.dummy_load else load_format)
         if self.dummy_load:
             self.sync_weights(actor_module)
 
@@ -141,7 +144,7 @@ class VLLMRollout(BaseRollout):
         kwargs = dict(
             model=self._folder.name, dtype=_DTYPES[self.dtype], load_format=load_format, seed=int(cfg.get("seed") or 0),
             enforce_eager=bool(cfg.get("enforce_eager", True)), max_model_len=self.max_model_len,
-            max_num_seqs=int(cfg.get("max_num_seqs") or 256),
+            max_num_seqs=int(cfg.get("max_num_seqs") or 1024),
             max_num_batched_tokens=max(int(cfg.get("max_num_batched_tokens") or 8192), self.max_model_len),
             enable_chunked_prefill=bool(cfg.get("enable_chunked_prefill", True)),
             enable_prefix_caching=bool(cfg.get("enable_prefix_caching", True)),
@@ -161,9 +164,10 @@ class VLLMRollout(BaseRollout):
         extra.pop("disable_mm_preprocessor_cache", None)  # verl's multimodal key; no multimodal inputs here
         return {**kwargs, **extra}
 
-    def _build_engine(self, vllm, load_format: str):
+    def _build_engine(self, load_format: str):
         """The engine, checked by generating one token: a model the platform's kernels cannot run
         (e.g. head_dim 16 on CPU) fails here, at start-up, not in the first step."""
+        vllm = self.vllm
         set_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op: put it back
         try:
             with _hidden_unscannable_globals():
@@ -172,11 +176,8 @@ class VLLMRollout(BaseRollout):
                          use_tqdm=False)
             return llm
         except (ValueError, RuntimeError, TypeError, NotImplementedError) as exc:
-            from transformers import AutoConfig
-
-            arch = ", ".join(AutoConfig.from_pretrained(self._folder.name).architectures or ["?"])
             raise RolloutEngineError(f"actor_rollout_ref.rollout.name=vllm: vLLM could not start an engine for "
-                                     f"{arch}: {(str(exc).strip().splitlines() or [type(exc).__name__])[0]}; "
+                                     f"{self.architectures}: {(str(exc).strip().splitlines() or [type(exc).__name__])[0]}; "
                                      "set actor_rollout_ref.rollout.name=hf for a model vLLM cannot load") from exc
         finally:
             torch.set_num_threads = set_threads
@@ -208,27 +209,24 @@ class VLLMRollout(BaseRollout):
             self.sleeping = True
 
     # ------------------------------------------------------------------ generation
-    def _sampling_params(self, vllm, sampling: dict, max_tokens: int, n: int = 1, stop=None):
-        cfg = self.config
-        do_sample = sampling.get("do_sample", cfg.get("do_sample", True))
-        temperature = float(sampling.get("temperature", cfg.get("temperature", 1.0)))
-        greedy = not do_sample or temperature == 0
-        top_k = int(sampling.get("top_k", cfg.get("top_k", -1)) or -1)
-        ignore_eos = bool(cfg.get("ignore_eos", False))
-        return vllm.SamplingParams(
-            n=n, temperature=0.0 if greedy else temperature,
-            top_k=-1 if greedy or top_k <= 0 else top_k,
-            top_p=1.0 if greedy else float(sampling.get("top_p", cfg.get("top_p", 1.0))),
+    def _sampling_params(self, sampling: dict, max_tokens: int, n: int = 1, stop=None):
+        """vLLM's SamplingParams for ``sampling`` (:func:`resolve_sampling`'s result), ``n`` samples."""
+        greedy = not sampling["do_sample"]
+        ignore_eos = bool(self.config.get("ignore_eos", False))
+        return self.vllm.SamplingParams(
+            n=n, temperature=0.0 if greedy else sampling["temperature"],
+            top_k=-1 if greedy or sampling["top_k"] <= 0 else sampling["top_k"],
+            top_p=1.0 if greedy else sampling["top_p"],
             max_tokens=int(max_tokens), ignore_eos=ignore_eos,
             stop_token_ids=None if ignore_eos else list(self.eos_token_ids),
             stop=list(stop) if stop else None, include_stop_str_in_output=True,
             logprobs=0, detokenize=bool(stop), skip_special_tokens=False,
         )
 
-    def _run(self, prompt_ids: list[list[int]], params_for) -> list:
-        """``llm.generate`` over ``prompt_ids``, grouped by identical consecutive prompts;
-        ``params_for(n)`` gives the SamplingParams of a group of ``n`` (greedy: one sample,
-        shared by the group's rows). Returns one ``CompletionOutput`` per input row, in order."""
+    def _run(self, prompt_ids: list[list[int]], sampling: dict, max_tokens: int, stop=None) -> list:
+        """``llm.generate`` over ``prompt_ids``, grouped by identical consecutive prompts: one
+        request with ``n`` samples per group (greedy: one sample, shared by the group's rows).
+        Returns one ``CompletionOutput`` per input row, in order."""
         too_long = [len(ids) for ids in prompt_ids if len(ids) >= self.max_model_len]
         if too_long:
             raise RolloutEngineError(
@@ -242,8 +240,8 @@ class VLLMRollout(BaseRollout):
             else:
                 groups.append([i])
         requests = [{"prompt_token_ids": prompt_ids[g[0]]} for g in groups]
-        greedy = params_for(1).temperature == 0
-        params = [params_for(1 if greedy else len(g)) for g in groups]
+        greedy = not sampling["do_sample"]
+        params = [self._sampling_params(sampling, max_tokens, 1 if greedy else len(g), stop) for g in groups]
         self._wake_up()
         with torch_threads(self.cpu_threads):
             outputs = self.llm.generate(requests, params, use_tqdm=False)
@@ -255,64 +253,41 @@ class VLLMRollout(BaseRollout):
     @torch.no_grad()
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Responses for ``prompts`` in the :class:`BaseRollout` layout, with ``rollout_log_probs``."""
-        vllm = import_vllm()
-        meta = prompts.meta_info
-        response_length = int(meta.get("response_length", self.config.response_length))
-        input_ids = prompts.batch["input_ids"]
-        attention_mask = prompts.batch["attention_mask"]
-        prompt_ids = [row[mask.bool()].tolist() for row, mask in zip(input_ids.cpu(), attention_mask.cpu())]
-        completions = self._run(prompt_ids, lambda n: self._sampling_params(vllm, meta, response_length, n))
-        bs = len(prompt_ids)
-        responses = torch.full((bs, response_length), self.pad_token_id, dtype=torch.long)
-        log_probs = torch.zeros(bs, response_length)
+        response_length = int(prompts.meta_info.get("response_length", self.config.response_length))
+        rows = zip(prompts.batch["input_ids"].cpu(), prompts.batch["attention_mask"].cpu())
+        prompt_ids = [row[mask.bool()].tolist() for row, mask in rows]
+        completions = self._run(prompt_ids, resolve_sampling(prompts.meta_info, self.config), response_length)
+        responses = torch.full((len(prompt_ids), response_length), self.pad_token_id, dtype=torch.long)
+        log_probs = torch.zeros(responses.shape)
         for i, c in enumerate(completions):
             ids = list(c.token_ids)[:response_length]
             responses[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
             if c.logprobs:
                 log_probs[i, : len(ids)] = torch.tensor([lp[t].logprob for t, lp in zip(ids, c.logprobs)])
-        if self.config.get("ignore_eos", False):
-            response_mask = torch.ones_like(responses)
-        else:
-            response_mask = get_response_mask(responses, self.eos_token_ids)
         lengths = torch.tensor([min(len(c.token_ids), response_length) for c in completions])
-        response_mask = response_mask * (torch.arange(response_length)[None] < lengths[:, None]).long()
-        responses = torch.where(response_mask.bool(), responses, torch.full_like(responses, self.pad_token_id))
-        input_ids = input_ids.cpu()
-        full_mask = torch.cat([attention_mask.cpu(), response_mask.to(attention_mask.dtype)], dim=1)
-        batch = {
-            "prompts": input_ids,
-            "responses": responses,
-            "input_ids": torch.cat([input_ids, responses], dim=1),
-            "attention_mask": full_mask,
-            "position_ids": (torch.cumsum(full_mask, dim=1) - 1).clamp(min=0),
-            "response_mask": response_mask,
-        }
-        if self.config.get("calculate_log_probs", True):
-            batch["rollout_log_probs"] = log_probs * response_mask
-        return DataProto.from_dict(tensors=batch, meta_info=dict(meta))
+        generated = (torch.arange(response_length)[None] < lengths[:, None]).long()  # the pad after a short row is not EOS
+        if not self.config.get("ignore_eos", False):
+            generated = generated * get_response_mask(responses, self.eos_token_ids)
+        return rollout_output(prompts, responses, generated,
+                              log_probs if self.config.get("calculate_log_probs", True) else None, self.pad_token_id)
 
     @torch.no_grad()
     def generate_token_ids(self, prompt_ids: list[list[int]], max_new_tokens: int, sampling_kwargs: dict | None = None,
                            stop_strings: list[str] | None = None) -> list[list[int]]:
         """Token ids in, new token ids out (agent loops), as :meth:`HFRollout.generate_token_ids`:
         each sequence up to and including its EOS or the token that completes a stop string."""
-        vllm = import_vllm()
-        completions = self._run([list(p) for p in prompt_ids], lambda n: self._sampling_params(
-            vllm, sampling_kwargs or {}, max_new_tokens, n, stop_strings))
+        completions = self._run([list(p) for p in prompt_ids], resolve_sampling(sampling_kwargs or {}, self.config),
+                                max_new_tokens, stop_strings)
         return [list(c.token_ids) for c in completions]
 
 
-def _write_model_folder(module: torch.nn.Module, tokenizer, folder: str, weights: bool) -> None:
-    """The actor's config, generation config and tokenizer in ``folder`` (and its weights when
-    ``weights``): what vLLM builds the engine from. A LoRA (peft) actor writes its base model."""
-    base = module.get_base_model() if hasattr(module, "get_base_model") else module
-    base.config.save_pretrained(folder)
-    if getattr(base, "generation_config", None) is not None:
-        base.generation_config.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+def _write_model_folder(model: torch.nn.Module, tokenizer, folder: str, weights: bool) -> None:
+    """What vLLM builds the engine from: the model's config, generation config and tokenizer in
+    ``folder``, and its weights when ``weights`` (``model`` is a whole, unsharded HF model)."""
     if weights:
-        from hybridrl.workers.sharding import full_state_dict
-
-        from safetensors.torch import save_file
-
-        save_file({k: v.contiguous() for k, v in full_state_dict(base).items()}, os.path.join(folder, "model.safetensors"))
+        model.save_pretrained(folder)  # config and generation config too
+    else:
+        model.config.save_pretrained(folder)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
