@@ -47,11 +47,29 @@ def gsm8k_prompt_ids(tokenizer, n_prompts: int) -> list[list[int]]:
             for row in rows]
 
 
+def _live_children() -> list:
+    """This process's running descendants (e.g. vLLM's async engine process), via psutil (which
+    vLLM and Ray depend on; without it there is no engine process to count)."""
+    try:
+        import psutil
+    except ImportError:
+        return []
+    return psutil.Process().children(recursive=True)
+
+
 def cpu_seconds() -> float:
-    """User + system CPU seconds of this process and its waited-for children."""
+    """User + system CPU seconds of this process, its waited-for children and its running ones
+    (an engine process is not waited for until it exits, so getrusage alone would miss it)."""
     own = resource.getrusage(resource.RUSAGE_SELF)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    live = 0.0
+    for child in _live_children():
+        try:
+            times = child.cpu_times()
+            live += times.user + times.system
+        except Exception:  # noqa: BLE001 - it exited meanwhile; getrusage counts it once waited for
+            continue
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + live
 
 
 def reset_peak_rss() -> bool:
@@ -65,16 +83,24 @@ def reset_peak_rss() -> bool:
         return False
 
 
-def peak_rss_mib() -> float:
-    """Peak resident memory (VmHWM) of this process since start or the last :func:`reset_peak_rss`, MiB."""
+def _vm_hwm_mib(pid: str | int = "self") -> float | None:
     try:
-        with open("/proc/self/status") as f:
+        with open(f"/proc/{pid}/status") as f:
             for line in f:
                 if line.startswith("VmHWM:"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return None
+
+
+def peak_rss_mib() -> float:
+    """Peak resident memory (VmHWM) of this process since start or the last :func:`reset_peak_rss`,
+    plus the lifetime peaks of its running child processes (an engine process), MiB."""
+    own = _vm_hwm_mib()
+    if own is None:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return own + sum(_vm_hwm_mib(child.pid) or 0.0 for child in _live_children())
 
 
 def matmul_peak_flops(size: int = 2048, dtype: torch.dtype = torch.bfloat16, seconds: float = 3.0) -> dict:

@@ -14,7 +14,9 @@ for each mode:
 - ``fast``: ``dynamic`` with hybridrl's ``rollout.fast_decoding`` (``hybridrl.models.attention``
   and the sampler of ``hybridrl.workers.rollout.decoding``), the HF engine's default;
 - ``vllm``: hybridrl's vLLM engine (``rollout.name=vllm``, in-process, eager), with
-  ``--vllm_threads`` torch threads while it generates (needs the ``vllm`` extra).
+  ``--vllm_threads`` torch threads while it generates (needs the ``vllm`` extra);
+- ``vllm_async``: the same with ``rollout.mode=async`` (vLLM's async engine in a child process,
+  one request per prompt; its CPU seconds are counted with this process's).
 
     python benchmarks/generation.py                          # all modes, batch 64, 256 tokens
     python benchmarks/generation.py --modes dynamic static --repeats 3
@@ -38,23 +40,25 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import cpu_seconds, gsm8k_prompt_ids, load_smollm2  # noqa: E402
 
-MODES = ("dynamic", "fast", "static", "static_compile", "return_sequences", "continuous", "vllm")
-_VLLM: dict = {}  # the one vLLM engine of this process (vLLM keeps its state in module globals)
+MODES = ("dynamic", "fast", "static", "static_compile", "return_sequences", "continuous", "vllm", "vllm_async")
+_VLLM: dict = {}  # mode -> its one vLLM engine (vLLM keeps the in-process engine's state in module globals)
 
 
-def vllm_tokens(model, tokenizer, rows: list[list[int]], new_tokens: int, threads: int | None) -> int:
-    """Generates with hybridrl's VLLMRollout (built once); returns the number of new tokens."""
+def vllm_tokens(model, tokenizer, rows: list[list[int]], new_tokens: int, threads: int | None,
+                mode: str = "vllm") -> int:
+    """Generates with hybridrl's vLLM engine of ``mode`` (built once); returns the number of new tokens."""
     from omegaconf import OmegaConf
 
     from hybridrl.protocol import DataProto
-    from hybridrl.workers.rollout.vllm import VLLMRollout
+    from hybridrl.workers.rollout import get_rollout_cls
 
-    if "engine" not in _VLLM:
+    if mode not in _VLLM:
         dtype = "bf16" if next(model.parameters()).dtype == torch.bfloat16 else "fp32"
         cfg = OmegaConf.create({"dtype": dtype, "prompt_length": 512, "response_length": 1024,
                                 "ignore_eos": True, "cpu_threads": threads, "max_num_seqs": 1024})
-        _VLLM["engine"] = VLLMRollout(model, cfg, tokenizer, model.generation_config)
-    engine = _VLLM["engine"]
+        cls = get_rollout_cls("vllm", "async" if mode == "vllm_async" else "sync")
+        _VLLM[mode] = cls(model, cfg, tokenizer, model.generation_config)
+    engine = _VLLM[mode]
     ids, mask = left_pad(rows, tokenizer.pad_token_id)
     prompts = DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": mask.cumsum(1) - 1},
                                   meta_info={"response_length": new_tokens, "temperature": 1.0, "top_k": -1, "top_p": 1.0})
@@ -74,8 +78,8 @@ def run_mode(mode: str, model, prompt_rows: list[list[int]], n: int, new_tokens:
     from transformers import CompileConfig, GenerationConfig
 
     pad_id = tokenizer.pad_token_id
-    if mode == "vllm":
-        return vllm_tokens(model, tokenizer, [r for r in prompt_rows for _ in range(n)], new_tokens, vllm_threads)
+    if mode.startswith("vllm"):
+        return vllm_tokens(model, tokenizer, [r for r in prompt_rows for _ in range(n)], new_tokens, vllm_threads, mode)
     sampling = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=new_tokens,
                     min_new_tokens=new_tokens, eos_token_id=None, pad_token_id=pad_id)
     rows = [r for r in prompt_rows for _ in range(n)]

@@ -20,6 +20,7 @@ Setup: ``pip install 'hybridrl[bench]'`` (TRL without letting pip touch torch:
 
     python benchmarks/vs_trl.py                       # 8 prompts x 4, 128 tokens, 1 + 2 steps
     python benchmarks/vs_trl.py --steps 3 --response_length 256
+    python benchmarks/vs_trl.py --rollout vllm        # hybridrl generating with vLLM (the vllm extra)
 """
 
 from __future__ import annotations
@@ -62,10 +63,14 @@ class StepMeter:
                 "wall_s": wall1 - wall0, "peak_rss_mib": peak_rss_mib()}
 
 
-def run_hybridrl(settings, parquet_dir: str, warmup: int, steps: int) -> dict:
+ROLLOUTS = {"hf": [], "vllm": ["actor_rollout_ref.rollout.name=vllm"],
+            "vllm_async": ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=async"]}
+
+
+def run_hybridrl(settings, parquet_dir: str, warmup: int, steps: int, rollout: str = "hf") -> dict:
     from common import build_hybridrl_grpo
 
-    trainer, batches, groups = build_hybridrl_grpo(settings, parquet_dir, warmup + steps)
+    trainer, batches, groups = build_hybridrl_grpo(settings, parquet_dir, warmup + steps, ROLLOUTS[rollout])
     meter, tokens = StepMeter(warmup), 0.0
     try:
         for _ in range(warmup + steps):
@@ -130,8 +135,10 @@ def child(framework: str, args) -> int:
                             micro_batch=args.micro_batch, kl_coef=args.kl_coef, lr=args.lr)
     with tempfile.TemporaryDirectory() as tmp:
         parquet = gsm8k_parquet(tmp, train_size=args.prompts * (args.warmup + args.steps))
-        run = run_trl if framework == "trl" else run_hybridrl
-        result = run(settings, parquet, args.warmup, args.steps)
+        if framework == "trl":
+            result = run_trl(settings, parquet, args.warmup, args.steps)
+        else:
+            result = run_hybridrl(settings, parquet, args.warmup, args.steps, args.rollout)
     tmp_out = f"{args.json_out}.tmp"
     with open(tmp_out, "w") as f:
         json.dump(result, f)
@@ -153,7 +160,8 @@ def parent(args, argv: list[str]) -> int:
             with open(out) as f:
                 results[framework] = json.load(f)
     print(f"\nGRPO, SmolLM2-135M, {args.prompts} prompts x {args.group} responses, {args.response_length} new tokens, "
-          f"micro batch {args.micro_batch}, kl_coef {args.kl_coef}; {args.steps} timed steps after {args.warmup}")
+          f"micro batch {args.micro_batch}, kl_coef {args.kl_coef}; {args.steps} timed steps after {args.warmup}; "
+          f"hybridrl's rollout: {args.rollout}")
     print(f"{'framework':<10}{'tokens':>9}{'cpu s':>9}{'wall s':>9}{'tok/cpu-s':>11}{'peak RSS MiB':>14}")
     for name, r in results.items():
         print(f"{name:<10}{r['tokens']:>9.0f}{r['cpu_s']:>9.1f}{r['wall_s']:>9.1f}{r['tokens'] / r['cpu_s']:>11.1f}"
@@ -178,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--frameworks", nargs="+", default=list(FRAMEWORKS), choices=FRAMEWORKS)
+    parser.add_argument("--rollout", default="hf", choices=sorted(ROLLOUTS), help="hybridrl's rollout engine")
     parser.add_argument("--quiet", action="store_true", help="the frameworks' own output to stderr")
     parser.add_argument("--child", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     parser.add_argument("--json_out", help=argparse.SUPPRESS)

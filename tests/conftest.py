@@ -57,6 +57,24 @@ def tiny_model_dir(tokenizer_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def vllm_model_dir(tokenizer_dir, tmp_path_factory):
+    """A random-init 2-layer Llama vLLM's CPU kernels can run (head_dim 64: hidden 128, 2 heads,
+    1 KV head), with the real SmolLM2 tokenizer, as an HF folder."""
+    from hybridrl.models import build_tiny_model
+
+    return build_tiny_model(tokenizer_dir, str(tmp_path_factory.mktemp("tiny_vllm")), hidden_size=128,
+                            num_heads=2, num_kv_heads=1, intermediate_size=256)
+
+
+@pytest.fixture(scope="session")
+def vllm_model(vllm_model_dir):
+    """The model of :func:`vllm_model_dir` in fp32, eval mode (tests copy it before changing it)."""
+    from hybridrl.models import load_causal_lm
+
+    return load_causal_lm(vllm_model_dir, dtype="fp32").eval()
+
+
+@pytest.fixture(scope="session")
 def smollm2_dir():
     """The embedded SmolLM2-135M-Instruct as an HF folder, converted from its GGUF once into the
     persistent cache ($HYBRIDRL_CACHE or ~/.cache/hybridrl): ~20-60 s the first time, then

@@ -48,6 +48,9 @@ class AgentLoopOutput:
             ``valid_actions``, ``search_errors``, ...), averaged or summed by the trainer metrics.
         reward_scores: scores the rollout itself produced (a tool's ``calc_reward``, an
             interaction's score), name -> float; handed to the reward function.
+        response_logprobs: same length as ``response_ids``: each model token's log-prob under
+            the sampling distribution, 0.0 on observations (``ResponseBuilder.log_probs``);
+            None when the engine did not record them. They become ``rollout_log_probs``.
     """
 
     prompt_ids: list[int]
@@ -56,6 +59,7 @@ class AgentLoopOutput:
     num_turns: int = 2
     metrics: dict[str, float] = field(default_factory=dict)
     reward_scores: dict[str, float] = field(default_factory=dict)
+    response_logprobs: list[float] | None = None
 
 
 class ResponseBuilder:
@@ -64,12 +68,16 @@ class ResponseBuilder:
     Model ids beyond the budget are cut. An observation is appended only when at least one
     model token still fits after it, so a trajectory always ends on a model token (where the
     reward manager puts the score) and never on context the policy did not write.
+
+    ``log_probs`` follows the ids: the engine's log-probs of model ids (``SampledIds.log_probs``),
+    0.0 on observations; None once a model turn came without them.
     """
 
     def __init__(self, response_length: int) -> None:
         self.limit = int(response_length)
         self.ids: list[int] = []
         self.mask: list[int] = []
+        self.log_probs: list[float] | None = []
 
     @property
     def room(self) -> int:
@@ -81,6 +89,11 @@ class ResponseBuilder:
         kept = list(ids[: max(self.room, 0)])
         self.ids.extend(kept)
         self.mask.extend([1] * len(kept))
+        sampled = getattr(ids, "log_probs", None)
+        if self.log_probs is not None and sampled is not None:
+            self.log_probs.extend(sampled[: len(kept)])
+        elif kept:
+            self.log_probs = None
         return kept
 
     def add_observation(self, ids: list[int]) -> bool:
@@ -89,6 +102,8 @@ class ResponseBuilder:
             return False
         self.ids.extend(ids)
         self.mask.extend([0] * len(ids))
+        if self.log_probs is not None:
+            self.log_probs.extend([0.0] * len(ids))
         return True
 
 
@@ -97,7 +112,9 @@ class AgentContext:
     """What the manager shares with every loop of a batch.
 
     Attributes:
-        engine: the batching generation engine (``await engine.generate(...)``).
+        engine: the generation front (``await engine.generate(...)``): batching
+            (:class:`~hybridrl.agents.engine.AsyncBatchEngine`) or one request per turn
+            (:class:`~hybridrl.agents.engine.RequestEngine`, ``rollout.mode=async``).
         tokenizer: the policy's tokenizer.
         response_length: the token budget of one response (``rollout.response_length``).
         multi_turn: the ``actor_rollout_ref.rollout.multi_turn`` section (a mapping).

@@ -1,6 +1,8 @@
-"""A batching async front for the rollout engine: the agent loops' only way to generate.
+"""The agent loops' only way to generate: an async front for the rollout engine.
 
-Every loop of a batch awaits :meth:`AsyncBatchEngine.generate` for its next turn. The engine
+:class:`RequestEngine` serves an engine with its own scheduler (``rollout.mode=async``): each
+turn is one request. :class:`AsyncBatchEngine` serves an engine that takes whole batches
+(``generate_token_ids``): every loop of a batch awaits its ``generate`` for the next turn; it
 collects the requests of all loops that are ready and runs them as ONE batched ``generate``
 (left padding + attention mask, ``HFRollout.generate_token_ids``) in a worker thread, so tool
 calls of other loops go on meanwhile. A batch goes out as soon as every live loop is waiting
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import logging
 from dataclasses import dataclass
@@ -35,7 +38,7 @@ class AsyncBatchEngine:
 
     Args:
         rollout: an object with ``generate_token_ids(prompt_ids, max_new_tokens,
-            sampling_kwargs, stop_strings) -> list[list[int]]`` (``HFRollout``).
+            sampling_kwargs, stop_strings) -> list[SampledIds]`` (``HFRollout``, ``VLLMRollout``).
         max_wait_s: how long a batch waits for loops that are busy elsewhere (tools), seconds.
 
     Use one engine per event loop run; :meth:`session` counts the live loops.
@@ -68,7 +71,8 @@ class AsyncBatchEngine:
             stop: stop strings; the turn ends with the token that completes one.
 
         Returns:
-            The new ids, ending with EOS, a stop string, or at ``max_new_tokens``.
+            The new ids (``SampledIds``: with their log-probs), ending with EOS, a stop string,
+            or at ``max_new_tokens``.
 
         Raises:
             Whatever the rollout's ``generate_token_ids`` raised for this batch.
@@ -127,7 +131,8 @@ class AsyncBatchEngine:
                 for r, ids in zip(requests, outputs):
                     if not r.future.done():
                         # Sampling is left to right: the first k ids of a longer run are a valid sample.
-                        r.future.set_result(list(ids[: r.max_new_tokens]))
+                        r.future.set_result(ids.head(r.max_new_tokens) if hasattr(ids, "head")
+                                            else list(ids[: r.max_new_tokens]))
 
     def close(self) -> None:
         """Stop the generation thread."""
@@ -145,3 +150,34 @@ class _Session:
     async def __aexit__(self, *exc) -> None:
         self.engine._live -= 1
         self.engine._notify()  # a batch waiting for this loop can go now
+
+
+class RequestEngine:
+    """The front for an engine that schedules requests itself (``rollout.mode=async``: vLLM's
+    ``AsyncLLM`` through ``rollout.agenerate``). Each turn of each loop goes out at once as its
+    own request; the engine batches whatever is in flight, and a turn returns as soon as it is
+    done, so a finished sample or a short turn never waits for the batch's longest.
+
+    Same interface as :class:`AsyncBatchEngine`; ``generate`` raises what ``agenerate`` raised
+    (``RolloutEngineError``: deadline, dead engine, prompt too long).
+    """
+
+    def __init__(self, rollout) -> None:
+        self.rollout = rollout
+        self.num_requests = 0
+
+    def session(self):
+        """Nothing to count: no batch waits for a loop."""
+        return contextlib.nullcontext()
+
+    async def generate(self, prompt_ids: list[int], sampling_params: dict | None, max_new_tokens: int,
+                       stop: list[str] | None = None) -> list[int]:
+        """As :meth:`AsyncBatchEngine.generate`."""
+        if max_new_tokens <= 0:
+            return []
+        self.num_requests += 1
+        sampling = {k: v for k, v in (sampling_params or {}).items() if k in _SAMPLING_KEYS}
+        return await self.rollout.agenerate(list(prompt_ids), sampling, int(max_new_tokens), list(stop or ()) or None)
+
+    def close(self) -> None:
+        """Nothing to stop: the rollout owns the engine."""

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from hybridrl.agents.base import AgentContext, AgentLoopOutput, get_agent_loop_cls
-from hybridrl.agents.engine import AsyncBatchEngine
+from hybridrl.agents.engine import AsyncBatchEngine, RequestEngine
 from hybridrl.protocol import DataProto
 
 logger = logging.getLogger(__name__)
@@ -45,7 +45,9 @@ def pad_trajectories(outputs: list[AgentLoopOutput], pad_token_id: int, response
         right-padded; ``response_mask`` (bs, R): 1 on model tokens, 0 on observation tokens
         and padding; ``attention_mask`` (bs, P+R): 1 on every prompt and response token
         (observations are context); ``input_ids`` (bs, P+R); ``position_ids`` (bs, P+R) =
-        ``clamp(cumsum(attention_mask) - 1, 0)``. All int64.
+        ``clamp(cumsum(attention_mask) - 1, 0)``. All int64. Plus ``rollout_log_probs``
+        (bs, R) fp32, 0 on observations and padding, when every trajectory has
+        ``response_logprobs``.
     """
     bs = len(outputs)
     width = max(len(o.prompt_ids) for o in outputs)
@@ -64,7 +66,7 @@ def pad_trajectories(outputs: list[AgentLoopOutput], pad_token_id: int, response
             response_attention[i, :m] = 1
             response_mask[i, :m] = torch.tensor(out.response_mask)
     attention_mask = torch.cat([prompt_mask, response_attention], dim=1)
-    return {
+    tensors = {
         "prompts": prompts,
         "responses": responses,
         "response_mask": response_mask,
@@ -72,6 +74,13 @@ def pad_trajectories(outputs: list[AgentLoopOutput], pad_token_id: int, response
         "attention_mask": attention_mask,
         "position_ids": (torch.cumsum(attention_mask, dim=1) - 1).clamp(min=0),
     }
+    if all(o.response_logprobs is not None for o in outputs):
+        log_probs = torch.zeros((bs, response_length), dtype=torch.float32)
+        for i, out in enumerate(outputs):
+            if out.response_ids:
+                log_probs[i, : len(out.response_ids)] = torch.tensor(out.response_logprobs, dtype=torch.float32)
+        tensors["rollout_log_probs"] = log_probs * response_mask
+    return tensors
 
 
 def _run_sync(coro):
@@ -88,7 +97,8 @@ class AgentLoopManager:
     """Runs the agent loops of a batch on the rollout engine.
 
     Args:
-        rollout: the worker's rollout (``HFRollout``: ``generate_token_ids``, ``pad_token_id``).
+        rollout: the worker's rollout: ``pad_token_id`` and ``generate_token_ids`` (batched by
+            :class:`AsyncBatchEngine`) or ``agenerate`` (``rollout.mode=async``: one request per turn).
         tokenizer: the policy's tokenizer.
         config: the ``actor_rollout_ref.rollout`` section: ``response_length``, ``multi_turn``
             (loop knobs, ``tool_config_path``, ``interaction_config_path``, ``search``,
@@ -156,7 +166,8 @@ class AgentLoopManager:
                 ``meta_info`` may override sampling and ``response_length``.
 
         Returns:
-            The tensors of :func:`pad_trajectories` and non-tensors ``__num_turns__`` (int),
+            The tensors of :func:`pad_trajectories` (``rollout_log_probs`` unless
+            ``rollout.calculate_log_probs`` is false) and non-tensors ``__num_turns__`` (int),
             ``__agent_name__`` (str), ``__agent_metrics__`` (dict of per-row counters) and
             ``reward_scores`` (dict name -> float); ``meta_info`` copied.
 
@@ -175,10 +186,13 @@ class AgentLoopManager:
             "reward_scores": [dict(o.reward_scores) for o in outputs],
         }
         tensors = pad_trajectories(outputs, self.rollout.pad_token_id, response_length)
+        if not self.config.get("calculate_log_probs", True):
+            tensors.pop("rollout_log_probs", None)
         return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=dict(prompts.meta_info))
 
     async def _run_all(self, names, rows, sampling, response_length) -> list[AgentLoopOutput]:
-        engine = AsyncBatchEngine(self.rollout)
+        # An engine with its own scheduler takes one request per turn; else turns are batched here.
+        engine = RequestEngine(self.rollout) if hasattr(self.rollout, "agenerate") else AsyncBatchEngine(self.rollout)
         context = AgentContext(engine=engine, tokenizer=self.tokenizer, response_length=response_length,
                                multi_turn=self.multi_turn, tools=self.tools, interactions=self.interactions,
                                get_retriever=self.get_retriever)

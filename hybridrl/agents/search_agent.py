@@ -99,7 +99,8 @@ class SearchAgentLoop(AgentLoopBase):
             counts["observations"] += 1
         metrics = {**counts, "tool_calls": counts["searches"]}
         return AgentLoopOutput(prompt_ids, response.ids, response.mask,
-                               num_turns=1 + counts["assistant_turns"] + counts["observations"], metrics=metrics)
+                               num_turns=1 + counts["assistant_turns"] + counts["observations"], metrics=metrics,
+                               response_logprobs=response.log_probs)
 
     async def _search(self, query: str, counts: dict) -> list[int]:
         """The ``<information>`` ids for ``query``: passages cut to ``max_obs_length`` tokens."""

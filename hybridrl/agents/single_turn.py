@@ -14,4 +14,4 @@ class SingleTurnAgentLoop(AgentLoopBase):
         response = ResponseBuilder(self.response_length)
         response.add_model(await self.engine.generate(prompt_ids, sampling_params, self.turn_budget(response)))
         return AgentLoopOutput(prompt_ids, response.ids, response.mask, num_turns=2,
-                               metrics={"assistant_turns": 1})
+                               metrics={"assistant_turns": 1}, response_logprobs=response.log_probs)

@@ -116,7 +116,8 @@ class ToolAgentLoop(AgentLoopBase):
             metrics["search_errors"] = episode.search_errors
         return AgentLoopOutput(prompt_ids, episode.response.ids, episode.response.mask,
                                num_turns=1 + episode.assistant_turns + episode.user_turns,
-                               metrics=metrics, reward_scores=reward_scores)
+                               metrics=metrics, reward_scores=reward_scores,
+                               response_logprobs=episode.response.log_probs)
 
     def _turn_limit_reached(self, episode: _Episode) -> bool:
         return bool((self.max_assistant_turns and episode.assistant_turns >= self.max_assistant_turns)

@@ -30,7 +30,6 @@ _IGNORED: dict[str, tuple[str, ...]] = {
     "this build has no SGLang engine": (f"{ROLLOUT}.engine_kwargs.sglang.attention_backend",),
     "the whole state dict goes to the engine in one call": (f"{ROLLOUT}.update_weights_bucket_megabytes",),
     "the engine is woken up in one stage": (f"{ROLLOUT}.layered_summon", f"{ROLLOUT}.multi_stage_wake_up"),
-    "async rollouts are not in this build; generation runs synchronously": (f"{ROLLOUT}.mode",),
     "the agent loops run as asyncio tasks in the rollout worker": (f"{ROLLOUT}.agent.num_workers",),
     "the prompt's own chat template is used": (f"{ROLLOUT}.multi_turn.use_inference_chat_template",),
     "agent loops append token ids turn by turn and never re-tokenise": (

@@ -166,11 +166,15 @@ def _check_lora(config) -> None:
 
 def _check_rollout_engine(config, world_size: int) -> None:
     """Settings the chosen engine cannot run, refused before any model loads."""
-    if _get(config, f"{ROLLOUT}.name") == "vllm" and world_size > 1:
+    name, mode = _get(config, f"{ROLLOUT}.name"), _get(config, f"{ROLLOUT}.mode")
+    if mode == "async" and name != "vllm":
+        raise ConfigError(f"{ROLLOUT}.mode=async: the {name!r} engine has no async server mode; "
+                          f"set {ROLLOUT}.name=vllm (pip install -e '.[vllm]') or {ROLLOUT}.mode=sync")
+    if name == "vllm" and mode != "async" and world_size > 1:
         raise ConfigError(
-            f"{ROLLOUT}.name=vllm with {world_size} workers: one vLLM engine per rank is not in this build yet "
-            "(the in-process engine would start its own process group beside the trainer's); "
-            "use rollout.name=hf with several workers, or one worker (trainer.n_gpus_per_node=1, trainer.nnodes=1)")
+            f"{ROLLOUT}.name=vllm with {world_size} workers needs {ROLLOUT}.mode=async: the colocated (sync) engine "
+            "runs in the worker's process and would start a process group beside the trainer's; the async engine "
+            "runs in a process of its own, one per worker")
     tp = _get(config, f"{ROLLOUT}.tensor_model_parallel_size", 1)
     if _get(config, f"{ROLLOUT}.name") == "vllm" and isinstance(tp, int) and tp > 1:
         raise ConfigError(

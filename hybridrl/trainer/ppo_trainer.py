@@ -17,6 +17,7 @@ from hybridrl.algorithms.advantages import get_adv_estimator_fn
 from hybridrl.algorithms.errors import check_finite
 from hybridrl.algorithms.kl import FULL_KL, apply_kl_penalty, get_kl_controller
 from hybridrl.algorithms.policy_loss import agg_loss
+from hybridrl.algorithms.rollout_corr import compute_offpolicy_metrics
 from hybridrl.protocol import DataProto
 from hybridrl.trainer import checkpoint
 from hybridrl.trainer.balance import balance_batch
@@ -225,8 +226,9 @@ class PPOTrainer:
                 if actor_output.batch is not None:  # on policy: the update's own log-probs were the old ones
                     batch.batch["old_log_probs"] = actor_output.batch["old_log_probs"]
             if "rollout_log_probs" in batch.batch.keys() and "old_log_probs" in batch.batch.keys():
-                metrics.update(compute_rollout_probs_diff_metrics(
-                    batch.batch["old_log_probs"], batch.batch["rollout_log_probs"], batch.batch["response_mask"]))
+                mismatch = (batch.batch["old_log_probs"], batch.batch["rollout_log_probs"], batch.batch["response_mask"])
+                metrics.update(compute_rollout_probs_diff_metrics(*mismatch))
+                metrics.update(compute_offpolicy_metrics(*mismatch))
 
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
         dump_rollouts(cfg.trainer, batch, self.tokenizer, self.global_steps, reward_extra_info)

@@ -122,7 +122,7 @@ class ActorRolloutRefWorker(Worker):
         self.actor_lr_scheduler = build_lr_scheduler(self.actor_optimizer, actor_sizes.optim, total_steps)
         ref_module = self.ref_policy.actor_module if self._is_ref else None
         self.actor = PPOActor(actor_sizes, module, self.actor_optimizer, ref_module=ref_module)
-        rollout_cls = get_rollout_cls(self.config.rollout.name)
+        rollout_cls = get_rollout_cls(self.config.rollout.name, self.config.rollout.get("mode", "sync"))
         self.rollout = rollout_cls(rollout_module, self.config.rollout, self.tokenizer,
                                    getattr(module, "generation_config", None))
         self.agent_loop_manager = None  # multi-turn agent loops (hybridrl.agents)

@@ -70,6 +70,23 @@ def test_search_agent_two_grpo_steps(search_data, tiny_model_dir, corpus_file, t
         assert row["response_length/max"] <= 96 and row["actor/grad_norm"] > 0
 
 
+@pytest.mark.slow
+def test_search_agent_grpo_step_on_the_async_vllm_engine(search_data, vllm_model_dir, corpus_file, tmp_path):
+    """rollout.mode=async: every turn of every episode is its own vLLM request; the trajectories
+    carry the engine's log-probs, so the mismatch metrics are logged for agent batches too."""
+    pytest.importorskip("vllm", reason="the vllm extra is not installed")
+    out = tmp_path / "run"
+    extra = [f"retriever.corpus_path={corpus_file}", "actor_rollout_ref.rollout.name=vllm",
+             "actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.kv_cache_memory_gb=0.1",
+             "actor_rollout_ref.rollout.dtype=fp32", "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
+             "trainer.total_training_steps=1", "trainer.val_before_train=False"]
+    assert main(_overrides(search_data, vllm_model_dir, out, *extra)) == 0
+    (row,) = _metrics(out)
+    assert row["num_turns/min"] >= 4 and row["agent/search_agent/count"] == 4 and row["search/errors"] == 0
+    # fp32 on both sides: the engine's log-probs of the model tokens are the actor's
+    assert row["rollout_corr/log_ppl_abs_diff"] < 1e-4 and row["actor/grad_norm"] > 0
+
+
 def test_gsm8k_tool_agent_with_interaction_two_grpo_steps(gsm8k_tool_data, tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     extra = ["data.return_raw_chat=True", "actor_rollout_ref.rollout.multi_turn.enable=True",

@@ -125,7 +125,7 @@ def test_optional_engine_note_even_when_the_package_is_installed(base_cfg, monke
 
 
 def test_get_rollout_cls_falls_back_for_every_optional_engine(monkeypatch):
-    from hybridrl.workers.rollout import ROLLOUT_REGISTRY, base, get_rollout_cls
+    from hybridrl.workers.rollout import ROLLOUT_REGISTRY, RolloutEngineError, base, get_rollout_cls
 
     assert not hasattr(base, "engine_available") and not hasattr(base, "_FALLBACK_TO_HF")
     for name in schema.OPTIONAL_ENGINES:
@@ -136,6 +136,15 @@ def test_get_rollout_cls_falls_back_for_every_optional_engine(monkeypatch):
     monkeypatch.setitem(ROLLOUT_REGISTRY, "sglang", engine)  # a registered engine wins over the fallback
     assert get_rollout_cls("sglang") is engine
     assert get_rollout_cls("vllm").__name__ == "VLLMRollout"  # never a silent fallback to HF
+    assert get_rollout_cls("vllm", "async").__name__ == "AsyncVLLMRollout"
+    with pytest.raises(RolloutEngineError, match="rollout.mode=async: the 'hf' engine has no async server mode"):
+        get_rollout_cls("hf", "async")
+
+
+def test_async_mode_needs_an_engine_that_has_one(base_cfg):
+    msg = error_of(with_keys(base_cfg, {f"{R}.mode": "async"}))
+    assert msg.startswith(f"{R}.mode=async: the 'hf' engine has no async server mode") and f"{R}.name=vllm" in msg
+    assert validate_ppo_config(with_keys(base_cfg, {f"{R}.mode": "async", f"{R}.name": "vllm"}), world_size=2) == []
 
 
 def test_registered_engine_gets_no_note(base_cfg, monkeypatch):
@@ -151,8 +160,7 @@ def _other_value(key, value):
     """A value different from ``value`` that passes the other checks."""
     if OmegaConf.is_config(value):
         value = OmegaConf.to_container(value)
-    special = {f"{A}.strategy": "fsdp2", "actor_rollout_ref.ref.strategy": "fsdp2", "critic.strategy": "fsdp2",
-               f"{R}.mode": "async"}
+    special = {f"{A}.strategy": "fsdp2", "actor_rollout_ref.ref.strategy": "fsdp2", "critic.strategy": "fsdp2"}
     if key in special:
         return special[key]
     if isinstance(value, bool):
@@ -191,7 +199,6 @@ def test_no_key_is_both_ignored_and_refused():
 
 
 @pytest.mark.parametrize("key, value, reason", [
-    (f"{R}.mode", "async", "generation runs synchronously"),
     ("trainer.max_critic_ckpt_to_keep", 2, "trainer.max_actor_ckpt_to_keep governs both"),
     ("trainer.del_local_ckpt_after_load", True, "the loaded checkpoint is kept"),
     ("reward_model.launch_reward_fn_async", True, "same results"),

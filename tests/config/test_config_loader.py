@@ -164,8 +164,11 @@ def test_verl_grpo_command_line_loads_and_validates():
     with pytest.raises(ConfigError, match=r"rollout.tensor_model_parallel_size=2 with actor_rollout_ref.rollout.name=vllm"):
         validate_ppo_config(cfg, world_size=1)
     cfg.actor_rollout_ref.rollout.tensor_model_parallel_size = 1
-    with pytest.raises(ConfigError, match=r"rollout.name=vllm with 8 workers: one vLLM engine per rank is not in this build"):
+    with pytest.raises(ConfigError, match=r"rollout.name=vllm with 8 workers needs actor_rollout_ref.rollout.mode=async"):
         validate_ppo_config(cfg, world_size=8)
+    cfg.actor_rollout_ref.rollout.mode = "async"  # one engine process per worker
+    validate_ppo_config(cfg, world_size=8)
+    cfg.actor_rollout_ref.rollout.mode = "sync"
     notes = validate_ppo_config(cfg, world_size=1)
     text = "\n".join(notes)
     assert "gpu_memory_utilization" not in text  # vLLM reads it

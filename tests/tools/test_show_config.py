@@ -52,7 +52,7 @@ def test_check_runs_the_start_up_checks(capsys):
     good = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=4"]
-    assert main(["--check", "--only", "trainer.total_epochs", *good, "actor_rollout_ref.rollout.mode=async"]) == 0
+    assert main(["--check", "--only", "trainer.total_epochs", *good, "trainer.del_local_ckpt_after_load=True"]) == 0
     err = capsys.readouterr().err.splitlines()
-    assert err[0].startswith("hybridrl: note: actor_rollout_ref.rollout.mode='async' is ignored") and len(err) == 2
+    assert err[0].startswith("hybridrl: note: trainer.del_local_ckpt_after_load=True is ignored") and len(err) == 2
     assert err[1] == "hybridrl config: checks passed (1 note(s))"

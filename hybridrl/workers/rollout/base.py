@@ -21,24 +21,53 @@ class RolloutEngineError(RuntimeError):
     setting, a prompt longer than the engine allows): printed as one line."""
 
 
-def register_rollout(name: str):
+ASYNC_ROLLOUT_REGISTRY: dict[str, type["BaseRollout"]] = {}
+
+
+class SampledIds(list):
+    """Token ids one engine call sampled for one sequence (a ``list[int]``), with ``log_probs``:
+    their fp32 log-probs under the sampling distribution, one per id, or None when the engine
+    did not record them. Slicing keeps them aligned: ``ids.head(k)``."""
+
+    def __init__(self, ids=(), log_probs=None) -> None:
+        super().__init__(int(t) for t in ids)
+        self.log_probs = None if log_probs is None else [float(x) for x in log_probs][: len(self)]
+        if self.log_probs is not None and len(self.log_probs) != len(self):
+            raise ValueError(f"SampledIds: {len(self)} ids but {len(self.log_probs)} log-probs")
+
+    def head(self, k: int) -> "SampledIds":
+        """The first ``k`` ids with their log-probs."""
+        return SampledIds(self[:k], None if self.log_probs is None else self.log_probs[:k])
+
+
+def register_rollout(name: str, mode: str = "sync"):
+    """Class decorator: the engine of ``rollout.name=name`` in ``rollout.mode=mode`` (sync | async)."""
+    registry = ASYNC_ROLLOUT_REGISTRY if mode == "async" else ROLLOUT_REGISTRY
+
     def decorator(cls):
-        ROLLOUT_REGISTRY[name] = cls
+        registry[name] = cls
         return cls
 
     return decorator
 
 
-def get_rollout_cls(name: str) -> type["BaseRollout"]:
-    """Engine class for ``actor_rollout_ref.rollout.name``.
+def get_rollout_cls(name: str, mode: str = "sync") -> type["BaseRollout"]:
+    """Engine class for ``actor_rollout_ref.rollout.name`` and ``.mode``.
 
     A name in ``hybridrl.config.key_tables.OPTIONAL_ENGINES`` (sglang, sglang_async) with no
     engine registered under it falls back to the HF engine; the config check notes it once at
     start-up.
 
     Raises:
+        RolloutEngineError: ``mode=async`` for an engine that has no async server mode.
         ValueError: an unknown engine name.
     """
+    if mode == "async":
+        if name in ASYNC_ROLLOUT_REGISTRY:
+            return ASYNC_ROLLOUT_REGISTRY[name]
+        raise RolloutEngineError(
+            f"actor_rollout_ref.rollout.mode=async: the {name!r} engine has no async server mode "
+            f"(engines with one: {', '.join(sorted(ASYNC_ROLLOUT_REGISTRY))}); set rollout.name=vllm or rollout.mode=sync")
     if name in ROLLOUT_REGISTRY:
         return ROLLOUT_REGISTRY[name]
     if name in OPTIONAL_ENGINES:
@@ -86,7 +115,10 @@ class BaseRollout(abc.ABC):
         with the actor module itself has nothing to do.
 
     Optional, for multi-turn agent loops (``hybridrl.agents``): ``generate_token_ids(prompt_ids,
-    max_new_tokens, sampling_kwargs, stop_strings)`` and ``pad_token_id``, as :class:`HFRollout`.
+    max_new_tokens, sampling_kwargs, stop_strings) -> list[SampledIds]`` and ``pad_token_id``, as
+    :class:`HFRollout`. An engine with its own scheduler (``rollout.mode=async``) offers instead
+    ``async agenerate(prompt_ids, sampling_kwargs, max_new_tokens, stop_strings) -> SampledIds``,
+    one request per sequence and turn.
     """
 
     @abc.abstractmethod

@@ -8,8 +8,8 @@ import torch
 
 from hybridrl.models import to_torch_dtype
 from hybridrl.protocol import DataProto
-from hybridrl.workers.rollout.base import (BaseRollout, get_response_mask, register_rollout, resolve_sampling,
-                                           rollout_output)
+from hybridrl.workers.rollout.base import (BaseRollout, SampledIds, get_response_mask, register_rollout,
+                                           resolve_sampling, rollout_output)
 from hybridrl.models.attention import ATTENTION_NAME, use_hybridrl_attention
 from hybridrl.workers.rollout.decoding import InverseCDFSampler, SampledLogProbRecorder
 
@@ -105,7 +105,7 @@ class HFRollout(BaseRollout):
 
     @torch.no_grad()
     def generate_token_ids(self, prompt_ids: list[list[int]], max_new_tokens: int, sampling_kwargs: dict | None = None,
-                           stop_strings: list[str] | None = None) -> list[list[int]]:
+                           stop_strings: list[str] | None = None) -> list[SampledIds]:
         """Token-in, token-out generation for the agent loops (``hybridrl.agents.engine``).
 
         Args:
@@ -117,7 +117,8 @@ class HFRollout(BaseRollout):
 
         Returns:
             The new ids of each sequence: up to and including its first EOS token or the token
-            that completes a stop string, whichever comes first; never padding.
+            that completes a stop string, whichever comes first; never padding. Their
+            ``log_probs`` are under the sampling distribution.
         """
         self.module.eval()
         sampling = resolve_sampling(sampling_kwargs or {}, self.config)
@@ -131,8 +132,11 @@ class HFRollout(BaseRollout):
         out = []
         for start in range(0, len(prompt_ids), chunk):
             rows = slice(start, start + chunk)
-            new, _ = self._generate(input_ids[rows], attention_mask[rows], sampling, fields, int(max_new_tokens), **extra)
-            out.extend(_trim_new_ids(ids, self.eos_token_ids, stop_strings, self.tokenizer) for ids in new.tolist())
+            new, log_probs = self._generate(input_ids[rows], attention_mask[rows], sampling, fields, int(max_new_tokens),
+                                            **extra)
+            for ids, lp in zip(new.tolist(), log_probs.tolist()):
+                ids = _trim_new_ids(ids, self.eos_token_ids, stop_strings, self.tokenizer)
+                out.append(SampledIds(ids, lp[: len(ids)]))
         return out
 
     def _generate(self, input_ids, attention_mask, sampling: dict, fields: dict, response_length: int,

@@ -21,12 +21,13 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import warnings
 
 import torch
 
 from hybridrl.protocol import DataProto
-from hybridrl.workers.rollout.base import (BaseRollout, RolloutEngineError, get_response_mask, register_rollout,
-                                           resolve_sampling, rollout_output)
+from hybridrl.workers.rollout.base import (BaseRollout, RolloutEngineError, SampledIds, get_response_mask,
+                                           register_rollout, resolve_sampling, rollout_output)
 
 # Set before vLLM is imported, unless the user set them: the engine core and its one worker run
 # in this process (weights are handed over in memory), on CPU vLLM leaves thread binding alone,
@@ -76,6 +77,17 @@ def _hidden_unscannable_globals():
     ``vars(value).get(...)`` on each global; llvmlite's ``ffi.lib`` (loaded with numba, e.g. by
     bm25s) answers ``__dict__`` through ``__getattr__`` and the engine fails to start. The
     globals are put back right after."""
+    with warnings.catch_warnings():  # touching deprecated globals (torch.distributed.reduce_op) warns
+        warnings.simplefilter("ignore")
+        hidden = _hide_unscannable()
+    try:
+        yield
+    finally:
+        for namespace, attr, value in hidden:
+            namespace[attr] = value
+
+
+def _hide_unscannable() -> list[tuple[dict, str, object]]:
     import sys
 
     hidden = []
@@ -91,11 +103,7 @@ def _hidden_unscannable_globals():
             if not ok:
                 hidden.append((namespace, attr, value))
                 del namespace[attr]
-    try:
-        yield
-    finally:
-        for namespace, attr, value in hidden:
-            namespace[attr] = value
+    return hidden
 
 
 @register_rollout("vllm")
@@ -128,14 +136,18 @@ class VLLMRollout(BaseRollout):
         self.sleep_mode = bool(config.get("free_cache_engine", False)) and self.device.type == "cuda"
         self.sleeping = False
         self.max_model_len = int(config.get("max_model_len") or (config.prompt_length + config.response_length))
-        load_format = str(config.get("load_format") or "dummy")
-        self.dummy_load = load_format.startswith("dummy")
-        self._folder = tempfile.TemporaryDirectory(prefix="hybridrl-vllm-")
         base = actor_module.get_base_model() if hasattr(actor_module, "get_base_model") else actor_module  # LoRA
         self.architectures = ", ".join(base.config.architectures or [type(base).__name__])
-        _write_model_folder(base, tokenizer, self._folder.name, weights=not self.dummy_load)
-        self.llm = self._build_engine("dummy" if self.dummy_load else load_format)
-        if self.dummy_load:
+        self._start(actor_module, base)
+
+    def _start(self, actor_module: torch.nn.Module, base: torch.nn.Module) -> None:
+        """Writes the folder the engine starts from and starts it with the actor's weights."""
+        load_format = str(self.config.get("load_format") or "dummy")
+        dummy_load = load_format.startswith("dummy")
+        self._folder = tempfile.TemporaryDirectory(prefix="hybridrl-vllm-")
+        _write_model_folder(base, self.tokenizer, self._folder.name, weights=not dummy_load)
+        self._build_engine("dummy" if dummy_load else load_format)
+        if dummy_load:
             self.sync_weights(actor_module)
 
     def _engine_kwargs(self, load_format: str) -> dict:
@@ -148,7 +160,7 @@ class VLLMRollout(BaseRollout):
             max_num_batched_tokens=max(int(cfg.get("max_num_batched_tokens") or 8192), self.max_model_len),
             enable_chunked_prefill=bool(cfg.get("enable_chunked_prefill", True)),
             enable_prefix_caching=bool(cfg.get("enable_prefix_caching", True)),
-            disable_log_stats=bool(cfg.get("disable_log_stats", True)),
+            disable_log_stats=bool(cfg.get("disable_log_stats", True)), use_tqdm_on_load=False,
             distributed_executor_backend="uni", logprobs_mode="processed_logprobs",
             generation_config="vllm",  # no sampling defaults from the model folder
             enable_sleep_mode=self.sleep_mode,
@@ -164,23 +176,24 @@ class VLLMRollout(BaseRollout):
         extra.pop("disable_mm_preprocessor_cache", None)  # verl's multimodal key; no multimodal inputs here
         return {**kwargs, **extra}
 
-    def _build_engine(self, load_format: str):
-        """The engine, checked by generating one token: a model the platform's kernels cannot run
+    def _build_engine(self, load_format: str) -> None:
+        """Starts ``self.llm``, checked by generating one token: a model the platform's kernels cannot run
         (e.g. head_dim 16 on CPU) fails here, at start-up, not in the first step."""
-        vllm = self.vllm
         set_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op: put it back
         try:
             with _hidden_unscannable_globals():
-                llm = vllm.LLM(**self._engine_kwargs(load_format))
-            llm.generate([{"prompt_token_ids": [self.eos_token_ids[0]]}], vllm.SamplingParams(max_tokens=1),
-                         use_tqdm=False)
-            return llm
+                self.llm = self.vllm.LLM(**self._engine_kwargs(load_format))
+            self._generate([{"prompt_token_ids": [self.eos_token_ids[0]]}], [self.vllm.SamplingParams(max_tokens=1)])
         except (ValueError, RuntimeError, TypeError, NotImplementedError) as exc:
-            raise RolloutEngineError(f"actor_rollout_ref.rollout.name=vllm: vLLM could not start an engine for "
-                                     f"{self.architectures}: {(str(exc).strip().splitlines() or [type(exc).__name__])[0]}; "
-                                     "set actor_rollout_ref.rollout.name=hf for a model vLLM cannot load") from exc
+            raise self._start_error(exc) from exc
         finally:
             torch.set_num_threads = set_threads
+
+    def _start_error(self, exc: Exception) -> RolloutEngineError:
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return RolloutEngineError(f"actor_rollout_ref.rollout.name=vllm: vLLM could not start an engine for "
+                                  f"{self.architectures}: {first_line}; "
+                                  "set actor_rollout_ref.rollout.name=hf for a model vLLM cannot load")
 
     # ------------------------------------------------------------------ weights and memory
     @torch.no_grad()
@@ -188,11 +201,7 @@ class VLLMRollout(BaseRollout):
         """Loads the actor's weights into the running engine (a collective when the actor is
         FSDP-sharded: every rank calls this), in the engine's dtype, and resets the prefix cache.
         A LoRA actor sends its adapted layers with the adapters merged."""
-        from hybridrl.models.lora import is_lora_model, merged_lora_weights
-        from hybridrl.workers.sharding import full_state_dict
-
-        state = merged_lora_weights(actor_module) if is_lora_model(actor_module) else full_state_dict(actor_module)
-        weights = [(name, t.detach().to(self.dtype)) for name, t in state.items()]
+        weights = [(name, t.detach().to(self.dtype)) for name, t in actor_weights(actor_module).items()]
         self._wake_up()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
@@ -221,18 +230,14 @@ class VLLMRollout(BaseRollout):
             stop_token_ids=None if ignore_eos else list(self.eos_token_ids),
             stop=list(stop) if stop else None, include_stop_str_in_output=True,
             logprobs=0, detokenize=bool(stop), skip_special_tokens=False,
+            output_kind=self.vllm.sampling_params.RequestOutputKind.FINAL_ONLY,  # all n samples in one output
         )
 
     def _run(self, prompt_ids: list[list[int]], sampling: dict, max_tokens: int, stop=None) -> list:
         """``llm.generate`` over ``prompt_ids``, grouped by identical consecutive prompts: one
         request with ``n`` samples per group (greedy: one sample, shared by the group's rows).
         Returns one ``CompletionOutput`` per input row, in order."""
-        too_long = [len(ids) for ids in prompt_ids if len(ids) >= self.max_model_len]
-        if too_long:
-            raise RolloutEngineError(
-                f"vLLM rollout: a prompt of {max(too_long)} tokens does not fit actor_rollout_ref.rollout."
-                f"max_model_len={self.max_model_len} (prompt + response); raise max_model_len or lower "
-                "data.max_prompt_length")
+        self._check_prompt_lengths(prompt_ids)
         groups: list[list[int]] = []  # row indices; rows of one group share their prompt
         for i, ids in enumerate(prompt_ids):
             if groups and prompt_ids[groups[-1][0]] == ids:
@@ -243,12 +248,24 @@ class VLLMRollout(BaseRollout):
         greedy = not sampling["do_sample"]
         params = [self._sampling_params(sampling, max_tokens, 1 if greedy else len(g), stop) for g in groups]
         self._wake_up()
-        with torch_threads(self.cpu_threads):
-            outputs = self.llm.generate(requests, params, use_tqdm=False)
+        outputs = self._generate(requests, params)
         self._sleep()
         if greedy:
             return [out.outputs[0] for out, g in zip(outputs, groups) for _ in g]
         return [completion for out in outputs for completion in out.outputs]
+
+    def _generate(self, requests: list[dict], params: list) -> list:
+        """The engine's ``RequestOutput`` per request, in order."""
+        with torch_threads(self.cpu_threads):
+            return self.llm.generate(requests, params, use_tqdm=False)
+
+    def _check_prompt_lengths(self, prompt_ids: list[list[int]]) -> None:
+        too_long = [len(ids) for ids in prompt_ids if len(ids) >= self.max_model_len]
+        if too_long:
+            raise RolloutEngineError(
+                f"vLLM rollout: a prompt of {max(too_long)} tokens does not fit actor_rollout_ref.rollout."
+                f"max_model_len={self.max_model_len} (prompt + response); raise max_model_len or lower "
+                "data.max_prompt_length")
 
     @torch.no_grad()
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -259,12 +276,12 @@ class VLLMRollout(BaseRollout):
         completions = self._run(prompt_ids, resolve_sampling(prompts.meta_info, self.config), response_length)
         responses = torch.full((len(prompt_ids), response_length), self.pad_token_id, dtype=torch.long)
         log_probs = torch.zeros(responses.shape)
-        for i, c in enumerate(completions):
-            ids = list(c.token_ids)[:response_length]
+        samples = [sampled_ids(c).head(response_length) for c in completions]
+        for i, ids in enumerate(samples):
             responses[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-            if c.logprobs:
-                log_probs[i, : len(ids)] = torch.tensor([lp[t].logprob for t, lp in zip(ids, c.logprobs)])
-        lengths = torch.tensor([min(len(c.token_ids), response_length) for c in completions])
+            if ids.log_probs:
+                log_probs[i, : len(ids)] = torch.tensor(ids.log_probs)
+        lengths = torch.tensor([len(ids) for ids in samples])
         generated = (torch.arange(response_length)[None] < lengths[:, None]).long()  # the pad after a short row is not EOS
         if not self.config.get("ignore_eos", False):
             generated = generated * get_response_mask(responses, self.eos_token_ids)
@@ -273,12 +290,29 @@ class VLLMRollout(BaseRollout):
 
     @torch.no_grad()
     def generate_token_ids(self, prompt_ids: list[list[int]], max_new_tokens: int, sampling_kwargs: dict | None = None,
-                           stop_strings: list[str] | None = None) -> list[list[int]]:
+                           stop_strings: list[str] | None = None) -> list[SampledIds]:
         """Token ids in, new token ids out (agent loops), as :meth:`HFRollout.generate_token_ids`:
         each sequence up to and including its EOS or the token that completes a stop string."""
         completions = self._run([list(p) for p in prompt_ids], resolve_sampling(sampling_kwargs or {}, self.config),
                                 max_new_tokens, stop_strings)
-        return [list(c.token_ids) for c in completions]
+        return [sampled_ids(c) for c in completions]
+
+
+def sampled_ids(completion) -> SampledIds:
+    """A vLLM ``CompletionOutput``'s token ids with their log-probs (requested with ``logprobs=0``:
+    the sampled token's own entry)."""
+    ids = list(completion.token_ids)
+    log_probs = [lp[t].logprob for t, lp in zip(ids, completion.logprobs)] if completion.logprobs else None
+    return SampledIds(ids, log_probs)
+
+
+def actor_weights(actor_module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weights an engine needs from the actor: the whole state dict (gathered when the actor
+    is FSDP-sharded: a collective), or for a LoRA actor its adapted layers with the adapters merged."""
+    from hybridrl.models.lora import is_lora_model, merged_lora_weights
+    from hybridrl.workers.sharding import full_state_dict
+
+    return merged_lora_weights(actor_module) if is_lora_model(actor_module) else full_state_dict(actor_module)
 
 
 def _write_model_folder(model: torch.nn.Module, tokenizer, folder: str, weights: bool) -> None:

@@ -1,0 +1,250 @@
+"""Rollout with vLLM's async engine (``rollout.mode=async``): one request per sequence and turn,
+each answered as soon as it is done.
+
+The agent loops (``hybridrl.agents``) send every turn of every sample as its own request
+(:meth:`AsyncVLLMRollout.agenerate`), concurrently: vLLM's scheduler batches whatever is in
+flight, a finished sample leaves the batch at once, and a long multi-turn episode holds no one
+back. ``generate_sequences`` sends the rows of a batch the same way.
+
+vLLM 0.32's ``AsyncLLM`` always runs its engine core in a child process, so unlike the
+colocated engine (:mod:`.vllm`) weights cannot be handed over as tensors in memory:
+``sync_weights`` writes the actor's weights as one safetensors file into a folder in RAM
+(``/dev/shm`` where there is one) and the engine reloads them in place from there
+(``reload_weights(weights_path=...)``). Being its own process, the engine also runs beside a
+trainer that uses ``torch.distributed``: with ``trainer.backend=ray`` and N workers each rank
+starts its own engine on its share of the batch.
+
+The client runs on an event loop of its own, in a daemon thread of the worker, so it outlives
+the short event loops of the agent manager. Every wait on the engine has a deadline
+(``rollout.engine_timeout_s``) and says what it waited for; a dead engine process is a
+:class:`RolloutEngineError` naming it, never a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import os
+import tempfile
+import threading
+import uuid
+import weakref
+
+import torch
+
+from hybridrl.workers.rollout.base import RolloutEngineError, SampledIds, register_rollout, resolve_sampling
+from hybridrl.workers.rollout.vllm import (VLLMRollout, _hidden_unscannable_globals, _write_model_folder,
+                                           actor_weights, sampled_ids)
+
+DEFAULT_ENGINE_TIMEOUT_S = 900.0
+WEIGHTS_FILE = "model.safetensors"
+
+
+def _ram_dir() -> str | None:
+    """A RAM-backed folder for the weights handed to the engine (None: the default temp dir)."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+@contextlib.contextmanager
+def _child_env(threads: int | None):
+    """Environment the engine process is spawned with: ``spawn`` (forking a process that runs
+    OpenMP and an event-loop thread is unsafe) and ``rollout.cpu_threads`` OpenMP threads."""
+    settings = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+    if threads:
+        settings["OMP_NUM_THREADS"] = str(int(threads))
+    before = {key: os.environ.get(key) for key in settings}
+    for key, value in settings.items():
+        if key == "VLLM_WORKER_MULTIPROC_METHOD" and before[key]:
+            continue  # the user's choice
+        os.environ[key] = value
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _shutdown(state: dict) -> None:
+    """Stops the engine of a rollout's ``__dict__``: vLLM's shutdown runs on the client's loop
+    (its sockets are closed there; left open, zmq would block the interpreter's exit), then the
+    loop stops. Dropping the last reference here, while the interpreter is whole, keeps
+    ``AsyncLLM.__del__`` from running again at exit, when it fails."""
+    llm, loop, thread = state.pop("llm", None), state.get("_loop"), state.get("_thread")
+    if llm is not None:
+        with contextlib.suppress(Exception):
+            if loop is not None and loop.is_running():
+                asyncio.run_coroutine_threadsafe(_shutdown_in_loop(llm), loop).result(timeout=60)
+            else:
+                llm.shutdown()
+        del llm
+    if loop is not None and thread is not None:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+
+
+async def _shutdown_in_loop(llm) -> None:
+    llm.shutdown()
+    await asyncio.sleep(0)  # the cancelled output handler finishes
+
+
+@register_rollout("vllm", mode="async")
+class AsyncVLLMRollout(VLLMRollout):
+    """vLLM's ``AsyncLLM`` behind the :class:`BaseRollout` contract, plus :meth:`agenerate` for
+    the agent loops. Sampling, log-probs, keys and errors are those of :class:`VLLMRollout`;
+    ``rollout.engine_timeout_s`` (default 900) bounds every wait on the engine.
+
+    Raises (at construction):
+        RolloutEngineError: vLLM missing, an architecture vLLM cannot load, or no engine within
+            the deadline.
+    """
+
+    def _start(self, actor_module: torch.nn.Module, base: torch.nn.Module) -> None:
+        self.timeout_s = float(self.config.get("engine_timeout_s") or DEFAULT_ENGINE_TIMEOUT_S)
+        self._folder = tempfile.TemporaryDirectory(prefix="hybridrl-vllm-async-", dir=_ram_dir())
+        _write_model_folder(base, self.tokenizer, self._folder.name, weights=False)
+        self._write_weights(actor_weights(actor_module))
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="hybridrl-vllm-async", daemon=True)
+        self._thread.start()
+        try:
+            self._call(self._astart(), "the vLLM engine process to start")
+        except (ValueError, RuntimeError, TypeError, NotImplementedError) as exc:
+            if isinstance(exc, RolloutEngineError):
+                raise
+            raise self._start_error(exc) from exc
+        self._finalizer = weakref.finalize(self, _shutdown, self.__dict__)  # also at exit
+
+    async def _astart(self) -> None:
+        """Builds the client on the engine's event loop and generates one token (see ``_build_engine``)."""
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(**self._engine_kwargs("safetensors"))
+        with _child_env(self.cpu_threads), _hidden_unscannable_globals():
+            self.llm = AsyncLLM.from_engine_args(args)
+        await self._one({"prompt_token_ids": [self.eos_token_ids[0]]}, self.vllm.SamplingParams(max_tokens=1))
+
+    def shutdown(self) -> None:
+        """Stops the engine process and the client's event loop (also done when garbage-collected)."""
+        self._finalizer()
+
+    # ------------------------------------------------------------------ waiting with deadlines
+    def _call(self, coro, what: str):
+        """Runs ``coro`` on the engine's loop and waits at most ``engine_timeout_s`` for it."""
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(self.timeout_s)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise self._timeout(what) from None
+
+    def _timeout(self, what: str) -> RolloutEngineError:
+        return RolloutEngineError(
+            f"vLLM async engine: no answer within actor_rollout_ref.rollout.engine_timeout_s={self.timeout_s:g} s "
+            f"while waiting for {what}; raise the deadline for long generations, or check the engine process")
+
+    def _dead(self, exc: Exception, what: str) -> RolloutEngineError:
+        return RolloutEngineError(
+            f"vLLM async engine: its process died while {what} ({type(exc).__name__}); the lines above from "
+            "EngineCore say why (often memory: lower rollout.kv_cache_memory_gb or max_num_seqs)")
+
+    async def _one(self, request: dict, params):
+        """The final ``RequestOutput`` of one request (runs on the engine's loop)."""
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        final = None
+        try:
+            async for output in self.llm.generate(request, params, request_id=uuid.uuid4().hex):
+                final = output
+        except EngineDeadError as exc:
+            raise self._dead(exc, "generating") from None
+        return final
+
+    # ------------------------------------------------------------------ weights and memory
+    def _write_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """``state`` in the engine's dtype as the folder's one safetensors file, replaced atomically.
+
+        Tied tensors (one storage under two names, e.g. ``lm_head`` and ``embed_tokens``) are
+        written under both names, the second as a copy (safetensors stores no shared tensors):
+        vLLM refreshes the CPU kernels' packed copy of a layer only when the reload names it
+        (measured: without ``lm_head.weight`` the output layer kept its old weights)."""
+        from safetensors.torch import save_file
+
+        seen, tensors = set(), {}
+        for name, tensor in state.items():
+            tensor = tensor.detach().to(device="cpu", dtype=self.dtype).contiguous()
+            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+            tensors[name] = tensor.clone() if key in seen else tensor
+            seen.add(key)
+        path = os.path.join(self._folder.name, WEIGHTS_FILE)
+        save_file(tensors, path + ".tmp", metadata={"format": "pt"})
+        os.replace(path + ".tmp", path)
+
+    @torch.no_grad()
+    def sync_weights(self, actor_module: torch.nn.Module) -> None:
+        """Hands the actor's weights to the engine process through the folder in RAM (a collective
+        when the actor is FSDP-sharded: every rank calls this) and resets its prefix cache."""
+        self._write_weights(actor_weights(actor_module))
+        self._wake_up()
+        self._call(self._reload(), "the engine to reload the weights")
+
+    async def _reload(self) -> None:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        try:
+            await self.llm.collective_rpc("reload_weights", kwargs={"weights_path": self._folder.name,
+                                                                    "is_checkpoint_format": True})
+            await self.llm.reset_prefix_cache()
+        except EngineDeadError as exc:
+            raise self._dead(exc, "reloading weights") from None
+
+    def _wake_up(self) -> None:
+        if self.sleeping:
+            self._call(self.llm.wake_up(), "the engine to wake up")
+            self.sleeping = False
+
+    def _sleep(self) -> None:
+        if self.sleep_mode and not self.sleeping:
+            self._call(self.llm.sleep(level=1), "the engine to sleep")
+            self.sleeping = True
+
+    # ------------------------------------------------------------------ generation
+    def _generate(self, requests: list[dict], params: list) -> list:
+        """All requests in flight at once; their final outputs in order."""
+
+        async def run_all():
+            return await asyncio.gather(*(self._one(r, p) for r, p in zip(requests, params)))
+
+        return self._call(run_all(), f"{len(requests)} generation requests")
+
+    async def agenerate(self, prompt_ids: list[int], sampling_kwargs: dict | None, max_new_tokens: int,
+                        stop_strings: list[str] | None = None) -> SampledIds:
+        """One sequence's next turn, from any event loop: a request of its own.
+
+        Args:
+            prompt_ids: the whole context so far, unpadded.
+            sampling_kwargs: ``do_sample`` / ``temperature`` / ``top_p`` / ``top_k`` overrides.
+            max_new_tokens: the most ids to sample, >= 1.
+            stop_strings: the turn also ends with the token that completes one of these.
+
+        Returns:
+            The new ids, up to and including EOS or the stop string's last token, with their
+            log-probs under the sampling distribution.
+
+        Raises:
+            RolloutEngineError: the prompt does not fit ``max_model_len``, the engine process
+                died, or no answer within ``rollout.engine_timeout_s``.
+        """
+        self._check_prompt_lengths([prompt_ids])
+        sampling = resolve_sampling(sampling_kwargs or {}, self.config)
+        params = self._sampling_params(sampling, max_new_tokens, 1, stop_strings)
+        future = asyncio.run_coroutine_threadsafe(self._one({"prompt_token_ids": list(prompt_ids)}, params), self._loop)
+        try:
+            output = await asyncio.wait_for(asyncio.wrap_future(future), self.timeout_s)
+        except asyncio.TimeoutError:
+            raise self._timeout(f"one agent turn of {len(prompt_ids)} context tokens") from None
+        return sampled_ids(output.outputs[0])
