@@ -84,6 +84,7 @@ def _check_values(config) -> None:
     _int_at_least(config, f"{ROLLOUT}.n", 1)
     _int_at_least(config, f"{ACTOR}.ppo_epochs", 1)
     _int_at_least(config, "trainer.critic_warmup", 0)
+    _check_run_length(config)
     for key, allowed in _choices(config).items():
         value = _get(config, key)
         if value not in allowed:
@@ -483,11 +484,35 @@ def _get(cfg, key: str, default=_REQUIRED):
     return node
 
 
-def _int_at_least(cfg, key: str, minimum: int, prefix: str | None = None) -> int:
+def _check_run_length(config) -> None:
+    """Numbers that decide how long a run trains and what it saves: checked before any model
+    loads, so a typo does not fail after the first step, and a run that would train nothing
+    (``total_epochs=0``, ``total_training_steps=-1``) does not exit 0 having done nothing."""
+    _int_at_least(config, "trainer.total_epochs", 1)
+    steps = _get(config, "trainer.total_training_steps", None)
+    if steps is not None:
+        _int_at_least(config, "trainer.total_training_steps", 1, hint="or null (total_epochs x batches per epoch)")
+    for key in ("trainer.save_freq", "trainer.test_freq"):
+        value = _get(config, key, None)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}={value!r} must be an integer (steps between events; <= 0: never)")
+    optimizers = [f"{ACTOR}.optim"] + (["critic.optim"] if _get(config, "algorithm.adv_estimator") == "gae" else [])
+    for section in optimizers:
+        lr = _get(config, f"{section}.lr", None)
+        try:  # YAML 1.1 reads "1e-6" as a string; build_optimizer converts it
+            positive = not isinstance(lr, bool) and float(lr) > 0
+        except (TypeError, ValueError):
+            positive = False
+        if not positive:
+            raise ConfigError(f"{section}.lr={lr!r} must be a number > 0 (1e-6 is usual for full fine-tuning)")
+
+
+def _int_at_least(cfg, key: str, minimum: int, prefix: str | None = None, hint: str = "") -> int:
     value = _get(cfg, key)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         name = f"{prefix}.{key}" if prefix else key
-        raise ConfigError(f"{name}={value!r} must be an integer >= {minimum}; set {name} to one")
+        raise ConfigError(f"{name}={value!r} must be an integer >= {minimum}{' ' + hint if hint else ''}; "
+                          f"set {name} to one")
     return value
 
 

@@ -10,7 +10,9 @@ manager combines them with the rule scores, see :class:`NaiveRewardManager`.
 
 from __future__ import annotations
 
+import inspect
 import logging
+import threading
 from typing import Any, Callable
 
 import torch
@@ -31,6 +33,38 @@ logger = logging.getLogger(__name__)
 
 _REWARD_MANAGERS: dict[str, type] = {}
 _ON_ERROR = ("raise", "zero")
+DEFAULT_SCORE_TIMEOUT_S = 60.0
+
+
+class ScoreTimeoutError(TimeoutError):
+    """A scoring call did not return within ``reward_model.timeout_s``."""
+
+
+def call_with_deadline(fn: Callable[..., Any], timeout_s: float, **kwargs) -> Any:
+    """``fn(**kwargs)`` in a daemon thread, waited for at most ``timeout_s`` seconds.
+
+    A call that overruns keeps running in its thread (Python cannot stop it) but nobody waits
+    for it, and being a daemon it does not hold the process at exit.
+
+    Raises:
+        ScoreTimeoutError: no result in time. Whatever ``fn`` raised, re-raised here.
+    """
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = fn(**kwargs)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="reward-fn", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise ScoreTimeoutError(f"no result within reward_model.timeout_s={timeout_s:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 class RewardFunctionError(RuntimeError):
@@ -101,6 +135,8 @@ class NaiveRewardManager:
         reward_fn_key: the non-tensor key holding each row's data source (``data.reward_fn_key``).
         on_error: ``"raise"`` (stop with :class:`RewardFunctionError`) or ``"zero"`` (score a
             failing sample 0 and report it in ``reward_extra_info["reward_error"]``).
+        timeout_s: the longest one scoring call may take (``reward_model.timeout_s``); a call
+            that overruns fails like one that raises (:class:`ScoreTimeoutError`).
 
     Raises:
         RewardConfigError: ``on_error`` is not ``"raise"`` or ``"zero"``.
@@ -113,6 +149,7 @@ class NaiveRewardManager:
         compute_score: Callable[..., Any] | None = None,
         reward_fn_key: str = "data_source",
         on_error: str = "raise",
+        timeout_s: float = DEFAULT_SCORE_TIMEOUT_S,
     ) -> None:
         if on_error not in _ON_ERROR:
             raise RewardConfigError(
@@ -124,6 +161,7 @@ class NaiveRewardManager:
         self.compute_score = compute_score or default_compute_score
         self.reward_fn_key = reward_fn_key
         self.on_error = on_error
+        self.timeout_s = float(timeout_s)
 
     def __call__(self, data: Any, return_dict: bool = False) -> torch.Tensor | dict:
         """Score a batch.
@@ -147,7 +185,8 @@ class NaiveRewardManager:
 
         Raises:
             RewardInputError: a needed key is missing or malformed.
-            RewardFunctionError: the scorer failed on a sample and ``on_error="raise"``.
+            RewardFunctionError: the scorer failed on a sample and ``on_error="raise"``, or on
+                every sample of the batch with ``on_error="zero"``.
         """
         rm_scores = data.batch["rm_scores"] if "rm_scores" in data.batch.keys() else None
         for key in ("prompts", "responses", "attention_mask"):
@@ -189,6 +228,11 @@ class NaiveRewardManager:
                 prompt_str = self.tokenizer.decode(prompts[i, prompt_len - vp:], skip_special_tokens=True)
                 self._print_sample(prompt_str, response_str, ground_truth, score, extras)
 
+        scored = sum(score is not None for score in rule_scores)
+        if failures and len(failures) == scored:
+            raise RewardFunctionError(
+                f"the reward function failed on all {scored} samples of this batch (reward_model.on_error=zero would "
+                f"train on all-zero rewards, which teaches nothing); first: {failures[0]}")
         if failures:
             logger.warning(
                 "reward function failed on %d of %d samples in this batch; they were scored 0 "
@@ -244,12 +288,8 @@ class NaiveRewardManager:
     def _score(self, i, data_source, solution_str, ground_truth, extra_info) -> tuple[float, dict, str | None]:
         """Call the scorer on one sample → (score, extras, failure or None), applying ``on_error``."""
         try:
-            result = self.compute_score(
-                data_source=data_source,
-                solution_str=solution_str,
-                ground_truth=ground_truth,
-                extra_info=extra_info,
-            )
+            result = call_with_deadline(self.compute_score, self.timeout_s, data_source=data_source,
+                                        solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info)
             score, extras = _split_result(result)
         except Exception as exc:
             where = f"sample {i} of the batch (data_source={data_source!r}): {type(exc).__name__}: {' '.join(str(exc).split())}"
@@ -277,6 +317,14 @@ def _collect_extras(extras_per_sample: list[dict]) -> dict[str, list]:
     for extras in extras_per_sample:
         keys.update(dict.fromkeys(extras))
     return {k: [extras.get(k) for extras in extras_per_sample] for k in keys}
+
+
+def _score_timeout(config: Any) -> float:
+    value = _cfg_get(config, "reward_model.timeout_s", DEFAULT_SCORE_TIMEOUT_S)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise RewardConfigError(f"reward_model.timeout_s={value!r} must be a number of seconds > 0 "
+                                f"(default {DEFAULT_SCORE_TIMEOUT_S:g})")
+    return float(value)
 
 
 def _cfg_get(config: Any, dotted: str, default: Any = None) -> Any:
@@ -330,6 +378,8 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0) -> An
     manager_name = _cfg_get(config, "reward_model.reward_manager", "naive")
     manager_cls = get_reward_manager_cls(manager_name)
     manager_kwargs = _to_plain_dict(_cfg_get(config, "reward_model.reward_kwargs", {}), "reward_model.reward_kwargs")
+    optional = {"timeout_s": _score_timeout(config)}  # passed to managers that take it (verl's do not)
+    accepted = inspect.signature(manager_cls).parameters
     try:
         return manager_cls(
             tokenizer=tokenizer,
@@ -337,6 +387,7 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0) -> An
             compute_score=compute_score,
             reward_fn_key=_cfg_get(config, "data.reward_fn_key", "data_source"),
             on_error=_cfg_get(config, "reward_model.on_error", "raise"),
+            **{k: v for k, v in optional.items() if k in accepted},
             **manager_kwargs,
         )
     except TypeError as exc:

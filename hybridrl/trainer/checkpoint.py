@@ -11,6 +11,7 @@ crash at any moment leaves the previous checkpoint intact and found by ``find_la
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -18,6 +19,8 @@ import shutil
 from typing import Callable
 
 import torch
+
+from hybridrl.workers.checkpoint_io import load_state_file
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 STATE_FILE = "trainer_state.json"
@@ -56,12 +59,21 @@ def save_checkpoint(
     final = os.path.join(root, f"global_step_{global_step}")
     tmp = os.path.join(root, f".global_step_{global_step}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    write_workers(tmp)
-    if dataloader_state is not None:
-        torch.save(dataloader_state, os.path.join(tmp, "data.pt"))
-    with open(os.path.join(tmp, STATE_FILE), "w") as f:
-        json.dump({**(trainer_state or {}), "global_step": global_step}, f)
+    try:
+        os.makedirs(tmp)
+        write_workers(tmp)
+        if dataloader_state is not None:
+            torch.save(dataloader_state, os.path.join(tmp, "data.pt"))
+        with open(os.path.join(tmp, STATE_FILE), "w") as f:
+            json.dump({**(trainer_state or {}), "global_step": global_step}, f)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)  # never leave half a checkpoint behind
+        if _out_of_space(exc):
+            raise CheckpointError(
+                f"no space left on the device of {root} while writing the step {global_step} checkpoint; the "
+                "half-written folder was removed and the earlier checkpoints are intact; free space, or keep fewer "
+                "(trainer.max_actor_ckpt_to_keep) or save less often (trainer.save_freq)") from None
+        raise
     if os.path.exists(final):  # re-saving a step (e.g. after a resume): swap, then drop the old one
         stale = f"{final}.stale"
         shutil.rmtree(stale, ignore_errors=True)
@@ -74,6 +86,15 @@ def save_checkpoint(
     if max_to_keep:
         _prune(root, max_to_keep)
     return final
+
+
+def _out_of_space(exc: BaseException) -> bool:
+    """ENOSPC anywhere in the chain, or in a worker's error message (Ray sends text)."""
+    while exc is not None:
+        if getattr(exc, "errno", None) == errno.ENOSPC or "No space left on device" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _complete_steps(root: str) -> list[int]:
@@ -90,24 +111,125 @@ def _prune(root: str, max_to_keep: int) -> None:
         shutil.rmtree(os.path.join(root, f"global_step_{step}"), ignore_errors=True)
 
 
-def find_latest_checkpoint(root: str) -> str | None:
-    """The newest complete ``global_step_<N>`` folder under ``root``, or None."""
+def find_latest_checkpoint(root: str, verify: bool = True) -> str | None:
+    """The newest intact ``global_step_<N>`` folder under ``root``, or None when there is none.
+
+    The tracker file's step comes first, then the other complete folders, newest first. With
+    ``verify`` each candidate is checked (:func:`verify_checkpoint`); a damaged one is reported
+    in one line and the next older one is tried.
+
+    Raises:
+        CheckpointError: checkpoints exist but every one is damaged (names the newest and why).
+    """
+    candidates = [os.path.join(root, f"global_step_{step}") for step in reversed(_complete_steps(root))]
     tracker = os.path.join(root, TRACKER_FILE)
     if os.path.exists(tracker):
         with open(tracker) as f:
             text = f.read().strip()
         path = os.path.join(root, f"global_step_{text}")
-        if text.isdigit() and os.path.exists(os.path.join(path, STATE_FILE)):
+        if text.isdigit() and path in candidates:
+            candidates.remove(path)
+            candidates.insert(0, path)
+    first_damage = None
+    for path in candidates:
+        if not verify:
             return path
-    steps = _complete_steps(root)
-    return os.path.join(root, f"global_step_{steps[-1]}") if steps else None
+        try:
+            verify_checkpoint(path)
+            return path
+        except CheckpointError as exc:
+            first_damage = first_damage or str(exc)
+            print(f"hybridrl: skipping a damaged checkpoint: {exc}", flush=True)
+    if first_damage is not None:
+        raise CheckpointError(f"no intact checkpoint in {root} (newest: {first_damage}); remove the damaged "
+                              "global_step_* folders or start over with trainer.resume_mode=disable")
+    return None
+
+
+def verify_checkpoint(path: str) -> None:
+    """Checks that every file of the step folder ``path`` can be read, before any is used:
+    ``trainer_state.json`` parses, every ``*.pt`` state file loads (``weights_only``), every
+    ``*.safetensors`` file opens, and every DCP shard is as long as its ``.metadata`` says.
+
+    Raises:
+        CheckpointError: one line naming the damaged file and what is wrong with it.
+    """
+    state_file = os.path.join(path, STATE_FILE)
+    try:
+        with open(state_file) as f:
+            step = json.load(f)["global_step"]
+        if not isinstance(step, int):
+            raise ValueError(f"global_step is {step!r}")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{state_file}: unreadable ({type(exc).__name__}: {exc})") from None
+    for folder, _, files in os.walk(path):
+        for name in sorted(files):
+            file = os.path.join(folder, name)
+            if name.endswith(".pt"):
+                load_state_file(file)
+            elif name.endswith(".safetensors"):
+                _verify_safetensors(file)
+        if ".metadata" in files:
+            _verify_dcp(folder)
+
+
+def _verify_safetensors(file: str) -> None:
+    """The header parses and the file holds every tensor's bytes (a cut file fails here)."""
+    try:
+        with open(file, "rb") as f:
+            header_size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(header_size))
+        ends = [meta["data_offsets"][1] for key, meta in header.items() if key != "__metadata__"]
+        needed = 8 + header_size + max(ends, default=0)
+        if os.path.getsize(file) < needed:
+            raise ValueError(f"{os.path.getsize(file)} bytes, its header describes {needed}")
+    except Exception as exc:  # noqa: BLE001 - any failure to parse means a damaged file
+        raise CheckpointError(f"{file}: damaged safetensors file ({type(exc).__name__}: {exc})") from None
+
+
+def _verify_dcp(folder: str) -> None:
+    """Every shard file named by the DCP ``.metadata`` of ``folder`` holds the bytes it should."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        metadata = FileSystemReader(folder).read_metadata()
+    except Exception as exc:  # noqa: BLE001 - an empty or cut .metadata fails in several ways
+        raise CheckpointError(f"{os.path.join(folder, '.metadata')}: unreadable ({type(exc).__name__})") from None
+    needed: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    for relative, size in sorted(needed.items()):
+        file = os.path.join(folder, relative)
+        actual = os.path.getsize(file) if os.path.exists(file) else None
+        if actual is None or actual < size:
+            raise CheckpointError(f"{file}: {'missing' if actual is None else f'{actual} bytes'}, "
+                                  f"its .metadata needs {size}: the shard is truncated")
+
+
+def require_intact_checkpoint(path: str) -> None:
+    """``trainer.resume_from_path``: a complete step folder whose files all read.
+
+    Raises:
+        CheckpointError: the folder is not a complete checkpoint, or one of its files is damaged.
+    """
+    if not os.path.exists(os.path.join(path, STATE_FILE)):
+        raise CheckpointError(
+            f"trainer.resume_from_path: {path} is not a complete checkpoint (no {STATE_FILE}); "
+            f"point it at a global_step_<N> folder"
+        )
+    try:
+        verify_checkpoint(path)
+    except CheckpointError as exc:
+        raise CheckpointError(f"trainer.resume_from_path: {exc}; point it at an intact global_step_<N> "
+                              "folder") from None
 
 
 def read_checkpoint(path: str) -> tuple[dict, dict | None]:
     """``(trainer_state, dataloader_state)`` of a step folder; ``trainer_state["global_step"]``.
 
     Raises:
-        CheckpointError: the folder is not a complete hybridrl checkpoint.
+        CheckpointError: the folder is not a complete hybridrl checkpoint, or its state files
+            do not read.
     """
     state_file = os.path.join(path, STATE_FILE)
     if not os.path.exists(state_file):
@@ -115,8 +237,11 @@ def read_checkpoint(path: str) -> tuple[dict, dict | None]:
             f"trainer.resume_from_path: {path} is not a complete checkpoint (no {STATE_FILE}); "
             f"point it at a global_step_<N> folder"
         )
-    with open(state_file) as f:
-        trainer_state = json.load(f)
+    try:
+        with open(state_file) as f:
+            trainer_state = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{state_file}: unreadable ({type(exc).__name__}: {exc})") from None
     data_file = os.path.join(path, "data.pt")
-    dataloader_state = torch.load(data_file, weights_only=False) if os.path.exists(data_file) else None
+    dataloader_state = load_state_file(data_file) if os.path.exists(data_file) else None
     return trainer_state, dataloader_state

@@ -308,6 +308,7 @@ class PPOTrainer:
             return
         if trainer_cfg.resume_mode == "resume_path":
             path = trainer_cfg.resume_from_path
+            checkpoint.require_intact_checkpoint(path)
         else:
             path = checkpoint.find_latest_checkpoint(trainer_cfg.default_local_dir)
             if path is None:

@@ -272,7 +272,9 @@ def find_resume_checkpoint(trainer_cfg) -> str | None:
     if trainer_cfg.resume_mode == "disable":
         return None
     if trainer_cfg.resume_mode == "resume_path":
-        return os.path.abspath(os.path.expanduser(trainer_cfg.resume_from_path))
+        path = os.path.abspath(os.path.expanduser(trainer_cfg.resume_from_path))
+        checkpoint.require_intact_checkpoint(path)
+        return path
     return checkpoint.find_latest_checkpoint(trainer_cfg.default_local_dir)
 
 

@@ -118,7 +118,7 @@ class SupervisedTrainer:
             CheckpointError: ``path`` lacks the optimizer or schedule file.
         """
         from hybridrl.trainer import checkpoint
-        from hybridrl.workers.checkpoint_io import set_rng_state
+        from hybridrl.workers.checkpoint_io import load_state_file, set_rng_state
 
         trainer_state, dataloader_state = checkpoint.read_checkpoint(path)
         for name in (OPTIM_FILE, EXTRA_FILE):
@@ -126,7 +126,7 @@ class SupervisedTrainer:
                 raise checkpoint.CheckpointError(f"checkpoint {path} has no {name}; {self.resume_hint}")
         self.optimizer.load_state_dict(torch.load(os.path.join(path, OPTIM_FILE), map_location=self.device,
                                                   weights_only=True))
-        extra = torch.load(os.path.join(path, EXTRA_FILE), weights_only=False)
+        extra = load_state_file(os.path.join(path, EXTRA_FILE))
         self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
         if dataloader_state is not None:
             self.train_dataloader.load_state_dict(dataloader_state)

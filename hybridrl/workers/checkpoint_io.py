@@ -36,6 +36,31 @@ def _extra_state_path(local_path: str, rank: int, world_size: int) -> str:
     return os.path.join(local_path, f"extra_state_world_size_{world_size}_rank_{rank}.pt")
 
 
+# What the state files (data.pt, extra_state_*.pt) may hold besides tensors and plain Python
+# values: numpy's RNG state is an array. Loading allows nothing else (no code runs from a file).
+_SAFE_NUMPY = (np.ndarray, np.dtype, np.dtype(np.uint32).__class__, np._core.multiarray._reconstruct)
+
+
+def load_state_file(path: str):
+    """A state file written with ``torch.save`` (tensors, numbers, strings, containers, numpy
+    arrays), loaded with ``weights_only=True``: a file that asks to import or run anything else
+    is refused, never executed.
+
+    Raises:
+        CheckpointError: the file is truncated, damaged, or holds objects beyond those (one line,
+            naming the file).
+    """
+    from hybridrl.trainer.checkpoint import CheckpointError
+
+    try:
+        with torch.serialization.safe_globals(list(_SAFE_NUMPY)):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - unpickling, zip and EOF errors all mean a bad file
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise CheckpointError(f"{path}: not a readable hybridrl state file ({type(exc).__name__}: {reason}); "
+                              "it is damaged or was not written by hybridrl") from None
+
+
 def rng_state() -> dict:
     state = {"cpu": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()}
     if torch.cuda.is_available():
@@ -143,8 +168,7 @@ def load_worker_state(local_path, module, optimizer, lr_scheduler, rank, world_s
     dcp.load(state, checkpoint_id=os.path.join(local_path, DCP_DIR), no_dist=not _distributed())
     set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                    options=options)
-    extra = torch.load(_extra_state_path(local_path, min(rank, saved_world - 1), saved_world),
-                       map_location="cpu", weights_only=False)
+    extra = load_state_file(_extra_state_path(local_path, min(rank, saved_world - 1), saved_world))
     lr_scheduler.load_state_dict(extra["lr_scheduler"])
     if saved_world == world_size:
         set_rng_state(extra["rng"])

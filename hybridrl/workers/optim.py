@@ -10,7 +10,7 @@ def build_optimizer(module: torch.nn.Module, optim_cfg) -> torch.optim.Optimizer
     betas = tuple(optim_cfg.get("betas", (0.9, 0.999)))
     return torch.optim.AdamW(
         [p for p in module.parameters() if p.requires_grad],
-        lr=optim_cfg.lr,
+        lr=float(optim_cfg.lr),  # YAML 1.1 reads "1e-6" as a string
         betas=betas,
         weight_decay=optim_cfg.get("weight_decay", 0.01),
     )

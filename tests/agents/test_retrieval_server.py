@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from hybridrl.agents.retrieval import BM25Index, HttpRetriever
-from hybridrl.agents.retrieval_server import create_app, main
+from hybridrl.agents.retrieval_server import MAX_QUERIES, MAX_QUERY_CHARS, MAX_TOPK, create_app, main
 
 DOCS = [
     {"id": "a", "contents": '"Paris"\nParis is the capital and most populous city of France.'},
@@ -85,6 +85,12 @@ def test_wire_format_without_scores_and_default_topk(server_url):
 def test_bad_requests_are_rejected(server_url):
     assert requests.post(server_url + "/retrieve", json={"queries": ["x"], "topk": 0}, timeout=10).status_code == 422
     assert requests.post(server_url + "/retrieve", json={"topk": 2}, timeout=10).status_code == 422
+    # caps: the answer's size and the search's CPU time are bounded before any search runs
+    for body in ({"queries": ["x"], "topk": MAX_TOPK + 1}, {"queries": ["x"] * (MAX_QUERIES + 1)},
+                 {"queries": ["word " * MAX_QUERY_CHARS]}):
+        assert requests.post(server_url + "/retrieve", json=body, timeout=10).status_code == 422
+    at_caps = {"queries": ["x" * MAX_QUERY_CHARS] * MAX_QUERIES, "topk": MAX_TOPK}
+    assert requests.post(server_url + "/retrieve", json=at_caps, timeout=30).status_code == 200
     health = requests.get(server_url + "/health", timeout=10)
     assert health.status_code == 200 and health.json() == {"status": "ok", "num_docs": 4}
 
@@ -120,7 +126,10 @@ def test_cli_index_then_serve(tmp_path, corpus_path, capsys):
         proc.wait(timeout=10)
 
 
-def test_cli_errors_are_one_line(tmp_path, capsys):
+def test_cli_errors_are_one_line(tmp_path, capsys, corpus_path):
+    assert main(["serve", "--corpus", corpus_path, "--port", "99999"]) == 2  # before building the index
+    err = capsys.readouterr().err.strip()
+    assert err == "hybridrl retriever: error: --port 99999: not a TCP port (0-65535; 0 picks a free one)"
     assert main(["serve", "--port", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("hybridrl retriever: error: retriever: give a corpus jsonl") and "\n" not in err

@@ -3,6 +3,7 @@ interactions: the loader and the GSM8K teacher."""
 
 import asyncio
 import textwrap
+import time
 
 import pytest
 
@@ -99,10 +100,18 @@ def test_calculator_evaluates_arithmetic(expression, expected):
     assert run(CalculatorTool().execute("x", {"expression": expression}))[0] == expected
 
 
-@pytest.mark.parametrize("expression", ["__import__('os').getcwd()", "x + 1", "1 / 0", "9 ** 9 ** 9", "'a' * 3", "1 +"])
+@pytest.mark.parametrize("expression", ["__import__('os').getcwd()", "x + 1", "1 / 0", "9 ** 9 ** 9", "'a' * 3", "1 +",
+                                        "10**4000000 * 10**4000000", "2 ** 4097", "1 < 2", "1 << 99999999"])
 def test_calculator_refuses_what_is_not_safe_arithmetic(expression):
+    """Including work that would hold the event loop: integers are bounded before they are computed."""
+    started = time.process_time()
     text, reward, metrics = run(CalculatorTool().execute("x", {"expression": expression}))
     assert text.startswith("Error:") and metrics == {"error": 1}
+    assert time.process_time() - started < 0.5  # 10**4000000 * 10**4000000 alone took 24 s unbounded
+
+
+def test_calculator_computes_up_to_its_bound():
+    assert run(CalculatorTool().execute("x", {"expression": "2 ** 4096"}))[0] == str(2 ** 4096)
 
 
 class FailingRetriever:
@@ -136,6 +145,11 @@ def test_search_tool_failures_are_error_responses(corpus_file):
     slow.set_default_retriever(lambda: FailingRetriever(delay_s=0.5))
     text, _, metrics = run(slow.execute("x", {"query_list": ["Nile"]}))
     assert "did not answer within 0.05 s" in text and metrics == {"search_error": 1}
+    stuck = SearchTool(config={"timeout": 0.1})
+    stuck.set_default_retriever(lambda: FailingRetriever(delay_s=20))
+    started = time.perf_counter()  # the event loop closes without waiting for the stuck thread
+    assert "did not answer within 0.1 s" in run(stuck.execute("x", {"query_list": ["Nile"]}))[0]
+    assert time.perf_counter() - started < 5
     assert run(down.execute("x", {"query_list": []}))[0].startswith("Error: give at least one")
     own = SearchTool(config={"corpus_path": corpus_file, "topk": 2})  # its own in-process index
     assert run(own.execute("x", {"query_list": ["river Africa"]}))[0].startswith('Doc 1(Title: "Nile")')

@@ -226,3 +226,22 @@ def test_a_key_copied_by_interpolation_is_noted_once():
     # set directly to something else than its source, the copying key gets its own note
     cfg = load_config(BASE + ["actor_rollout_ref.ref.use_torch_compile=false"])
     assert [n.split("=")[0] for n in validate_ppo_config(cfg)] == ["actor_rollout_ref.ref.use_torch_compile"]
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("trainer.total_training_steps", -1, "trainer.total_training_steps=-1 must be an integer >= 1 or null"),
+    ("trainer.total_training_steps", "abc", "trainer.total_training_steps='abc' must be an integer >= 1"),
+    ("trainer.total_epochs", 0, "trainer.total_epochs=0 must be an integer >= 1"),
+    ("trainer.save_freq", "abc", "trainer.save_freq='abc' must be an integer"),
+    ("trainer.test_freq", 1.5, "trainer.test_freq=1.5 must be an integer"),
+    (f"{A}.optim.lr", "abc", f"{A}.optim.lr='abc' must be a number > 0"),
+    (f"{A}.optim.lr", -1, f"{A}.optim.lr=-1 must be a number > 0"),
+])
+def test_run_length_and_learning_rate_are_checked_at_start_up(base_cfg, key, value, expected):
+    """A run that would train nothing, or fail only after its first step, stops before loading a model."""
+    msg = error_of(with_keys(base_cfg, {key: value}))
+    assert msg.startswith(expected) and "\n" not in msg
+
+
+def test_a_learning_rate_yaml_reads_as_a_string_is_accepted(base_cfg):
+    assert validate_ppo_config(with_keys(base_cfg, {f"{A}.optim.lr": "1e-6"})) == []

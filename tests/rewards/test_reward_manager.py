@@ -2,6 +2,7 @@
 
 import logging
 import textwrap
+import time
 
 import pytest
 import torch
@@ -157,6 +158,14 @@ def test_on_error_zero_scores_zero_and_warns_once(tokenizer, caplog):
     assert len(warnings) == 1 and "2 of 3" in warnings[0].getMessage()
 
 
+def test_on_error_zero_stops_when_every_sample_fails(tokenizer):
+    """An unknown data source or a broken scorer fails every sample: all-zero rewards train nothing."""
+    data, _ = make_batch(tokenizer, ["q"] * 2, ["boom", "boom"], ["a"] * 2, [""] * 2)
+    with pytest.raises(RewardFunctionError, match=r"failed on all 2 samples of this batch .*first: .*ZeroDivision") as err:
+        NaiveRewardManager(tokenizer, 0, compute_score=_flaky, on_error="zero")(data)
+    assert "\n" not in str(err.value)
+
+
 def test_bad_return_value_is_a_reward_function_error(tokenizer):
     data, _ = make_batch(tokenizer, ["q"], ["a"], ["d"], ["a"])
     with pytest.raises(RewardFunctionError, match="without a 'score' key"):
@@ -235,3 +244,30 @@ def test_load_reward_manager_defaults_and_bad_kwargs(tokenizer):
     bad = OmegaConf.create({"reward_model": {"reward_kwargs": {"max_resp_len": 10}}})
     with pytest.raises(RewardConfigError, match="reward_model.reward_kwargs"):
         load_reward_manager(bad, tokenizer)
+
+
+def _sleepy(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str == "hang":
+        time.sleep(30)
+    return 1.0
+
+
+def test_a_scorer_that_never_returns_meets_its_deadline(tokenizer):
+    data, _ = make_batch(tokenizer, ["q"] * 2, ["ok", "hang"], ["a"] * 2, [""] * 2)
+    started = time.perf_counter()
+    with pytest.raises(RewardFunctionError, match=r"sample 1 .*ScoreTimeoutError: no result within "
+                                                  r"reward_model.timeout_s=0.5 s") as err:
+        NaiveRewardManager(tokenizer, 0, compute_score=_sleepy, timeout_s=0.5)(data)
+    assert time.perf_counter() - started < 5 and "\n" not in str(err.value)
+    # with on_error=zero the late sample scores 0 and the others are kept
+    out = NaiveRewardManager(tokenizer, 0, compute_score=_sleepy, on_error="zero", timeout_s=0.5)(data, return_dict=True)
+    assert out["reward_extra_info"]["reward_error"] == [0.0, 1.0] and out["reward_tensor"].sum() == 1.0
+
+
+def test_the_deadline_comes_from_the_config(tokenizer):
+    from hybridrl.rewards.manager import load_reward_manager
+
+    manager = load_reward_manager({"reward_model": {"timeout_s": 7}}, tokenizer)
+    assert manager.timeout_s == 7.0
+    with pytest.raises(RewardConfigError, match=r"reward_model.timeout_s='soon' must be a number of seconds > 0"):
+        load_reward_manager({"reward_model": {"timeout_s": "soon"}}, tokenizer)

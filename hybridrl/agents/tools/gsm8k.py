@@ -72,11 +72,50 @@ class Gsm8kTool(BaseTool):
         return self._score(self._instances[instance_id])
 
 
+# The largest integer the calculator computes, in bits (~1,200 decimal digits): operands are
+# checked before each multiplication or power, so no expression costs more than microseconds
+# (10**4000000 * 10**4000000, within simpleeval's own power limit, took 24 s of CPU).
+MAX_INT_BITS = 4096
+
+
+class _TooLarge(ArithmeticError):
+    pass
+
+
+def _bits(value) -> int:
+    return abs(int(value)).bit_length() if isinstance(value, int) else 0
+
+
+def _bounded_mult(a, b):
+    if _bits(a) + _bits(b) > MAX_INT_BITS:
+        raise _TooLarge(f"the product would exceed {MAX_INT_BITS} bits")
+    return a * b
+
+
+def _bounded_pow(a, b):
+    if isinstance(b, int) and b > 0 and (_bits(a) - 1) * b > MAX_INT_BITS:  # |a|^b >= 2^((bits-1)*b)
+        raise _TooLarge(f"the power would exceed {MAX_INT_BITS} bits")
+    if isinstance(b, (int, float)) and abs(b) > MAX_INT_BITS:
+        raise _TooLarge(f"exponent {b} is larger than {MAX_INT_BITS}")
+    return a ** b
+
+
+def _bounded_operators() -> dict:
+    import ast
+
+    from simpleeval import DEFAULT_OPERATORS
+
+    arithmetic = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.USub, ast.UAdd)
+    operators = {op: fn for op, fn in DEFAULT_OPERATORS.items() if op in arithmetic}
+    return {**operators, ast.Mult: _bounded_mult, ast.Pow: _bounded_pow}
+
+
 @register_tool("calculator")
 class CalculatorTool(BaseTool):
     """Evaluates one arithmetic expression (``+ - * / // % **``, parentheses, numbers) with
-    ``simpleeval`` (no names, no functions, bounded powers); the response is the number or an
-    error message."""
+    ``simpleeval`` (no names, no functions, no shifts or comparisons); multiplications and
+    powers whose integer result would exceed :data:`MAX_INT_BITS` are refused before they are
+    computed. The response is the number or an error message."""
 
     DEFAULT_SCHEMA = {
         "type": "function",
@@ -96,10 +135,11 @@ class CalculatorTool(BaseTool):
 
         expression = str(parameters.get("expression", ""))
         try:
-            value = SimpleEval(functions={}, names={}).eval(expression)
-        except (InvalidExpression, ArithmeticError, SyntaxError, TypeError, ValueError) as exc:
+            value = SimpleEval(operators=_bounded_operators(), functions={}, names={}).eval(expression)
+        except (InvalidExpression, ArithmeticError, SyntaxError, TypeError, ValueError, KeyError) as exc:
             return f"Error: cannot evaluate {expression!r}: {type(exc).__name__}: {exc}", 0.0, {"error": 1}
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                isinstance(value, float) and not math.isfinite(value)):
             return f"Error: {expression!r} is not a finite number", 0.0, {"error": 1}
         if isinstance(value, float) and value.is_integer():
             value = int(value)
