@@ -30,7 +30,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def usage() -> str:
     width = max(len(name) for name in COMMANDS) + 2
     lines = [f"  {name:<{width}}{text}" for name, (_, text) in COMMANDS.items()]
-    return "usage: hybridrl <command> [args]\n\ncommands:\n" + "\n".join(lines) + "\n"
+    return ("usage: hybridrl <command> [args]\n\ncommands:\n" + "\n".join(lines) + "\n\n"
+            "hybridrl <command> --help for its usage. Start with the main job (GRPO on CPU, ~10 min):\n"
+            "  bash examples/run_arithmetic_grpo.sh\n"
+            "docs: README.md, docs/config.md, docs/algorithms.md, docs/rollout.md, docs/agents.md, docs/performance.md\n")
 
 
 def main(argv: list[str] | None = None) -> int:

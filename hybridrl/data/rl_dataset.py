@@ -72,7 +72,23 @@ def _clean_chat(chat: Any, row: int, prompt_key: str, source: str) -> list[dict]
             f"{str(chat)[:60]!r}, expected a non-empty chat list [{{'role', 'content'}}, ...]; "
             "rewrite the parquet with a data_preprocess script or point data.prompt_key at the chat column"
         )
-    return [{k: v for k, v in message.items() if v is not None} for message in chat]
+    messages = [{k: v for k, v in message.items() if v is not None} for message in chat]
+    for j, message in enumerate(messages):
+        if not isinstance(message.get("role"), str) or not isinstance(message.get("content"), (str, list)):
+            raise DataError(
+                f"data.prompt_key: row {row} of {source}: message {j} of column '{prompt_key}' is {str(message)[:80]!r}; "
+                "every message needs a 'role' and a 'content' (text); fix the data set")
+    return messages
+
+
+def check_extra_info(rows: list[dict], config_key: str) -> None:
+    """``extra_info`` is a mapping (or absent) in every row: scorers and the sampler read keys of it."""
+    for row in rows:
+        extra = row.get("extra_info")
+        if extra is not None and not isinstance(extra, dict):
+            raise DataError(f"{config_key}: row {row['_row']} of {row['_source']}: extra_info is "
+                            f"{type(extra).__name__} {str(extra)[:60]!r}, expected a dict (e.g. {{'index': 0}}) or "
+                            "nothing; fix the data set")
 
 
 def truncate_ids(ids: list[int], max_length: int, mode: str) -> list[int]:
@@ -143,6 +159,7 @@ class RLHFDataset(torch.utils.data.Dataset):
             rows = [rows[i] for i in keep]
         if not rows:
             raise DataError(f"{config_key}: the parquet file(s) hold no rows; {_PREPROCESS_HINT}")
+        check_extra_info(rows, config_key)
         self.rows = rows
         self._tokenize_all()
 

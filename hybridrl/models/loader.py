@@ -7,11 +7,13 @@ transformers is imported inside the functions so that importing this module stay
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import logging
 import os
 import shutil
+import struct
 import tempfile
 
 import torch
@@ -34,6 +36,23 @@ class ModelDependencyError(ImportError, ValueError):
 
 class ModelConfigError(ValueError):
     """A bad value in the arguments used to load a model (dtype, override_config)."""
+
+
+@contextlib.contextmanager
+def unreadable_model_files(what: str, hint: str = "check config.json and the weights (model.safetensors)"):
+    """Turns a library's failure to read model files (bad JSON, no or cut weights, a file that is
+    not GGUF) into one :class:`ModelPathError` line naming ``what``; hybridrl's own errors and
+    anything else pass through."""
+    try:
+        yield
+    except (ModelPathError, ModelDependencyError, ModelConfigError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - filtered just below
+        text = f"{type(exc).__name__}: {exc}"
+        if not isinstance(exc, (OSError, ValueError, EOFError, struct.error)) and "safetensor" not in text.lower():
+            raise
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:240]
+        raise ModelPathError(f"{what}: the model files cannot be read ({type(exc).__name__}: {first}); {hint}") from None
 
 
 # --------------------------------------------------------------------------- path resolution
@@ -144,7 +163,8 @@ def _cached_conversion(gguf_file: str, cache_dir: str | None) -> str:
     tmp = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(final)}-", dir=parent)
     try:
         logger.warning("converting %s to an HF folder once (about 20 s) into %s", gguf_file, final)
-        _convert_gguf(gguf_file, tmp)
+        with unreadable_model_files(gguf_file, "it is not a complete GGUF file: copy or download it again"):
+            _convert_gguf(gguf_file, tmp)
         try:
             os.replace(tmp, final)
         except OSError:
@@ -307,13 +327,14 @@ def load_causal_lm(
     from transformers import AutoModelForCausalLM
 
     folder = resolve_model_path(path)
-    model = AutoModelForCausalLM.from_pretrained(
-        folder,
-        config=_load_config(folder, trust_remote_code, override_config),
-        dtype=to_torch_dtype(dtype),
-        trust_remote_code=trust_remote_code,
-        attn_implementation=attn_implementation,
-    )
+    with unreadable_model_files(folder):
+        model = AutoModelForCausalLM.from_pretrained(
+            folder,
+            config=_load_config(folder, trust_remote_code, override_config),
+            dtype=to_torch_dtype(dtype),
+            trust_remote_code=trust_remote_code,
+            attn_implementation=attn_implementation,
+        )
     if enable_gradient_checkpointing:
         _enable_checkpointing(model)
     return model
@@ -342,17 +363,18 @@ def load_value_model(
     from transformers import AutoModelForTokenClassification
 
     folder = resolve_model_path(path)
-    config = _load_config(folder, trust_remote_code, override_config)
-    config.num_labels = 1
-    config.classifier_dropout = 0.0  # dropout on values would make the critic's targets noisy
-    model, info = AutoModelForTokenClassification.from_pretrained(
-        folder,
-        config=config,
-        dtype=to_torch_dtype(dtype),
-        trust_remote_code=trust_remote_code,
-        attn_implementation=attn_implementation,
-        output_loading_info=True,
-    )
+    with unreadable_model_files(folder):
+        config = _load_config(folder, trust_remote_code, override_config)
+        config.num_labels = 1
+        config.classifier_dropout = 0.0  # dropout on values would make the critic's targets noisy
+        model, info = AutoModelForTokenClassification.from_pretrained(
+            folder,
+            config=config,
+            dtype=to_torch_dtype(dtype),
+            trust_remote_code=trust_remote_code,
+            attn_implementation=attn_implementation,
+            output_loading_info=True,
+        )
     missing = set(info.get("missing_keys", ()))
     with torch.no_grad():
         for name, param in model.named_parameters():

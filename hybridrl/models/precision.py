@@ -126,6 +126,10 @@ def resolve_precision(config, device: str | None = None, flags: Iterable[str] | 
         return None
     if device is None:
         device = str(OmegaConf.select(config, "trainer.device", default="auto"))
+    if device == "auto":  # named as it resolves, so the printed line says where it runs
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype, reason = resolve_auto_dtype(device, flags, probe)
     with open_dict(config):
         for key in keys:

@@ -80,7 +80,7 @@ def load_custom_reward_fn(
             "set it to the .py file that defines your reward function"
         )
     module = _import_file(full_path)
-    fn = getattr(module, name, None) if name else None
+    fn = getattr(module, name, None) if isinstance(name, str) and name else None
     if not callable(fn):
         defined = sorted(
             k for k, v in vars(module).items()

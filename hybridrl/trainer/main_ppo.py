@@ -21,6 +21,8 @@ def _build_dataloaders(config, tokenizer):
 
     data_cfg = config.data
     train_dataset = RLHFDataset(data_cfg.train_files, tokenizer, data_cfg, config_key="data.train_files")
+    if not config.reward_model.get("enable", False):
+        _check_ground_truth_column(train_dataset, "data.train_files")
     train_dataloader = create_rl_dataloader(
         train_dataset, batch_size=data_cfg.train_batch_size, shuffle=data_cfg.get("shuffle", True),
         seed=data_cfg.get("seed", 1), num_workers=data_cfg.get("dataloader_num_workers", 0),
@@ -33,6 +35,19 @@ def _build_dataloaders(config, tokenizer):
             shuffle=False, drop_last=False, collate_fn=collate_fn,
         )
     return train_dataloader, val_dataloader
+
+
+def _check_ground_truth_column(dataset, config_key: str) -> None:
+    """Without a reward model every row is scored by a rule against ``reward_model.ground_truth``:
+    say so at start-up, not after the first generation."""
+    from hybridrl.data.errors import DataError
+
+    missing = next((row for row in dataset.rows if not isinstance(row.get("reward_model"), dict)), None)
+    if missing is not None:
+        raise DataError(
+            f"{config_key}: row {missing['_row']} of {missing['_source']} has no reward_model column (a dict with the "
+            "ground_truth the reward function scores against, e.g. {'style': 'rule', 'ground_truth': '42'}); "
+            "write the data with hybridrl preprocess, or set reward_model.enable=True for a reward model")
 
 
 def total_training_steps(config, steps_per_epoch: int) -> int:
@@ -96,8 +111,30 @@ def run_ppo(config) -> None:
             trainer.fit(tracker)
         finally:
             tracker.finish()
+        print(run_summary(trainer_cfg, trainer.global_steps), flush=True)
     finally:
         groups.shutdown()
+
+
+def run_summary(trainer_cfg, last_step: int) -> str:
+    """What a finished run leaves behind and what to do next, for the end of ``hybridrl train``."""
+    from hybridrl.trainer.checkpoint import find_latest_checkpoint
+
+    folder = os.path.abspath(os.path.expanduser(trainer_cfg.default_local_dir))
+    lines = [f"hybridrl: done after step {last_step}. Run folder: {folder}",
+             f"  config:      {os.path.join(folder, 'config.yaml')}"]
+    metrics = os.path.join(folder, "metrics.jsonl")
+    if os.path.exists(metrics):
+        lines.append(f"  metrics:     {metrics}   (plot: hybridrl plot {folder} -o curves.png)")
+    latest = find_latest_checkpoint(folder, verify=False)
+    if latest:
+        lines.append(f"  checkpoint:  {latest}   (resume: the same command with more trainer.total_training_steps; "
+                     f"an HF model: hybridrl merge --local_dir {os.path.join(latest, 'actor')} --target_dir DIR)")
+    else:
+        lines.append("  checkpoint:  none (trainer.save_freq > 0 writes them)")
+    if trainer_cfg.get("rollout_data_dir"):
+        lines.append(f"  samples:     {trainer_cfg.rollout_data_dir}   (browse: hybridrl view {trainer_cfg.rollout_data_dir})")
+    return "\n".join(lines)
 
 
 def user_error_types() -> tuple[type[BaseException], ...]:
@@ -136,8 +173,12 @@ def run_cli(run: Callable[[Any], Any], config_name: str, argv: list[str] | None 
     from hybridrl.config import load_config
 
     argv = sys.argv[1:] if argv is None else argv
+    if any(arg in ("-h", "--help", "help") for arg in argv):
+        print(command_help(config_name))
+        return 0
     try:
         config = load_config(argv, config_name=config_name, resolve_auto_dtypes=False)
+        _check_train_files(config)
         resolve_auto_precision(config)
         run(config)
     except Exception as exc:  # noqa: BLE001 - turned into one readable line below
@@ -146,6 +187,42 @@ def run_cli(run: Callable[[Any], Any], config_name: str, argv: list[str] | None 
         print(f"hybridrl: error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+_COMMANDS = {"ppo_trainer": "train", "sft_trainer": "sft", "rm_trainer": "rm", "generation": "generate",
+             "evaluation": "eval"}
+
+
+def command_help(config_name: str) -> str:
+    """``hybridrl <command> --help``: how the command takes its settings and where to start."""
+    command = _COMMANDS.get(config_name, config_name)
+    return "\n".join([
+        f"usage: hybridrl {command} key=value ...",
+        "",
+        f"Settings are verl's config keys as key=value overrides of the packaged {config_name}.yaml.",
+        f"  all keys with their defaults:  hybridrl config --show --name {config_name}",
+        f"  check a command line:          hybridrl config --check --name {config_name} key=value ...",
+        "  the main job (GRPO on CPU, ~10 min):  bash examples/run_arithmetic_grpo.sh",
+        "  docs: README.md, docs/config.md (keys), docs/algorithms.md, docs/rollout.md, docs/agents.md",
+    ])
+
+
+def _check_train_files(config) -> None:
+    """``hybridrl train`` without data: say what to run or set, before any other check."""
+    from omegaconf import OmegaConf
+
+    from hybridrl.config import ConfigError
+
+    files = OmegaConf.select(config, "data.train_files", default=None)
+    if files is None or OmegaConf.select(config, "actor_rollout_ref", default=None) is None:
+        return  # not a PPO config
+    paths = [files] if isinstance(files, str) else list(files)
+    missing = [p for p in paths if not os.path.exists(os.path.expanduser(str(p)))]
+    if missing:
+        raise ConfigError(
+            f"data.train_files={missing[0]} does not exist; make a data set (hybridrl preprocess gsm8k ...), "
+            "set data.train_files=<parquet> (and data.val_files), or run the main job: "
+            "bash examples/run_arithmetic_grpo.sh (hybridrl train --help for more)")
 
 
 def save_run_config(config, folder: str) -> str:

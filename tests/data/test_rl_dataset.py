@@ -117,6 +117,22 @@ def test_prompt_that_is_not_a_chat_list(tokenizer, tmp_path):
         RLHFDataset(str(path), tokenizer, {})
 
 
+def test_a_message_without_content_is_one_line(tokenizer, tmp_path):
+    path = tmp_path / "m.parquet"
+    pd.DataFrame({"prompt": [[{"role": "user", "content": "hi"}], [{"role": "user"}]]}).to_parquet(path)
+    with pytest.raises(DataError, match=r"row 1 of .*message 0 of column 'prompt' is .*'role': 'user'.*; every "
+                                        r"message needs a 'role' and a 'content'") as err:
+        RLHFDataset(str(path), tokenizer, {})
+    assert "\n" not in str(err.value)
+
+
+def test_extra_info_that_is_not_a_dict_is_one_line(tokenizer, tmp_path):
+    path = tmp_path / "e.parquet"
+    pd.DataFrame({"prompt": [[{"role": "user", "content": "hi"}]], "extra_info": ["index 0"]}).to_parquet(path)
+    with pytest.raises(DataError, match=r"row 0 of .*extra_info is str 'index 0', expected a dict"):
+        RLHFDataset(str(path), tokenizer, {})
+
+
 def test_bad_truncation_value(tokenizer, train_file):
     with pytest.raises(DataError, match=r"data\.truncation='top'"):
         RLHFDataset(train_file, tokenizer, {"truncation": "top"})

@@ -61,3 +61,10 @@ def test_file_that_fails_to_import(tmp_path):
     bad.write_text("def compute_score(:\n")
     with pytest.raises(RewardConfigError, match="custom_reward_function.path.*SyntaxError"):
         load_custom_reward_fn(str(bad))
+
+
+def test_a_name_that_is_not_a_string_is_one_line(tmp_path):
+    path = tmp_path / "r.py"
+    path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
+    with pytest.raises(RewardConfigError, match=r"custom_reward_function.name=1 is not a function in .*compute_score"):
+        load_custom_reward_fn(str(path), 1)

@@ -58,10 +58,14 @@ GRPO = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=Tru
         "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "actor_rollout_ref.actor.entropy_coeff=0.01"]
 
 
-def test_grpo_two_steps_write_verl_metrics(gsm8k_parquet, tiny_model_dir, tmp_path, reward_file):
+def test_grpo_two_steps_write_verl_metrics(gsm8k_parquet, tiny_model_dir, tmp_path, reward_file, capsys):
     out = tmp_path / "run"
     custom = [f"custom_reward_function.path={reward_file}", "custom_reward_function.name=length_reward"]
-    assert main(_overrides(gsm8k_parquet, tiny_model_dir, out, *GRPO, *custom)) == 0
+    assert main(_overrides(gsm8k_parquet, tiny_model_dir, out, *GRPO, *custom, "trainer.save_freq=2")) == 0
+    # the run ends by saying where everything is and what to do next
+    summary = capsys.readouterr().out.split("hybridrl: done after step 2. Run folder: ")[1]
+    assert f"{out / 'metrics.jsonl'}   (plot: hybridrl plot {out}" in summary and "config.yaml" in summary
+    assert f"checkpoint:  {out / 'global_step_2'}" in summary and "hybridrl merge --local_dir" in summary
     rows = _read_metrics(out)
     assert [r["step"] for r in rows] == [0, 1, 2]  # validation before training, then two steps
     assert "val-core/openai/gsm8k/reward/mean@1" in rows[0]
@@ -130,3 +134,19 @@ def test_bad_input_gets_one_line(gsm8k_parquet, tiny_model_dir, tmp_path, capsys
     assert main(_overrides(gsm8k_parquet, tiny_model_dir, tmp_path, "algorithm.adv_estimator=grpo", *bad)) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("hybridrl: error:") and message in err[0], err
+
+
+def test_data_without_ground_truth_stops_at_start_up(tiny_model_dir, tmp_path, capsys):
+    import pandas as pd
+
+    data = tmp_path / "no_rm.parquet"
+    pd.DataFrame({"prompt": [[{"role": "user", "content": "1+1?"}]] * 4, "data_source": ["x"] * 4}).to_parquet(data)
+    args = [f"data.train_files={data}", "data.val_files=null", f"actor_rollout_ref.model.path={tiny_model_dir}",
+            "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2",
+            "trainer.device=cpu", f"trainer.default_local_dir={tmp_path / 'run'}"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hybridrl: error: data.train_files: row 0 of ") and "has no reward_model column" in err
+    assert "\n" not in err and not (tmp_path / "run").exists()  # before any model or run folder
