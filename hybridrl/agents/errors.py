@@ -12,3 +12,8 @@ from hybridrl.config.errors import ConfigError
 
 class AgentConfigError(ConfigError):
     """The agent-loop setup (config keys, tool or interaction YAML, row fields) is wrong."""
+
+
+class AgentToolError(AgentConfigError):
+    """A tool's ``create`` / ``calc_reward`` / ``release`` raised: the episode cannot be scored,
+    and the tool's code or config must change (printed as one line naming tool and phase)."""

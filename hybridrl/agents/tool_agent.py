@@ -18,7 +18,7 @@ from uuid import uuid4
 
 from hybridrl.agents.base import AgentLoopBase, AgentLoopOutput, ResponseBuilder, register_agent_loop
 from hybridrl.agents.chat import ChatTurnEncoder, render_prompt_ids
-from hybridrl.agents.errors import AgentConfigError
+from hybridrl.agents.errors import AgentConfigError, AgentToolError
 from hybridrl.agents.tool_parser import parse_hermes_tool_calls
 
 logger = logging.getLogger(__name__)
@@ -56,6 +56,22 @@ class _Episode:
     tool_calls: int = 0
     tool_errors: int = 0
     search_errors: int = 0
+
+
+async def _lifecycle(name: str, phase: str, call):
+    """Awaits a tool's ``create`` / ``calc_reward`` / ``release``; its failure names tool and phase.
+
+    Raises:
+        AgentToolError: the call raised (anything but hybridrl's own config errors).
+    """
+    try:
+        return await call
+    except AgentConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a tool's own code failed: say which and where
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise AgentToolError(f"tool {name!r}: its {phase} raised {type(exc).__name__}: {first}; fix the tool "
+                             f"({phase} runs once per episode and must not fail)") from exc
 
 
 @register_agent_loop("tool_agent")
@@ -97,16 +113,17 @@ class ToolAgentLoop(AgentLoopBase):
         try:
             for name, tool in self.tools.items():
                 create_kwargs = _mapping(_mapping(tools_kwargs.get(name)).get("create_kwargs"))
-                episode.tool_ids[name] = await tool.create(str(uuid4()), **create_kwargs)
+                episode.tool_ids[name] = await _lifecycle(name, "create", tool.create(str(uuid4()), **create_kwargs))
             if interaction is not None:
                 episode.interaction_id = await interaction.start_interaction(str(uuid4()), **interaction_kwargs)
             await self._converse(episode, prompt_ids, sampling_params, tools_kwargs, interaction)
         finally:
             for name, instance_id in episode.tool_ids.items():
                 kwargs = _mapping(tools_kwargs.get(name))
-                reward_scores[name] = float(await self.tools[name].calc_reward(
-                    instance_id, **_mapping(kwargs.get("calc_reward_kwargs"))))
-                await self.tools[name].release(instance_id, **_mapping(kwargs.get("release_kwargs")))
+                reward_scores[name] = float(await _lifecycle(name, "calc_reward", self.tools[name].calc_reward(
+                    instance_id, **_mapping(kwargs.get("calc_reward_kwargs")))))
+                await _lifecycle(name, "release", self.tools[name].release(
+                    instance_id, **_mapping(kwargs.get("release_kwargs"))))
             if episode.interaction_id is not None:
                 reward_scores["interaction"] = float(await interaction.calculate_score(episode.interaction_id))
                 await interaction.finalize_interaction(episode.interaction_id)

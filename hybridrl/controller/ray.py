@@ -319,22 +319,35 @@ class RayWorkerGroup(WorkerGroup):
     def _execute(self, method_name: str, per_rank_args: list, per_rank_kwargs: list, ranks: list[int]):
         refs = [self._hosts[r].call.remote(self._role, method_name, a, k)
                 for r, a, k in zip(ranks, per_rank_args, per_rank_kwargs)]
-        return self._wait(refs)
+        return self._wait(refs, method_name)
 
     def _execute_async(self, method_name: str, per_rank_args: list, per_rank_kwargs: list, ranks: list[int]):
         refs = [self._hosts[r].call.remote(self._role, method_name, a, k)
                 for r, a, k in zip(ranks, per_rank_args, per_rank_kwargs)]
-        return lambda: self._wait(refs)
+        return lambda: self._wait(refs, method_name)
 
-    def _wait(self, refs: list) -> list:
+    def _wait(self, refs: list, method_name: str = "") -> list:
         """Results in rank order; the first failure is raised at once (the other ranks may be
-        blocked in a collective with the failed one, so waiting for all of them could hang)."""
+        blocked in a collective with the failed one, so waiting for all of them could hang).
+
+        Once one rank has answered, the others must answer within ``trainer.dist_timeout_s``
+        (``HYBRIDRL_DIST_TIMEOUT_S``), the bound a collective would put on them: a rank that is
+        hung or stopped outside any collective (e.g. while generating) then fails the call
+        instead of holding the run forever."""
         import ray
         from ray.exceptions import RayActorError, RayError, RayTaskError
 
         pending = list(refs)
+        timeout_s = float(os.environ.get("HYBRIDRL_DIST_TIMEOUT_S", 600))
         while pending:
-            done, pending = ray.wait(pending, num_returns=1)
+            first = len(pending) == len(refs)
+            done, pending = ray.wait(pending, num_returns=1, timeout=None if first else timeout_s)
+            if not done:
+                ranks = sorted(refs.index(ref) for ref in pending)
+                raise WorkerError(
+                    f"{self.worker_cls.__name__}.{method_name or 'call'}: rank(s) {ranks} gave no answer within "
+                    f"trainer.dist_timeout_s={timeout_s:g} s of the other ranks (a hung or stopped worker process?); "
+                    "raise trainer.dist_timeout_s if their share of the work is that much longer")
             try:
                 ray.get(done[0])
             except RayTaskError as exc:

@@ -7,7 +7,7 @@ import pytest
 
 from hybridrl.agents.base import ResponseBuilder, get_agent_loop_cls
 from hybridrl.agents.chat import ChatTurnEncoder, render_prompt_ids, tool_instructions
-from hybridrl.agents.errors import AgentConfigError
+from hybridrl.agents.errors import AgentConfigError, AgentToolError
 from hybridrl.agents.interactions.gsm8k import INCORRECT, Gsm8kInteraction
 from hybridrl.agents.search_agent import INFO_CLOSE, INFO_OPEN, INVALID_ACTION, STOP
 from hybridrl.agents.tools.base import BaseTool
@@ -107,6 +107,31 @@ def test_a_tool_that_times_out_is_an_error_response(tokenizer, scripted, turn, m
                    {**ROW, "tools_kwargs": None})
     assert "Error: slow did not answer within 0.05 s" in tokenizer.decode(out.response_ids)
     assert out.metrics["tool_errors"] == 1
+
+
+class BrokenTool(Gsm8kTool):
+    def __init__(self, phase):
+        super().__init__({"name": "calc_gsm8k_reward"})
+        self.phase = phase
+
+    async def create(self, instance_id=None, **kwargs):
+        if self.phase == "create":
+            raise KeyError("ground_truth")
+        return await super().create(instance_id, **kwargs)
+
+    async def calc_reward(self, instance_id, **kwargs):
+        if self.phase == "calc_reward":
+            raise ValueError("no answer parsed")
+        return await super().calc_reward(instance_id, **kwargs)
+
+
+@pytest.mark.parametrize("phase, error", [("create", "KeyError: 'ground_truth'"),
+                                          ("calc_reward", "ValueError: no answer parsed")])
+def test_a_tool_whose_create_or_calc_reward_raises_is_one_line(scripted, turn, make_context, phase, error):
+    context = make_context(scripted([turn("ok")]), tools={"calc_gsm8k_reward": BrokenTool(phase)})
+    with pytest.raises(AgentToolError, match=rf"tool 'calc_gsm8k_reward': its {phase} raised {error}; fix the tool") as err:
+        run_loop("tool_agent", context, ROW)
+    assert "\n" not in str(err.value)
 
 
 def test_limits_end_the_episode(scripted, turn, make_context):

@@ -85,6 +85,15 @@ class ToyWorker(Worker):
         dist.barrier()  # rank 0 waits for a peer that is gone
 
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def stop_on_rank_one(self):
+        import signal
+
+        if self.rank == 1:  # hangs without dying, outside any collective (as a SIGSTOP during generation)
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return self.rank
+
+
 class OtherWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def pid(self):
@@ -158,6 +167,20 @@ def test_a_dying_worker_fails_the_call_without_hanging(ray_cluster):
         with pytest.raises(WorkerError, match="rank 1 died"):
             wg.die_on_rank_one()
         assert time.time() - start < 30  # well before the 60 s collective timeout
+    finally:
+        wg.shutdown()
+
+
+def test_a_stopped_worker_fails_the_call_within_the_deadline(ray_cluster, monkeypatch):
+    monkeypatch.setenv("HYBRIDRL_DIST_TIMEOUT_S", "3")  # trainer.dist_timeout_s
+    pool = RayResourcePool([2])
+    wg = RayWorkerGroup(pool, RayClassWithInitArgs(ToyWorker))
+    try:
+        start = time.time()
+        with pytest.raises(WorkerError, match=r"ToyWorker.stop_on_rank_one: rank\(s\) \[1\] gave no answer within "
+                                              r"trainer.dist_timeout_s=3 s of the other ranks"):
+            wg.stop_on_rank_one()
+        assert time.time() - start < 30
     finally:
         wg.shutdown()
 
