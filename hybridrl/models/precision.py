@@ -74,14 +74,22 @@ def cpu_native_bf16(flags: Iterable[str] | None = None,
     return False, "the CPU has no AMX-BF16 or AVX512-BF16 (bf16 would be emulated, many times slower)"
 
 
+def _device_name(device: str) -> str:
+    """``auto`` as ``trainer.device=auto`` resolves it (cuda when torch sees one); others as given."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def resolve_auto_dtype(device: str, flags: Iterable[str] | None = None,
                        probe: Callable[[], bool] = bf16_matmul_is_fast) -> tuple[str, str]:
     """``("bf16" | "fp32", reason)``: what ``auto`` means on ``device`` (``cpu``, ``cuda``, or
     ``auto``: cuda when torch sees one, as ``trainer.device=auto``)."""
     import torch
 
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = _device_name(device)
     if device.startswith("cuda"):
         if torch.cuda.is_bf16_supported():
             return "bf16", "the GPU supports bf16"
@@ -126,10 +134,7 @@ def resolve_precision(config, device: str | None = None, flags: Iterable[str] | 
         return None
     if device is None:
         device = str(OmegaConf.select(config, "trainer.device", default="auto"))
-    if device == "auto":  # named as it resolves, so the printed line says where it runs
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = _device_name(device)  # the printed line says where it runs, not "auto"
     dtype, reason = resolve_auto_dtype(device, flags, probe)
     with open_dict(config):
         for key in keys:

@@ -206,17 +206,28 @@ def _verify_dcp(folder: str) -> None:
                                   f"its .metadata needs {size}: the shard is truncated")
 
 
+def _require_state_file(path: str) -> str:
+    """``path``'s ``trainer_state.json``, which only a complete step folder has.
+
+    Raises:
+        CheckpointError: there is none.
+    """
+    state_file = os.path.join(path, STATE_FILE)
+    if not os.path.exists(state_file):
+        raise CheckpointError(
+            f"trainer.resume_from_path: {path} is not a complete checkpoint (no {STATE_FILE}); "
+            f"point it at a global_step_<N> folder"
+        )
+    return state_file
+
+
 def require_intact_checkpoint(path: str) -> None:
     """``trainer.resume_from_path``: a complete step folder whose files all read.
 
     Raises:
         CheckpointError: the folder is not a complete checkpoint, or one of its files is damaged.
     """
-    if not os.path.exists(os.path.join(path, STATE_FILE)):
-        raise CheckpointError(
-            f"trainer.resume_from_path: {path} is not a complete checkpoint (no {STATE_FILE}); "
-            f"point it at a global_step_<N> folder"
-        )
+    _require_state_file(path)
     try:
         verify_checkpoint(path)
     except CheckpointError as exc:
@@ -231,12 +242,7 @@ def read_checkpoint(path: str) -> tuple[dict, dict | None]:
         CheckpointError: the folder is not a complete hybridrl checkpoint, or its state files
             do not read.
     """
-    state_file = os.path.join(path, STATE_FILE)
-    if not os.path.exists(state_file):
-        raise CheckpointError(
-            f"trainer.resume_from_path: {path} is not a complete checkpoint (no {STATE_FILE}); "
-            f"point it at a global_step_<N> folder"
-        )
+    state_file = _require_state_file(path)
     try:
         with open(state_file) as f:
             trainer_state = json.load(f)

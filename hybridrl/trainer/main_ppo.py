@@ -69,6 +69,7 @@ def run_ppo(config) -> None:
     from hybridrl.trainer.worker_groups import build_worker_groups, resolve_backend
     from hybridrl.workers.fsdp_workers import import_external_lib
 
+    _check_train_files(config)
     _, world_size = resolve_backend(config)
     # A module named here may register estimators, losses or KL forms: import it before the
     # start-up check looks their names up.
@@ -178,7 +179,6 @@ def run_cli(run: Callable[[Any], Any], config_name: str, argv: list[str] | None 
         return 0
     try:
         config = load_config(argv, config_name=config_name, resolve_auto_dtypes=False)
-        _check_train_files(config)
         resolve_auto_precision(config)
         run(config)
     except Exception as exc:  # noqa: BLE001 - turned into one readable line below
@@ -214,8 +214,8 @@ def _check_train_files(config) -> None:
     from hybridrl.config import ConfigError
 
     files = OmegaConf.select(config, "data.train_files", default=None)
-    if files is None or OmegaConf.select(config, "actor_rollout_ref", default=None) is None:
-        return  # not a PPO config
+    if files is None:
+        return  # the data check names the missing key
     paths = [files] if isinstance(files, str) else list(files)
     missing = [p for p in paths if not os.path.exists(os.path.expanduser(str(p)))]
     if missing:
