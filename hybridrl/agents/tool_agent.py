@@ -1,7 +1,8 @@
 """``tool_agent``: Hermes tool calling with the configured tools, and an optional interaction.
 
 Each assistant turn is sampled until EOS (at most ``max_tokens_per_turn``). If it holds ``<tool_call>`` blocks, the calls run
-concurrently (at most ``max_parallel_calls``, each bounded by its tool's timeout) and their
+concurrently on the tools' own event loop (at most ``max_parallel_calls``, each bounded by its
+tool's timeout, which holds even if a tool blocks; see :mod:`hybridrl.agents.tools.loop`) and their
 responses come back as ``tool`` messages; malformed or unknown calls get an error message
 instead. A turn without tool calls goes to the row's interaction when it has one (its reply is
 a ``user`` message, or it ends the episode), else it ends the episode. verl's limits apply:
@@ -20,6 +21,7 @@ from hybridrl.agents.base import AgentLoopBase, AgentLoopOutput, ResponseBuilder
 from hybridrl.agents.chat import ChatTurnEncoder, render_prompt_ids
 from hybridrl.agents.errors import AgentConfigError, AgentToolError
 from hybridrl.agents.tool_parser import parse_hermes_tool_calls
+from hybridrl.agents.tools.loop import ToolLoopTimeout, run_on_tool_loop
 
 logger = logging.getLogger(__name__)
 
@@ -58,16 +60,20 @@ class _Episode:
     search_errors: int = 0
 
 
-async def _lifecycle(name: str, phase: str, call):
-    """Awaits a tool's ``create`` / ``calc_reward`` / ``release``; its failure names tool and phase.
+async def _lifecycle(name: str, tool, phase: str, call):
+    """Awaits a tool's ``create`` / ``calc_reward`` / ``release`` on the tools' loop, within the
+    tool's timeout; a failure names tool and phase.
 
     Raises:
-        AgentToolError: the call raised (anything but hybridrl's own config errors).
+        AgentToolError: the call raised (anything but hybridrl's own config errors) or did not
+            finish within the tool's ``config.timeout``.
     """
     try:
-        return await call
+        return await run_on_tool_loop(call, tool.timeout_s, f"tool {name!r}: its {phase}")
     except AgentConfigError:
         raise
+    except ToolLoopTimeout as exc:
+        raise AgentToolError(f"{exc}; make it faster or raise the tool's config.timeout") from None
     except Exception as exc:  # noqa: BLE001 - a tool's own code failed: say which and where
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         raise AgentToolError(f"tool {name!r}: its {phase} raised {type(exc).__name__}: {first}; fix the tool "
@@ -113,17 +119,16 @@ class ToolAgentLoop(AgentLoopBase):
         try:
             for name, tool in self.tools.items():
                 create_kwargs = _mapping(_mapping(tools_kwargs.get(name)).get("create_kwargs"))
-                episode.tool_ids[name] = await _lifecycle(name, "create", tool.create(str(uuid4()), **create_kwargs))
+                episode.tool_ids[name] = await _lifecycle(name, tool, "create", tool.create(str(uuid4()), **create_kwargs))
             if interaction is not None:
                 episode.interaction_id = await interaction.start_interaction(str(uuid4()), **interaction_kwargs)
             await self._converse(episode, prompt_ids, sampling_params, tools_kwargs, interaction)
         finally:
             for name, instance_id in episode.tool_ids.items():
-                kwargs = _mapping(tools_kwargs.get(name))
-                reward_scores[name] = float(await _lifecycle(name, "calc_reward", self.tools[name].calc_reward(
+                tool, kwargs = self.tools[name], _mapping(tools_kwargs.get(name))
+                reward_scores[name] = float(await _lifecycle(name, tool, "calc_reward", tool.calc_reward(
                     instance_id, **_mapping(kwargs.get("calc_reward_kwargs")))))
-                await _lifecycle(name, "release", self.tools[name].release(
-                    instance_id, **_mapping(kwargs.get("release_kwargs"))))
+                await _lifecycle(name, tool, "release", tool.release(instance_id, **_mapping(kwargs.get("release_kwargs"))))
             if episode.interaction_id is not None:
                 reward_scores["interaction"] = float(await interaction.calculate_score(episode.interaction_id))
                 await interaction.finalize_interaction(episode.interaction_id)
@@ -186,9 +191,10 @@ class ToolAgentLoop(AgentLoopBase):
             return f"Error: invalid arguments for {call.name}: {problem.message}"
         execute_kwargs = _mapping(_mapping(tools_kwargs.get(call.name)).get("execute_kwargs"))
         try:
-            result = await asyncio.wait_for(
-                tool.execute(episode.tool_ids[call.name], call.arguments, **execute_kwargs), tool.timeout_s)
-        except asyncio.TimeoutError:
+            result = await run_on_tool_loop(tool.execute(episode.tool_ids[call.name], call.arguments, **execute_kwargs),
+                                            tool.timeout_s, f"tool {call.name!r}: its execute")
+        except ToolLoopTimeout as exc:
+            logger.warning("%s", exc)
             episode.tool_errors += 1
             return f"Error: {call.name} did not answer within {tool.timeout_s:g} s"
         except Exception as exc:  # noqa: BLE001 - a failing tool is an observation, not a crash

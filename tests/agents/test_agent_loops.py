@@ -2,6 +2,7 @@
 tool errors, interactions, Search-R1's protocol and retriever failures."""
 
 import asyncio
+import time
 
 import pytest
 
@@ -12,6 +13,7 @@ from hybridrl.agents.interactions.gsm8k import INCORRECT, Gsm8kInteraction
 from hybridrl.agents.search_agent import INFO_CLOSE, INFO_OPEN, INVALID_ACTION, STOP
 from hybridrl.agents.tools.base import BaseTool
 from hybridrl.agents.tools.gsm8k import Gsm8kTool
+from hybridrl.agents.tools.loop import run_on_tool_loop
 
 MESSAGES = [{"role": "system", "content": "You are a math expert."},
             {"role": "user", "content": "Natalia sold 48 clips in April and half as many in May. How many in all?"}]
@@ -107,6 +109,84 @@ def test_a_tool_that_times_out_is_an_error_response(tokenizer, scripted, turn, m
                    {**ROW, "tools_kwargs": None})
     assert "Error: slow did not answer within 0.05 s" in tokenizer.decode(out.response_ids)
     assert out.metrics["tool_errors"] == 1
+
+
+class BlockingTool(BaseTool):
+    """Blocks its event loop (time.sleep, not await asyncio.sleep) in the phase it is given."""
+
+    DEFAULT_SCHEMA = {"type": "function", "function": {"name": "blocking"}}
+
+    def __init__(self, phase, block_s=2.0):
+        super().__init__({"timeout": 0.2})
+        self.phase, self.block_s = phase, block_s
+
+    def _maybe_block(self, phase):
+        if phase == self.phase:
+            time.sleep(self.block_s)
+
+    async def create(self, instance_id=None, **kwargs):
+        self._maybe_block("create")
+        return await super().create(instance_id, **kwargs)
+
+    async def execute(self, instance_id, parameters, **kwargs):
+        self._maybe_block("execute")
+        return "done", 0.0, {}
+
+
+def wait_until_the_tool_loop_is_free():
+    """The blocked call runs on in the tools' thread; later tests must not queue behind it."""
+    async def noop():
+        return None
+
+    asyncio.run(run_on_tool_loop(noop(), timeout_s=30, what="noop"))
+
+
+def test_a_tool_that_blocks_the_event_loop_is_one_line_within_its_timeout(tokenizer, scripted, turn, make_context):
+    t1 = turn('<tool_call>{"name": "blocking", "arguments": {}}</tool_call>')
+    context = make_context(scripted([t1, turn("ok")]), tools={"blocking": BlockingTool("execute")})
+    started = time.perf_counter()
+    with pytest.raises(AgentToolError) as err:  # execute times out; calc_reward queues behind the blocked loop
+        run_loop("tool_agent", context, {**ROW, "tools_kwargs": None})
+    elapsed = time.perf_counter() - started
+    wait_until_the_tool_loop_is_free()
+    assert str(err.value).startswith("tool 'blocking': its calc_reward did not finish within 0.2 s: the tools' "
+                                     "event loop is still blocked by tool 'blocking': its execute, which overran")
+    assert elapsed < 1.5 and "\n" not in str(err.value)  # the tool blocks for 2 s
+
+
+def test_a_tool_whose_create_blocks_is_one_line_within_its_timeout(scripted, turn, make_context):
+    context = make_context(scripted([turn("ok")]), tools={"blocking": BlockingTool("create")})
+    started = time.perf_counter()
+    with pytest.raises(AgentToolError, match=r"^tool 'blocking': its create did not finish within 0.2 s; make it "
+                                             r"faster or raise the tool's config.timeout$"):
+        run_loop("tool_agent", context, {**ROW, "tools_kwargs": None})
+    elapsed = time.perf_counter() - started
+    wait_until_the_tool_loop_is_free()
+    assert elapsed < 1.5
+
+
+class LoopBoundTool(BaseTool):
+    """Keeps an asyncio.Queue made in ``create``: usable only on the loop that made it."""
+
+    DEFAULT_SCHEMA = {"type": "function", "function": {"name": "queue"}}
+
+    async def create(self, instance_id=None, **kwargs):
+        if not hasattr(self, "queue"):
+            self.queue = asyncio.Queue()
+        return await super().create(instance_id, **kwargs)
+
+    async def execute(self, instance_id, parameters, **kwargs):
+        await self.queue.put(instance_id)
+        return f"queued {self.queue.qsize()}", 0.0, {}
+
+
+def test_a_tool_keeps_loop_bound_state_across_steps(tokenizer, scripted, turn, make_context):
+    tool = LoopBoundTool()  # each step runs its agent loops under a new asyncio.run
+    for step in (1, 2):
+        t1 = turn('<tool_call>{"name": "queue", "arguments": {}}</tool_call>')
+        out = run_loop("tool_agent", make_context(scripted([t1, turn("ok")]), tools={"queue": tool}),
+                       {**ROW, "tools_kwargs": None})
+        assert f"queued {step}" in tokenizer.decode(out.response_ids) and out.metrics["tool_errors"] == 0
 
 
 class BrokenTool(Gsm8kTool):

@@ -36,11 +36,13 @@ async def search_passages(retriever, queries: list[str], topk: int, timeout_s: f
 
     def run() -> None:
         try:
-            result = retriever.retrieve(list(queries), int(topk))
+            outcome = (retriever.retrieve(list(queries), int(topk)), None)
         except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
-            loop.call_soon_threadsafe(settle, None, exc)
-        else:
-            loop.call_soon_threadsafe(settle, result)
+            outcome = (None, exc)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:  # the loop closed after the timeout: nobody waits for this answer
+            pass
 
     threading.Thread(target=run, name="retriever", daemon=True).start()
     return await asyncio.wait_for(future, timeout_s)
