@@ -19,9 +19,11 @@ from .group_advantages import (
     compute_group_stats,
     compute_grpo_outcome_advantage,
     compute_grpo_passk_outcome_advantage,
+    compute_grpo_vectorized_outcome_advantage,
     compute_opo_outcome_advantage,
     compute_reinforce_plus_plus_baseline_outcome_advantage,
     compute_rloo_outcome_advantage,
+    compute_rloo_vectorized_outcome_advantage,
 )
 from .errors import AlgorithmConfigError, AlgorithmInputError, UnknownAlgorithmError
 from .functional import (
@@ -60,6 +62,19 @@ from .policy_losses import (
     compute_policy_loss_gspo,
     compute_policy_loss_kl_cov,
 )
+from .bypass_loss import compute_policy_loss_bypass_mode, compute_policy_loss_reinforce
+from .rollout_corr import (
+    compute_offpolicy_metrics,
+    compute_rollout_correction_and_rejection_mask,
+    compute_rollout_correction_weights,
+    compute_rollout_rejection_mask,
+)
+from .trust_region_losses import (
+    compute_policy_loss_dppo_kl,
+    compute_policy_loss_dppo_tv,
+    compute_policy_loss_dro,
+    compute_policy_loss_sapo,
+)
 from .value_loss import compute_value_loss
 
 __all__ = [
@@ -70,7 +85,8 @@ __all__ = [
     "compute_reinforce_plus_plus_outcome_advantage",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
     "compute_remax_outcome_advantage", "compute_opo_outcome_advantage",
-    "compute_gpg_outcome_advantage",
+    "compute_gpg_outcome_advantage", "compute_grpo_vectorized_outcome_advantage",
+    "compute_rloo_vectorized_outcome_advantage",
     "UnknownAlgorithmError", "AlgorithmConfigError", "AlgorithmInputError",
     "masked_sum", "masked_mean", "masked_var", "masked_whiten",
     "logprobs_from_logits", "entropy_from_logits", "clip_by_value",
@@ -80,5 +96,9 @@ __all__ = [
     "LOSS_AGG_MODES", "POLICY_LOSS_KEYS", "agg_loss", "compute_policy_loss_vanilla",
     "compute_policy_loss_gspo", "compute_policy_loss_gpg", "compute_policy_loss_clip_cov",
     "compute_policy_loss_kl_cov", "compute_policy_loss_geo_mean", "compute_policy_loss_cispo",
+    "compute_policy_loss_sapo", "compute_policy_loss_dppo_tv", "compute_policy_loss_dppo_kl",
+    "compute_policy_loss_dro", "compute_policy_loss_bypass_mode", "compute_policy_loss_reinforce",
+    "compute_rollout_correction_weights", "compute_rollout_rejection_mask",
+    "compute_rollout_correction_and_rejection_mask", "compute_offpolicy_metrics",
     "compute_value_loss",
 ]

@@ -11,7 +11,7 @@ Each estimator takes the arguments it needs and swallows the rest through ``**kw
 new estimator only has to be registered with :func:`register_adv_est`. All of them return
 ``(advantages, returns)`` of shape ``(bs, response_length)``, zero on masked positions, computed
 under ``torch.no_grad``. ``config`` is the ``algorithm`` config section (or None), read only for
-estimator-specific knobs with ``config.get(key, default)``.
+estimator-specific knobs from ``config`` (a mapping, or a typed config read by attribute).
 
 This module holds the registry, the shared input checks and the token-level estimators (GAE,
 REINFORCE++, ReMax); the group-based outcome estimators (GRPO, RLOO, OPO, GPG, Pass@k,
@@ -19,6 +19,7 @@ REINFORCE++-baseline) live in :mod:`hybridrl.algorithms.group_advantages`, impor
 of this module so that importing either registers all of them.
 """
 
+from enum import Enum
 from typing import Any, Callable, Dict, Optional, Sequence, Set, Tuple
 
 import numpy as np
@@ -39,9 +40,10 @@ GROUP_ESTIMATORS: frozenset = frozenset(
 )
 
 
-def register_adv_est(name: str, needs_group: bool = False) -> Callable:
+def register_adv_est(name: "str | Enum", needs_group: bool = False) -> Callable:
     """Decorator: register an advantage estimator under ``name`` (a value of
-    ``algorithm.adv_estimator``).
+    ``algorithm.adv_estimator``; an ``Enum`` member such as verl's ``AdvantageEstimator.GRPO``
+    stands for its value).
 
     The function must accept keyword arguments and ``**kwargs`` and return
     ``(advantages, returns)``, both ``(bs, response_length)``. ``needs_group=True`` declares
@@ -51,6 +53,7 @@ def register_adv_est(name: str, needs_group: bool = False) -> Callable:
     Raises:
         ValueError: another function is already registered under ``name``.
     """
+    name = name.value if isinstance(name, Enum) else name
     store = register_into(ADV_ESTIMATOR_REGISTRY, name, "advantage estimator")
 
     def decorator(fn: Callable) -> Callable:
@@ -64,12 +67,13 @@ def register_adv_est(name: str, needs_group: bool = False) -> Callable:
     return decorator
 
 
-def get_adv_estimator_fn(name: str) -> Callable:
-    """Return the estimator registered as ``name``.
+def get_adv_estimator_fn(name: "str | Enum") -> Callable:
+    """Return the estimator registered as ``name`` (or an ``Enum`` member's value).
 
     Raises:
         UnknownAlgorithmError: no estimator has that name (the message lists the known ones).
     """
+    name = name.value if isinstance(name, Enum) else name
     return lookup(ADV_ESTIMATOR_REGISTRY, name, "advantage estimator", "algorithm.adv_estimator")
 
 
@@ -119,11 +123,12 @@ def _outcome_scores(token_level_rewards: torch.Tensor, response_mask: torch.Tens
 
 
 def _knob(value: Any, config: Any, key: str, default: Any) -> Any:
-    """An explicit argument wins; else ``config.get(key)`` (config may be None); else ``default``."""
+    """An explicit argument wins; else the config's ``key`` (a mapping such as a DictConfig, or a
+    typed config read by attribute, as verl's ``AlgoConfig``; None: no config); else ``default``."""
     if value is not None:
         return value
     if config is not None:
-        found = config.get(key, None)
+        found = config.get(key, None) if hasattr(config, "get") else getattr(config, key, None)
         if found is not None:
             return found
     return default
@@ -321,3 +326,5 @@ def compute_remax_outcome_advantage(
 
 # Registers the group-based outcome estimators; last, because that module imports this one.
 from . import group_advantages as _group_advantages  # noqa: E402,F401
+from . import gdpo as _gdpo  # noqa: E402,F401
+from . import token_baseline as _token_baseline  # noqa: E402,F401

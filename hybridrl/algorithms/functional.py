@@ -146,6 +146,19 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return _rowwise(logits, _entropy_rows)
 
 
+def sum_pi_squared_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """``sum_v softmax(logits)_v^2`` per position: the collision probability of the next-token
+    distribution (1 for a certain choice, ``1/vocab`` for a uniform one).
+
+    Args:
+        logits: ``(..., vocab)``, any float dtype (computed in fp32, in row chunks).
+
+    Returns:
+        ``(...)`` fp32.
+    """
+    return _rowwise(logits, lambda z: torch.softmax(z, dim=-1).square().sum(-1))
+
+
 def clip_by_value(x: torch.Tensor, tensor_min, tensor_max) -> torch.Tensor:
     """Clamp ``x`` element-wise into ``[tensor_min, tensor_max]`` (tensors or numbers).
 

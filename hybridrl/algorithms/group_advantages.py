@@ -340,3 +340,11 @@ def compute_gpg_outcome_advantage(
         adv = alpha * (scores - _baseline_or_zero(stats, stats.mean)) / f_norm
         advantages = _broadcast(adv, response_mask)
     return advantages, advantages.clone()
+
+
+# verl keeps a loop and a vectorised version of GRPO and RLOO; hybridrl's are vectorised
+# already, so verl's ``*_vectorized`` names select the same functions.
+register_adv_est("grpo_vectorized", needs_group=True)(compute_grpo_outcome_advantage)
+register_adv_est("rloo_vectorized", needs_group=True)(compute_rloo_outcome_advantage)
+compute_grpo_vectorized_outcome_advantage = compute_grpo_outcome_advantage
+compute_rloo_vectorized_outcome_advantage = compute_rloo_outcome_advantage

@@ -6,8 +6,12 @@ registered when this module is imported: ``gspo``, ``gpg``, ``clip_cov``, ``kl_c
 A policy loss is called as::
 
     fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-       config=PolicyLossConfig(...), global_num_tokens=None, global_batch_size=None)
+       config=PolicyLossConfig(...), rollout_is_weights=None, dp_size=1, batch_num_tokens=None,
+       global_batch_size=None, loss_scale_factor=None)
     -> (pg_loss, metrics)
+
+``rollout_is_weights`` ``(bs, response_length)`` are rollout correction's importance weights
+(:mod:`.rollout_corr`): every loss multiplies its per-token losses by them before aggregating.
 
 ``pg_loss`` is a scalar tensor with gradient; ``metrics`` maps ``actor/pg_clipfrac``,
 ``actor/pg_clipfrac_lower`` and ``actor/ppo_kl`` (plus loss-specific keys) to python floats.
@@ -20,14 +24,15 @@ from typing import Callable, Dict, Optional, Tuple, Union
 
 import torch
 
-from .errors import AlgorithmConfigError, UnknownAlgorithmError, lookup, register_into
+from .errors import AlgorithmConfigError, AlgorithmInputError, UnknownAlgorithmError, lookup, register_into
 from .functional import masked_mean, masked_sum
+from .rollout_corr import RolloutCorrectionConfig
 
 logger = logging.getLogger(__name__)
 
 POLICY_LOSS_REGISTRY: Dict[str, Callable] = {}
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 Number = Union[int, float, torch.Tensor]
 
@@ -49,7 +54,7 @@ def get_policy_loss_fn(name: str) -> Callable:
 
 # Keys of the ``actor_rollout_ref.actor.policy_loss`` section that PolicyLossConfig holds
 # (``loss_mode`` is not one: it selects the function, see :func:`get_policy_loss_fn`).
-POLICY_LOSS_KEYS = ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef")
+POLICY_LOSS_KEYS = ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "dro_beta")
 
 _ACTOR = "actor_rollout_ref.actor"
 
@@ -67,7 +72,12 @@ class PolicyLossConfig:
     ``clip_cov_ratio`` (fraction of valid tokens Clip-Cov may detach, in (0, 1]),
     ``clip_cov_lb`` < ``clip_cov_ub`` (covariance band of the Clip-Cov candidates),
     ``kl_cov_ratio`` (fraction of valid tokens KL-Cov penalises, in (0, 1]) and
-    ``ppo_kl_coef`` (>= 0, weight of KL-Cov's ``|log_ratio|`` penalty).
+    ``ppo_kl_coef`` (>= 0, weight of KL-Cov's ``|log_ratio|`` penalty) and ``dro_beta`` (> 0,
+    DRO's quadratic penalty; required by ``loss_mode=dro``). ``tau_pos`` / ``tau_neg`` (actor
+    keys, > 0) are SAPO's gate temperatures for positive / other advantages.
+
+    ``rollout_correction``: ``algorithm.rollout_correction`` for the ``bypass_mode`` loss, which
+    computes its weights and rejection from the current policy (None elsewhere).
 
     Raises:
         AlgorithmConfigError: a value that is not a number or is out of range; the message
@@ -83,6 +93,10 @@ class PolicyLossConfig:
     clip_cov_ub: float = 5.0
     kl_cov_ratio: float = 0.0002
     ppo_kl_coef: float = 0.1
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
+    dro_beta: Optional[float] = None
+    rollout_correction: Optional[RolloutCorrectionConfig] = None  # read by ``bypass_mode``
 
     def __post_init__(self):
         if self.clip_ratio_low is None:
@@ -90,7 +104,12 @@ class PolicyLossConfig:
         if self.clip_ratio_high is None:
             self.clip_ratio_high = self.clip_ratio
         for field in dataclasses.fields(self):
-            setattr(self, field.name, _as_float(field.name, getattr(self, field.name)))
+            if field.name != "rollout_correction" and not (field.name == "dro_beta" and self.dro_beta is None):
+                setattr(self, field.name, _as_float(field.name, getattr(self, field.name)))
+        for key in ("tau_pos", "tau_neg"):
+            if not getattr(self, key) > 0:
+                raise AlgorithmConfigError(f"{_full_key(key)}={getattr(self, key)} must be > 0 (SAPO's gate "
+                                           "temperature; the paper uses tau_pos=1.0, tau_neg=1.05)")
         for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
             if getattr(self, key) < 0:
                 raise AlgorithmConfigError(
@@ -139,55 +158,69 @@ def _unknown_agg_mode(loss_agg_mode: str) -> UnknownAlgorithmError:
 def _check_positive(key: str, value: Optional[Number]) -> None:
     if value is not None and not float(value) > 0:
         raise AlgorithmConfigError(
-            f"agg_loss: {key}={float(value)} must be > 0; pass the mini-batch's count or None"
+            f"agg_loss: {key}={float(value)} must be > 0; pass the global batch's count or None"
         )
+
+
+def _global_count(key: str, value: Optional[Number], local: torch.Tensor, dp_size: int) -> Number:
+    """``value`` (a count over all data-parallel ranks), or the local count on one rank."""
+    _check_positive(key, value)
+    if value is not None:
+        return value
+    if dp_size > 1:
+        raise AlgorithmConfigError(f"agg_loss: dp_size={dp_size} needs the global {key} (the count over every "
+                                   "rank's share of the mini batch); pass it")
+    return local
 
 
 def agg_loss(
     loss_mat: torch.Tensor,
     loss_mask: torch.Tensor,
     loss_agg_mode: str,
-    global_num_tokens: Optional[Number] = None,
+    dp_size: int = 1,
+    batch_num_tokens: Optional[Number] = None,
     global_batch_size: Optional[Number] = None,
+    loss_scale_factor: Optional[Number] = None,
 ) -> torch.Tensor:
-    """Aggregate a per-token loss ``(bs, response_length)`` into a scalar.
+    """Aggregate a per-token loss ``(bs, response_length)`` into a scalar (verl 0.9's arguments).
 
-    Modes (``actor_rollout_ref.actor.loss_agg_mode``):
-      * ``token-mean``: sum over valid tokens / number of valid tokens.
-      * ``seq-mean-token-sum``: per-sequence token sum, then mean over sequences.
-      * ``seq-mean-token-mean``: per-sequence token mean, then mean over sequences.
-      * ``seq-mean-token-sum-norm``: per-sequence token sum / ``loss_mat.shape[-1]`` (a
-        constant, as in Dr. GRPO, arXiv 2503.20783), then mean over sequences.
+    Modes (``actor_rollout_ref.actor.loss_agg_mode``), with ``m`` the mask:
+      * ``token-mean``: ``sum(m * l) / batch_num_tokens``.
+      * ``token-sum``: ``sum(m * l)`` (no normalisation; the loss scales with the tokens).
+      * ``seq-mean-token-sum``: per-sequence token sum, summed over sequences / ``global_batch_size``.
+      * ``seq-mean-token-mean``: per-sequence token mean, the same sequence mean.
+      * ``seq-mean-token-sum-norm``: ``seq-mean-token-sum`` / ``loss_scale_factor`` (default
+        ``loss_mat.shape[-1]``; Dr. GRPO, arXiv 2503.20783, uses a constant).
 
-    Local means count only sequences with at least one valid token. Global normalisation for
-    gradient accumulation: with ``global_num_tokens`` (valid tokens of the whole mini-batch)
-    ``token-mean`` divides by it instead; with ``global_batch_size`` (sequences of the whole
-    mini-batch) the ``seq-mean-*`` modes divide the sequence sum by it. Then the SUM of the
-    micro-batch losses equals the loss of the whole mini-batch, and so do the gradients
-    (``seq-mean-token-sum-norm`` needs the same padded length in every micro batch).
+    Sequences without a valid token never count. For gradient accumulation and data parallelism
+    pass the counts of the whole mini batch over all ranks (``batch_num_tokens``: valid tokens;
+    ``global_batch_size``: sequences) and ``dp_size``: every rank's loss is multiplied by
+    ``dp_size`` because FSDP averages gradients over the ranks. Then the SUM of the micro-batch
+    losses, averaged over ranks, equals the loss of one pass over the mini batch. Without counts
+    they are this call's own (allowed only with ``dp_size == 1``).
 
     Raises:
         UnknownAlgorithmError: unknown ``loss_agg_mode``.
-        AlgorithmConfigError: a global count that is not > 0.
+        AlgorithmConfigError: a count that is not > 0, or ``dp_size > 1`` without the count it needs.
     """
     if loss_agg_mode == "token-mean":
-        _check_positive("global_num_tokens", global_num_tokens)
-        if global_num_tokens is None:
-            return masked_mean(loss_mat, loss_mask)
-        return masked_sum(loss_mat, loss_mask) / global_num_tokens
-    if loss_agg_mode == "seq-mean-token-sum":
+        tokens = _global_count("batch_num_tokens", batch_num_tokens, loss_mask.sum(), dp_size)
+        return masked_sum(loss_mat, loss_mask) / tokens * dp_size
+    if loss_agg_mode == "token-sum":
+        return masked_sum(loss_mat, loss_mask) * dp_size
+    if loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm"):
         seq_losses = masked_sum(loss_mat, loss_mask, axis=-1)
     elif loss_agg_mode == "seq-mean-token-mean":
         seq_losses = masked_mean(loss_mat, loss_mask, axis=-1)
-    elif loss_agg_mode == "seq-mean-token-sum-norm":
-        seq_losses = masked_sum(loss_mat, loss_mask, axis=-1) / loss_mat.shape[-1]
     else:
         raise _unknown_agg_mode(loss_agg_mode)
-    _check_positive("global_batch_size", global_batch_size)
-    if global_batch_size is not None:
-        return seq_losses.sum() / global_batch_size
     has_tokens = loss_mask.to(loss_mat.device).sum(dim=-1) > 0
-    return masked_mean(seq_losses, has_tokens)
+    sequences = _global_count("global_batch_size", global_batch_size, has_tokens.sum(), dp_size)
+    loss = torch.where(has_tokens, seq_losses, torch.zeros_like(seq_losses)).sum() / sequences * dp_size
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        _check_positive("loss_scale_factor", loss_scale_factor)
+        loss = loss / (loss_scale_factor if loss_scale_factor is not None else loss_mat.shape[-1])
+    return loss
 
 
 def loss_config(config: Optional[PolicyLossConfig]) -> PolicyLossConfig:
@@ -224,6 +257,21 @@ def clipped_surrogate(
     return torch.maximum(losses_unclipped, losses_clipped), torch.gt(losses_clipped, losses_unclipped)
 
 
+def apply_rollout_is_weights(pg_losses: torch.Tensor, rollout_is_weights: Optional[torch.Tensor]) -> torch.Tensor:
+    """``pg_losses * rollout_is_weights`` (detached: they change the measure, not the objective),
+    or ``pg_losses`` when there are none.
+
+    Raises:
+        AlgorithmInputError: the weights' shape is not the losses' ``(bs, response_length)``.
+    """
+    if rollout_is_weights is None:
+        return pg_losses
+    if rollout_is_weights.shape != pg_losses.shape:
+        raise AlgorithmInputError(f"rollout_is_weights {tuple(rollout_is_weights.shape)} must have the per-token "
+                                  f"losses' shape {tuple(pg_losses.shape)}")
+    return pg_losses * rollout_is_weights.detach().to(pg_losses.dtype)
+
+
 def pg_metrics(clipfrac: Number, clipfrac_lower: Number, ppo_kl: Number, **extra: Number) -> Dict[str, float]:
     """The metrics dict every policy loss returns: python floats under ``actor/<name>``."""
     values = {"pg_clipfrac": clipfrac, "pg_clipfrac_lower": clipfrac_lower, "ppo_kl": ppo_kl, **extra}
@@ -257,8 +305,11 @@ def compute_policy_loss_vanilla(
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
     config: Optional[PolicyLossConfig] = None,
-    global_num_tokens: Optional[Number] = None,
+    rollout_is_weights: Optional[torch.Tensor] = None,
+    dp_size: int = 1,
+    batch_num_tokens: Optional[Number] = None,
     global_batch_size: Optional[Number] = None,
+    loss_scale_factor: Optional[Number] = None,
 ) -> Tuple[torch.Tensor, Dict[str, float]]:
     """PPO clipped surrogate loss with clip-higher and dual-clip (``policy_loss.loss_mode=vanilla``).
 
@@ -277,8 +328,9 @@ def compute_policy_loss_vanilla(
     Args:
         old_log_prob, log_prob, advantages, response_mask: ``(bs, response_length)``;
             log-probs in nats, ``log_prob`` carries the gradient.
-        loss_agg_mode, global_num_tokens, global_batch_size: see :func:`agg_loss`.
+        loss_agg_mode, dp_size, batch_num_tokens, global_batch_size, loss_scale_factor: see :func:`agg_loss`.
         config: clip ratios; ``None`` uses ``PolicyLossConfig()``.
+        rollout_is_weights: ``(bs, response_length)`` rollout-correction weights, or None.
 
     Returns:
         ``(pg_loss, metrics)``: scalar loss; ``actor/pg_clipfrac`` (fraction of valid tokens
@@ -295,9 +347,11 @@ def compute_policy_loss_vanilla(
     clipfrac_lower = masked_mean((torch.gt(clip_losses, losses_dual) & negative).float(), response_mask)
     pg_losses = torch.where(negative, torch.minimum(clip_losses, losses_dual), clip_losses)
 
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, global_num_tokens, global_batch_size)
+    pg_losses = apply_rollout_is_weights(pg_losses, rollout_is_weights)
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, dp_size, batch_num_tokens,
+                       global_batch_size, loss_scale_factor)
     return pg_loss, pg_metrics(clipfrac, clipfrac_lower, masked_mean(-log_ratio, response_mask))
 
 
 # The other losses register themselves on import; kept last so they can import the above.
-from . import policy_losses  # noqa: E402,F401  isort: skip
+from . import bypass_loss, policy_losses, trust_region_losses  # noqa: E402,F401  isort: skip

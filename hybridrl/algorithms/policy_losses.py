@@ -2,7 +2,8 @@
 and ``cispo``, registered under verl's names (``actor_rollout_ref.actor.policy_loss.loss_mode``).
 
 All share the signature and metrics of
-:func:`~hybridrl.algorithms.policy_loss.compute_policy_loss_vanilla`. Tensors are
+:func:`~hybridrl.algorithms.policy_loss.compute_policy_loss_vanilla`, rollout-correction weights
+(``rollout_is_weights``) included. Tensors are
 ``(bs, response_length)``, log-probs in nats, and ``log_prob`` carries the gradient. Ratios
 are ``exp`` of log-ratios clamped to [-20, 20] (verl does this for ``vanilla``; here it applies
 to every token-ratio loss, so ``exp`` cannot overflow; it changes nothing for
@@ -20,6 +21,7 @@ from .policy_loss import (
     Number,
     PolicyLossConfig,
     agg_loss,
+    apply_rollout_is_weights,
     clipped_surrogate,
     loss_config,
     note_fixed_aggregation,
@@ -43,8 +45,11 @@ def compute_policy_loss_gspo(
     response_mask: torch.Tensor,
     loss_agg_mode: str = "seq-mean-token-mean",
     config: Optional[PolicyLossConfig] = None,
-    global_num_tokens: Optional[Number] = None,
+    rollout_is_weights: Optional[torch.Tensor] = None,
+    dp_size: int = 1,
+    batch_num_tokens: Optional[Number] = None,
     global_batch_size: Optional[Number] = None,
+    loss_scale_factor: Optional[Number] = None,
 ) -> LossOutput:
     """GSPO: PPO clipping on a sequence-level importance ratio (``loss_mode=gspo``).
 
@@ -74,7 +79,9 @@ def compute_policy_loss_gspo(
     log_ratio = log_prob - log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1)
     ratio = torch.exp(torch.clamp(log_ratio, max=10.0))
     pg_losses, clipped = clipped_surrogate(ratio, advantages, cfg)
-    pg_loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean", global_num_tokens, global_batch_size)
+    pg_losses = apply_rollout_is_weights(pg_losses, rollout_is_weights)
+    pg_loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean", dp_size, batch_num_tokens,
+                       global_batch_size, loss_scale_factor)
     clipfrac = masked_mean(clipped.float(), response_mask)
     return pg_loss, pg_metrics(clipfrac, 0.0, _ppo_kl(log_prob, old_log_prob, response_mask))
 
@@ -87,8 +94,11 @@ def compute_policy_loss_gpg(
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
     config: Optional[PolicyLossConfig] = None,
-    global_num_tokens: Optional[Number] = None,
+    rollout_is_weights: Optional[torch.Tensor] = None,
+    dp_size: int = 1,
+    batch_num_tokens: Optional[Number] = None,
     global_batch_size: Optional[Number] = None,
+    loss_scale_factor: Optional[Number] = None,
 ) -> LossOutput:
     """GPG: the plain policy-gradient loss ``L_t = -A_t * log_prob_t`` (``loss_mode=gpg``).
 
@@ -104,7 +114,9 @@ def compute_policy_loss_gpg(
     """
     loss_config(config)  # type check only: GPG has no hyper-parameter
     pg_losses = -advantages * log_prob
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, global_num_tokens, global_batch_size)
+    pg_losses = apply_rollout_is_weights(pg_losses, rollout_is_weights)
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, dp_size, batch_num_tokens,
+                       global_batch_size, loss_scale_factor)
     return pg_loss, pg_metrics(0.0, 0.0, _ppo_kl(log_prob, old_log_prob, response_mask))
 
 
@@ -129,8 +141,11 @@ def compute_policy_loss_clip_cov(
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
     config: Optional[PolicyLossConfig] = None,
-    global_num_tokens: Optional[Number] = None,
+    rollout_is_weights: Optional[torch.Tensor] = None,
+    dp_size: int = 1,
+    batch_num_tokens: Optional[Number] = None,
     global_batch_size: Optional[Number] = None,
+    loss_scale_factor: Optional[Number] = None,
 ) -> LossOutput:
     """Clip-Cov: PPO's clipped loss minus the gradient of a few high-covariance tokens
     (``loss_mode=clip_cov``).
@@ -167,7 +182,9 @@ def compute_policy_loss_clip_cov(
             index = index[torch.randperm(index.numel())[:n_clip].to(index.device)]
         removed = _flat_mask(index, candidates)
     pg_losses = torch.where(removed, torch.zeros_like(clip_losses), clip_losses)
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, global_num_tokens, global_batch_size)
+    pg_losses = apply_rollout_is_weights(pg_losses, rollout_is_weights)
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, dp_size, batch_num_tokens,
+                       global_batch_size, loss_scale_factor)
     return pg_loss, pg_metrics(
         masked_mean(clipped.float(), response_mask), 0.0, masked_mean(-log_ratio, response_mask),
         clip_cov_frac=masked_mean(removed.float(), response_mask),
@@ -182,8 +199,11 @@ def compute_policy_loss_kl_cov(
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
     config: Optional[PolicyLossConfig] = None,
-    global_num_tokens: Optional[Number] = None,
+    rollout_is_weights: Optional[torch.Tensor] = None,
+    dp_size: int = 1,
+    batch_num_tokens: Optional[Number] = None,
     global_batch_size: Optional[Number] = None,
+    loss_scale_factor: Optional[Number] = None,
 ) -> LossOutput:
     """KL-Cov: the unclipped surrogate plus a ``|log_ratio|`` penalty on the tokens of largest
     covariance (``loss_mode=kl_cov``).
@@ -217,7 +237,9 @@ def compute_policy_loss_kl_cov(
     # torch.where (not a product) so a NaN log-prob in padding cannot reach the gradient.
     abs_kl = torch.where(penalised, log_prob - old_log_prob, torch.zeros_like(log_prob)).abs()
     pg_losses = -advantages * torch.exp(log_ratio) + cfg.ppo_kl_coef * abs_kl
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, global_num_tokens, global_batch_size)
+    pg_losses = apply_rollout_is_weights(pg_losses, rollout_is_weights)
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, dp_size, batch_num_tokens,
+                       global_batch_size, loss_scale_factor)
     return pg_loss, pg_metrics(
         0.0, 0.0, masked_mean(-log_ratio, response_mask), kl_cov_frac=masked_mean(penalised.float(), response_mask)
     )
@@ -231,8 +253,11 @@ def compute_policy_loss_geo_mean(
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
     config: Optional[PolicyLossConfig] = None,
-    global_num_tokens: Optional[Number] = None,
+    rollout_is_weights: Optional[torch.Tensor] = None,
+    dp_size: int = 1,
+    batch_num_tokens: Optional[Number] = None,
     global_batch_size: Optional[Number] = None,
+    loss_scale_factor: Optional[Number] = None,
 ) -> LossOutput:
     """GMPO: the geometric mean of token ratios, clipped per token in log space
     (``loss_mode=geo_mean``).
@@ -266,9 +291,13 @@ def compute_policy_loss_geo_mean(
     pessimistic = sign * torch.minimum(sign * log_ratio, sign * clamped)
     seq_ratio = torch.exp(masked_mean(pessimistic, response_mask, axis=-1))  # (bs,)
     seq_losses = -masked_mean(advantages, response_mask, axis=-1) * seq_ratio
+    if rollout_is_weights is not None:  # one weight per sequence: the tokens' geometric mean (as verl)
+        seq_losses = seq_losses * torch.exp(masked_mean(torch.log(rollout_is_weights.detach() + 1e-10),
+                                                        response_mask, axis=-1))
     has_tokens = (response_mask.sum(dim=-1) > 0).unsqueeze(-1)
     # One column per sequence: agg_loss's sequence mean (and global_batch_size) applies as is.
-    pg_loss = agg_loss(seq_losses.unsqueeze(-1), has_tokens, "seq-mean-token-sum", None, global_batch_size)
+    pg_loss = agg_loss(seq_losses.unsqueeze(-1), has_tokens, "seq-mean-token-sum", dp_size,
+                       global_batch_size=global_batch_size)
     clipfrac = masked_mean(((advantages > 0) & (log_ratio > cfg.clip_ratio_high)).float(), response_mask)
     clipfrac_lower = masked_mean(((advantages < 0) & (log_ratio < -cfg.clip_ratio_low)).float(), response_mask)
     return pg_loss, pg_metrics(clipfrac, clipfrac_lower, _ppo_kl(log_prob, old_log_prob, response_mask))
@@ -282,8 +311,11 @@ def compute_policy_loss_cispo(
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
     config: Optional[PolicyLossConfig] = None,
-    global_num_tokens: Optional[Number] = None,
+    rollout_is_weights: Optional[torch.Tensor] = None,
+    dp_size: int = 1,
+    batch_num_tokens: Optional[Number] = None,
     global_batch_size: Optional[Number] = None,
+    loss_scale_factor: Optional[Number] = None,
 ) -> LossOutput:
     """CISPO: REINFORCE weighted by a truncated, detached importance ratio (``loss_mode=cispo``).
 
@@ -308,6 +340,8 @@ def compute_policy_loss_cispo(
     ratio = torch.exp(log_ratio).detach()
     weight = torch.clamp(ratio, 1 - cfg.clip_ratio_low, 1 + cfg.clip_ratio_high)
     pg_losses = -weight * advantages * log_prob
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, global_num_tokens, global_batch_size)
+    pg_losses = apply_rollout_is_weights(pg_losses, rollout_is_weights)
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, dp_size, batch_num_tokens,
+                       global_batch_size, loss_scale_factor)
     clipfrac = masked_mean((weight != ratio).float(), response_mask)
     return pg_loss, pg_metrics(clipfrac, 0.0, masked_mean(-log_ratio, response_mask))

@@ -16,8 +16,10 @@ def compute_value_loss(
     response_mask: torch.Tensor,
     cliprange_value: float,
     loss_agg_mode: str = "token-mean",
-    global_num_tokens: Optional[Number] = None,
+    dp_size: int = 1,
+    batch_num_tokens: Optional[Number] = None,
     global_batch_size: Optional[Number] = None,
+    loss_scale_factor: Optional[Number] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """PPO clipped value loss.
 
@@ -33,7 +35,7 @@ def compute_value_loss(
         values: ``(bs, response_length)`` critic values at rollout time (the clip centre).
         response_mask: ``(bs, response_length)``.
         cliprange_value: half-width of the clip interval, >= 0.
-        loss_agg_mode, global_num_tokens, global_batch_size: see ``agg_loss``.
+        loss_agg_mode, dp_size, batch_num_tokens, global_batch_size, loss_scale_factor: see ``agg_loss``.
 
     Returns:
         ``(vf_loss, vf_clipfrac)``: scalar loss with gradient, and a detached 0-d tensor with
@@ -50,6 +52,7 @@ def compute_value_loss(
     losses_unclipped = (vpreds - returns) ** 2
     losses_clipped = (vpred_clipped - returns) ** 2
     losses = torch.maximum(losses_unclipped, losses_clipped)
-    vf_loss = 0.5 * agg_loss(losses, response_mask, loss_agg_mode, global_num_tokens, global_batch_size)
+    vf_loss = 0.5 * agg_loss(losses, response_mask, loss_agg_mode, dp_size, batch_num_tokens,
+                       global_batch_size, loss_scale_factor)
     vf_clipfrac = masked_mean(torch.gt(losses_clipped, losses_unclipped).float(), response_mask)
     return vf_loss, vf_clipfrac.detach()

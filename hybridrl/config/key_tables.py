@@ -21,6 +21,9 @@ _IGNORED: dict[str, tuple[str, ...]] = {
         "data.return_raw_input_ids",),
     "validation runs over the whole set in file order": ("data.validation_shuffle",),
     "prompts are filtered in this process": ("data.filter_overlong_prompts_workers",),
+    "rewards are scored in the driver process": ("reward.num_workers",),
+    "hybridrl has one trainer; its loop is verl's v1 trainer_mode=sync": ("trainer.use_v1",),
+    "batches move between the driver and the workers directly": ("transfer_queue.enable",),
     "this build has no multimodal inputs": ("data.return_multi_modal_inputs",),
     "the tokenizer loads with actor_rollout_ref.model.trust_remote_code": ("data.trust_remote_code",),
     "prompts are padded to data.max_prompt_length": (f"{ROLLOUT}.prompt_length",),
@@ -100,6 +103,11 @@ NOT_YET_SUPPORTED: dict[str, str] = {
     f"{ROLLOUT}.multi_turn.completion_callback": "custom multi-turn completion callbacks",
     f"{ROLLOUT}.use_fire_sampling": "FIRE sampling (arXiv:2410.21236)",
     f"{ROLLOUT}.agent.custom_async_server.path": "a custom async rollout server",
+    "reward.reward_manager.module.path": ("a reward manager class loaded from a file (register yours with "
+                                          "@register_reward_manager in a module named by "
+                                          "actor_rollout_ref.model.external_lib)"),
+    "trainer.v1.trainer_mode": "asynchronous training (verl's colocate_async / separate_async)",
+    "distillation.enabled": "on-policy distillation from a teacher model",
     "data.custom_cls.path": "custom dataset classes",
     "data.sampler.class_path": "custom samplers",
     "data.datagen.path": "dynamic data generation",

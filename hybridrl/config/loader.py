@@ -81,6 +81,10 @@ def load_config(overrides: list[str] | None = None, config_name: str = "ppo_trai
     except OmegaConfBaseException as exc:
         raise ConfigError(_one_line(f"config '{config_name}': cannot resolve an interpolation: {exc}",
                                     exc)) from exc
+    if "reward" in cfg:  # verl >= 0.8's spelling of the reward settings
+        from hybridrl.config.reward_spelling import apply_reward_spelling
+
+        apply_reward_spelling(cfg)
     if resolve_auto_dtypes:
         from hybridrl.models.precision import resolve_precision
 

@@ -96,6 +96,10 @@ def _check_values(config) -> None:
     if clip_c is not None and not _number_above(clip_c, 1):
         raise ConfigError(f"{ACTOR}.clip_ratio_c={clip_c!r} must be > 1 (the dual-clip bound; 3.0 is usual)")
     _check_policy_loss_knobs(config)
+    _check_rollout_correction(config)
+    _check_dapo(config)
+    _check_gdpo(config)
+    _check_token_baseline(config)
     if _get(config, "trainer.resume_mode") == "resume_path" and not _get(config, "trainer.resume_from_path", None):
         raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path; "
                           "set it to a global_step_* folder or use trainer.resume_mode=auto")
@@ -127,6 +131,77 @@ def _check_policy_loss_knobs(config) -> None:
             get_kl_controller(ctrl.type, ctrl.kl_coef, ctrl.get("target_kl"), ctrl.get("horizon"))
     except AlgorithmConfigError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _check_rollout_correction(config) -> None:
+    """``algorithm.rollout_correction``: its values, the engine log-probs it needs, and the loss
+    bypass mode replaces."""
+    from hybridrl.algorithms.errors import AlgorithmConfigError, UnknownAlgorithmError
+    from hybridrl.algorithms.rollout_corr import SECTION, RolloutCorrectionConfig
+
+    try:
+        corr = RolloutCorrectionConfig.from_section(_plain(_get(config, SECTION, None)))
+    except (AlgorithmConfigError, UnknownAlgorithmError) as exc:
+        raise ConfigError(str(exc)) from None
+    loss_mode = _get(config, f"{ACTOR}.policy_loss.loss_mode", "vanilla")
+    if loss_mode == "bypass_mode" and not corr.bypass_mode:
+        raise ConfigError(f"{ACTOR}.policy_loss.loss_mode=bypass_mode is chosen by {SECTION}.bypass_mode=true; "
+                          "set that instead (it also makes the rollout log-probs the old ones)")
+    if corr.bypass_mode and loss_mode not in ("vanilla", "bypass_mode"):
+        raise ConfigError(f"{SECTION}.bypass_mode=true uses its own loss ({SECTION}.loss_type=ppo_clip|reinforce), "
+                          f"so {ACTOR}.policy_loss.loss_mode={loss_mode} cannot apply; set it back to vanilla")
+    if (corr.corrects or corr.bypass_mode) and not _get(config, f"{ROLLOUT}.calculate_log_probs", True):
+        used = "bypass_mode=true" if corr.bypass_mode else f"rollout_is={corr.rollout_is}, rollout_rs={corr.rollout_rs}"
+        raise ConfigError(f"{SECTION}: {used} needs the engine's log-probs of the sampled tokens; set "
+                          f"{ROLLOUT}.calculate_log_probs=true")
+
+
+def _check_dapo(config) -> None:
+    """Dynamic sampling (``algorithm.filter_groups``, ``data.gen_batch_size``) and the overlong buffer."""
+    filtering = bool(_get(config, "algorithm.filter_groups.enable", False))
+    gen_batch_size = _get(config, "data.gen_batch_size", None)
+    if gen_batch_size is not None:
+        _int_at_least(config, "data.gen_batch_size", 1)
+        if not filtering and gen_batch_size != _get(config, "data.train_batch_size"):
+            raise ConfigError(f"data.gen_batch_size={gen_batch_size} only applies to dynamic sampling; set "
+                              "algorithm.filter_groups.enable=true or remove it")
+    if filtering:
+        limit = _get(config, "algorithm.filter_groups.max_num_gen_batches", 0)
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise ConfigError(f"algorithm.filter_groups.max_num_gen_batches={limit!r} must be an integer "
+                              "(<= 0: no limit; DAPO uses 10)")
+        if (_get(config, "algorithm.filter_groups.metric", None) == "seq_final_reward"
+                and _get(config, "algorithm.use_kl_in_reward", False)):
+            raise ConfigError("algorithm.filter_groups.metric=seq_final_reward with algorithm.use_kl_in_reward=true: "
+                              "groups are filtered before the KL penalty exists here; use seq_reward")
+    if (_get(config, "reward_model.overlong_buffer.enable", False)
+            and _get(config, "reward_model.reward_manager") != "dapo"):
+        raise ConfigError("reward_model.overlong_buffer.enable=true is DAPO's shaping; set "
+                          "reward_model.reward_manager=dapo")
+
+
+def _check_token_baseline(config) -> None:
+    """The optimal token baseline reads ``sum_pi_squared``, which only the actor's old-log-prob pass makes."""
+    estimator = _get(config, "algorithm.adv_estimator")
+    if estimator in ("optimal_token_baseline", "tir_optimal_token_baseline") and not _get(
+            config, f"{ACTOR}.calculate_sum_pi_squared", False):
+        raise ConfigError(f"algorithm.adv_estimator={estimator} needs sum_pi_squared from the old-log-prob pass; "
+                          f"set {ACTOR}.calculate_sum_pi_squared=true")
+
+
+def _check_gdpo(config) -> None:
+    """``adv_estimator=gdpo`` names its reward components (and at most one weight each)."""
+    if _get(config, "algorithm.adv_estimator") != "gdpo":
+        return
+    keys = _plain(_get(config, "algorithm.gdpo_reward_keys", None))
+    weights = _plain(_get(config, "algorithm.gdpo_reward_weights", None))
+    if not isinstance(keys, list) or not keys or not all(isinstance(k, str) for k in keys):
+        raise ConfigError(f"algorithm.adv_estimator=gdpo needs algorithm.gdpo_reward_keys, a list of the keys "
+                          f"your compute_score returns in its dict (got {keys!r}), e.g. "
+                          "\"['format_reward','accuracy_reward']\"")
+    if weights is not None and (not isinstance(weights, list) or len(weights) != len(keys)):
+        raise ConfigError(f"algorithm.gdpo_reward_weights={weights!r} must be a list with one number per "
+                          f"gdpo_reward_keys entry ({len(keys)}), or null")
 
 
 def _check_not_yet_supported(config) -> None:

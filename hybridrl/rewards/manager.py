@@ -81,9 +81,16 @@ def register_reward_manager(name: str) -> Callable[[type], type]:
     The class is built as ``cls(tokenizer=..., num_examine=..., compute_score=...,
     reward_fn_key=..., on_error=..., **reward_model.reward_kwargs)`` and called as
     ``manager(data: DataProto, return_dict=False)``.
+
+    Raises:
+        RewardConfigError: another class is registered under ``name`` already.
     """
 
     def decorator(cls: type) -> type:
+        old = _REWARD_MANAGERS.get(name)
+        if old is not None and old is not cls:
+            raise RewardConfigError(f"reward manager {name!r} is already registered to {old.__module__}."
+                                    f"{old.__qualname__}; pick another name for {cls.__qualname__}")
         _REWARD_MANAGERS[name] = cls
         return cls
 
@@ -211,6 +218,7 @@ class NaiveRewardManager:
             if rm_scores is None or self.has_rule_scorer(data_source):
                 _, ground_truth, extra_info = self._row_inputs(data, i)
                 score, extras, failed = self._score(i, data_source, response_str, ground_truth, extra_info)
+                score, extras = self.shape_score(score, extras, vr)
                 rule_scores.append(score)
             else:
                 rule_scores.append(None)
@@ -248,6 +256,14 @@ class NaiveRewardManager:
         if rm_scores is not None:
             extra_info_out["rule_score"] = rule_scores
         return {"reward_tensor": reward_tensor, "reward_extra_info": extra_info_out}
+
+    def shape_score(self, score: float, extras: dict, response_length: int) -> tuple[float, dict]:
+        """A subclass's change to a row's rule score (e.g. DAPO's overlong penalty); unchanged here.
+
+        Args:
+            score: the scorer's score; extras: its other outputs; response_length: valid tokens.
+        """
+        return score, extras
 
     def has_rule_scorer(self, data_source: Any) -> bool:
         """Whether rows of ``data_source`` get a rule score next to a reward model's score."""
@@ -378,7 +394,11 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0) -> An
     manager_name = _cfg_get(config, "reward_model.reward_manager", "naive")
     manager_cls = get_reward_manager_cls(manager_name)
     manager_kwargs = _to_plain_dict(_cfg_get(config, "reward_model.reward_kwargs", {}), "reward_model.reward_kwargs")
-    optional = {"timeout_s": _score_timeout(config)}  # passed to managers that take it (verl's do not)
+    optional = {  # passed to managers that take them (verl's naive one does not), unless reward_kwargs do
+        "timeout_s": _score_timeout(config),
+        "overlong_buffer_cfg": _cfg_get(config, "reward_model.overlong_buffer"),
+        "max_resp_len": _cfg_get(config, "data.max_response_length"),
+    }
     accepted = inspect.signature(manager_cls).parameters
     try:
         return manager_cls(
@@ -387,7 +407,7 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0) -> An
             compute_score=compute_score,
             reward_fn_key=_cfg_get(config, "data.reward_fn_key", "data_source"),
             on_error=_cfg_get(config, "reward_model.on_error", "raise"),
-            **{k: v for k, v in optional.items() if k in accepted},
+            **{k: v for k, v in optional.items() if k in accepted and k not in manager_kwargs},
             **manager_kwargs,
         )
     except TypeError as exc:
@@ -397,3 +417,7 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0) -> An
             f"reward_model.reward_kwargs={manager_kwargs} do not fit reward manager "
             f"{manager_name!r}: {exc}; remove the keys it does not take"
         ) from exc
+
+
+# Managers beyond "naive" register themselves on import; kept last so they can import the above.
+from hybridrl.rewards import dapo  # noqa: E402,F401  isort: skip

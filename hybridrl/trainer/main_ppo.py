@@ -23,8 +23,10 @@ def _build_dataloaders(config, tokenizer):
     train_dataset = RLHFDataset(data_cfg.train_files, tokenizer, data_cfg, config_key="data.train_files")
     if not config.reward_model.get("enable", False):
         _check_ground_truth_column(train_dataset, "data.train_files")
+    filtering = (config.algorithm.get("filter_groups") or {}).get("enable", False)  # DAPO's dynamic sampling
     train_dataloader = create_rl_dataloader(
-        train_dataset, batch_size=data_cfg.train_batch_size, shuffle=data_cfg.get("shuffle", True),
+        train_dataset, batch_size=(filtering and data_cfg.get("gen_batch_size")) or data_cfg.train_batch_size,
+        shuffle=data_cfg.get("shuffle", True),
         seed=data_cfg.get("seed", 1), num_workers=data_cfg.get("dataloader_num_workers", 0),
     )
     val_dataloader = None
@@ -65,6 +67,7 @@ def run_ppo(config) -> None:
     from hybridrl.models import load_tokenizer, resolve_model_path
     from hybridrl.rewards.manager import load_reward_manager
     from hybridrl.trainer.ppo_trainer import PPOTrainer, needs_critic, needs_reference_policy
+    from hybridrl.trainer.rollout_correction import share_rollout_correction
     from hybridrl.trainer.tracking import Tracking
     from hybridrl.trainer.worker_groups import build_worker_groups, resolve_backend
     from hybridrl.workers.fsdp_workers import import_external_lib
@@ -88,6 +91,7 @@ def run_ppo(config) -> None:
     with open_dict(config):
         config.actor_rollout_ref.actor.optim.total_training_steps = total_steps
         config.critic.optim.total_training_steps = total_steps
+        share_rollout_correction(config)
 
     reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
     val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1)

@@ -20,7 +20,9 @@ from hybridrl.algorithms.policy_loss import agg_loss
 from hybridrl.algorithms.rollout_corr import compute_offpolicy_metrics
 from hybridrl.protocol import DataProto
 from hybridrl.trainer import checkpoint
+from hybridrl.rewards.manager import RewardFunctionError
 from hybridrl.trainer.balance import balance_batch
+from hybridrl.trainer.dynamic_sampling import DynamicSampler
 from hybridrl.trainer.metrics import (
     compute_data_metrics,
     compute_rollout_probs_diff_metrics,
@@ -29,6 +31,8 @@ from hybridrl.trainer.metrics import (
     marked_timer,
     reduce_metrics,
 )
+from hybridrl.trainer.rollout_correction import (apply_bypass_mode, compute_rollout_correction_and_add_to_batch,
+                                                 rollout_correction_config)
 from hybridrl.trainer.rollout_dump import ValidationDump, dump_rollouts
 
 logger = logging.getLogger(__name__)
@@ -53,12 +57,16 @@ def reuses_update_log_probs(config) -> bool:
 
     On policy means ``ppo_epochs == 1`` and one mini batch per batch
     (``ppo_mini_batch_size >= data.train_batch_size``); a KL penalty in the reward reads
-    ``old_log_probs`` before the update, so it needs the pass.
+    ``old_log_probs`` before the update, and so do rollout correction's weights and rejection
+    (decoupled mode), so they need the pass, as does the optimal token baseline (``sum_pi_squared``
+    comes from it). Bypass mode needs it never (see :meth:`PPOTrainer.step`).
     """
     actor = config.actor_rollout_ref.actor
+    corrects_before_update = rollout_correction_config(config).corrects  # weights/rejection read old_log_probs
     return bool(actor.get("skip_on_policy_old_log_prob", True) and int(actor.ppo_epochs) == 1
                 and int(actor.ppo_mini_batch_size) >= int(config.data.train_batch_size)
-                and not config.algorithm.use_kl_in_reward)
+                and not config.algorithm.use_kl_in_reward and not corrects_before_update
+                and not actor.get("calculate_sum_pi_squared", False))  # the pass makes sum_pi_squared
 
 
 def trim_left_padding(gen_batch: DataProto) -> DataProto:
@@ -98,6 +106,10 @@ def compute_advantage(data: DataProto, adv_estimator: str, gamma: float = 1.0, l
         values=batch.get("values", None),
         reward_baselines=batch.get("reward_baselines", None),
         index=data.non_tensor_batch["uid"],
+        non_tensor_batch=data.non_tensor_batch,  # the reward function's outputs (gdpo's components)
+        old_log_probs=batch.get("old_log_probs", None),  # the optimal token baseline's inputs
+        sum_pi_squared=batch.get("sum_pi_squared", None),
+        rollout_is_weights=batch.get("rollout_is_weights", None),
         gamma=gamma,
         lam=lam,
         norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
@@ -114,6 +126,22 @@ def compute_reward(data: DataProto, reward_fn) -> tuple[torch.Tensor, dict]:
     """``(token_level_scores (bs, response_length), reward_extra_info)`` from a reward manager."""
     result = reward_fn(data, return_dict=True)
     return result["reward_tensor"], result.get("reward_extra_info", {})
+
+
+def _object_array(values: list) -> np.ndarray:
+    """A 1-d object array of ``values`` (``np.array`` would make lists of lists 2-d)."""
+    array = np.empty(len(values), dtype=object)
+    array[:] = values
+    return array
+
+
+def build_dynamic_sampler(config, tokenizer) -> DynamicSampler | None:
+    """DAPO's group filter when ``algorithm.filter_groups.enable``, else None."""
+    groups = config.algorithm.get("filter_groups") or {}
+    if not groups.get("enable", False):
+        return None
+    return DynamicSampler(groups.get("metric") or "acc", groups.get("max_num_gen_batches") or 0,
+                          config.data.train_batch_size, tokenizer.pad_token_id)
 
 
 class PPOTrainer:
@@ -143,42 +171,72 @@ class PPOTrainer:
         )
         self.full_kl_in_reward = bool(algo.use_kl_in_reward and algo.kl_penalty == FULL_KL)
         self.reuses_update_log_probs = reuses_update_log_probs(config)
+        self.rollout_correction = rollout_correction_config(config)
+        self.dynamic_sampler = build_dynamic_sampler(config, tokenizer)
+        self._pending_metrics, self._pending_timing = {}, {}  # of generation batches not trained on yet
+        self._reward_extra_keys: dict[str, None] = {}  # the reward function's extra outputs seen so far
         self.global_steps = 0
         self._resumed_batches = None  # the rest of the epoch a checkpoint stopped in
 
     # ---------------------------------------------------------------- one training step
-    def step(self, batch_dict: dict) -> dict:
+    def rollout_and_score(self, batch_dict: dict, metrics: dict, timing_raw: dict) -> DataProto:
+        """Samples ``rollout.n`` responses per prompt of a dataloader batch and scores them.
+
+        Returns the responses' batch with ``token_level_scores`` ``(bs, response_length)``, the
+        group ids (``uid``) and the reward function's extra outputs (one non-tensor column each).
+        """
         cfg = self.config
-        metrics: dict = {}
-        timing_raw: dict = {}
         batch = DataProto.from_single_dict(batch_dict)
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+        n = cfg.actor_rollout_ref.rollout.n
+        prompts = trim_left_padding(batch.pop(batch_keys=_GEN_BATCH_KEYS))
+        prompts.non_tensor_batch.update(batch.non_tensor_batch)  # row fields for agent loops (agent_name, ...)
+        with marked_timer("gen", timing_raw):
+            gen_output = self.actor_rollout_wg.generate_sequences(prompts.repeat(n, interleave=True))
+        if cfg.algorithm.adv_estimator == "remax":
+            with marked_timer("gen_max", timing_raw):
+                batch.batch["reward_baselines"] = self.greedy_reward_baselines(batch, prompts)
+        batch = batch.repeat(n, interleave=True).union(gen_output)
+        with marked_timer("reward", timing_raw):
+            if self.rm_wg is not None:  # rm_scores first: the reward manager combines them with rule scores
+                batch = batch.union(self.rm_wg.compute_rm_score(batch))
+                rm_seq = batch.batch["rm_scores"].sum(-1)
+                metrics.update({f"rm/score/{s}": getattr(rm_seq, s)().item() for s in ("mean", "max", "min")})
+            reward_tensor, reward_extra_info = compute_reward(batch, self.reward_fn)
+        batch.batch["token_level_scores"] = reward_tensor
+        for key, values in reward_extra_info.items():
+            if key in batch.non_tensor_batch:
+                raise RewardFunctionError(f"the reward function returns {key!r}, the name of a batch column; rename "
+                                          "that key of its dict")
+            batch.non_tensor_batch[key] = _object_array(values)
+        self._reward_extra_keys.update(dict.fromkeys(reward_extra_info))
+        return batch
+
+    def step(self, batch_dict: dict) -> dict | None:
+        """One training step on a dataloader batch; with dynamic sampling (``algorithm.filter_groups``)
+        None while the batch still collects groups (the call only generated and scored)."""
+        cfg = self.config
+        metrics, timing_raw = self._pending_metrics, self._pending_timing  # kept over collecting calls
         with marked_timer("step", timing_raw):
-            n = cfg.actor_rollout_ref.rollout.n
-            prompts = trim_left_padding(batch.pop(batch_keys=_GEN_BATCH_KEYS))
-            prompts.non_tensor_batch.update(batch.non_tensor_batch)  # row fields for agent loops (agent_name, ...)
-            with marked_timer("gen", timing_raw):
-                gen_output = self.actor_rollout_wg.generate_sequences(prompts.repeat(n, interleave=True))
-            if cfg.algorithm.adv_estimator == "remax":
-                with marked_timer("gen_max", timing_raw):
-                    batch.batch["reward_baselines"] = self.greedy_reward_baselines(batch, prompts)
-            batch = batch.repeat(n, interleave=True).union(gen_output)
+            batch = self.rollout_and_score(batch_dict, metrics, timing_raw)
+            if self.dynamic_sampler is not None:
+                batch, sampling_metrics = self.dynamic_sampler.collect(batch)
+                if batch is None:
+                    return None
+                metrics.update(sampling_metrics)
+            self._pending_metrics, self._pending_timing = {}, {}
             if cfg.trainer.get("balance_batch", True):  # equal tokens per data-parallel worker
                 metrics.update(balance_batch(batch, self.n_workers))
             batch.meta_info["global_steps"] = self.global_steps
             batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
             batch.meta_info["max_prompt_length"] = cfg.data.max_prompt_length
-
-            with marked_timer("reward", timing_raw):
-                if self.rm_wg is not None:  # rm_scores first: the reward manager combines them with rule scores
-                    batch = batch.union(self.rm_wg.compute_rm_score(batch))
-                    rm_seq = batch.batch["rm_scores"].sum(-1)
-                    metrics.update({f"rm/score/{s}": getattr(rm_seq, s)().item() for s in ("mean", "max", "min")})
-                reward_tensor, reward_extra_info = compute_reward(batch, self.reward_fn)
+            reward_extra_info = {key: list(batch.non_tensor_batch[key]) for key in self._reward_extra_keys}
             if "reward_error" in reward_extra_info:
                 metrics["reward/error_count"] = float(np.sum(reward_extra_info["reward_error"]))
 
-            if not self.reuses_update_log_probs:  # else the update reports actor/entropy
+            if self.rollout_correction.bypass_mode:  # the rollout log-probs are the old ones
+                apply_bypass_mode(batch)
+            elif not self.reuses_update_log_probs:  # else the update reports actor/entropy
                 with marked_timer("old_log_prob", timing_raw):
                     old_log_prob = self.actor_rollout_wg.compute_log_prob(batch)
                     entropys = old_log_prob.batch.pop("entropys")
@@ -198,7 +256,7 @@ class PPOTrainer:
                     batch = batch.union(self.critic_wg.compute_values(batch))
 
             with marked_timer("adv", timing_raw):
-                batch.batch["token_level_scores"] = reward_tensor
+                reward_tensor = batch.batch["token_level_scores"]
                 if cfg.algorithm.use_kl_in_reward:
                     rewards, kl_metrics = apply_kl_penalty(
                         reward_tensor, batch.batch["old_log_probs"], batch.batch["ref_log_prob"],
@@ -209,6 +267,9 @@ class PPOTrainer:
                     metrics.update(kl_metrics)
                 else:
                     batch.batch["token_level_rewards"] = reward_tensor
+                if self.rollout_correction.corrects and not self.rollout_correction.bypass_mode:
+                    batch, corr_metrics = compute_rollout_correction_and_add_to_batch(batch, self.rollout_correction)
+                    metrics.update(corr_metrics)
                 batch = compute_advantage(
                     batch, cfg.algorithm.adv_estimator, cfg.algorithm.gamma, cfg.algorithm.lam,
                     cfg.algorithm.norm_adv_by_std_in_grpo, config=cfg.algorithm,
@@ -225,10 +286,12 @@ class PPOTrainer:
                 metrics.update(reduce_metrics(actor_output.meta_info["metrics"]))
                 if actor_output.batch is not None:  # on policy: the update's own log-probs were the old ones
                     batch.batch["old_log_probs"] = actor_output.batch["old_log_probs"]
-            if "rollout_log_probs" in batch.batch.keys() and "old_log_probs" in batch.batch.keys():
+            if ("rollout_log_probs" in batch.batch.keys() and "old_log_probs" in batch.batch.keys()
+                    and not self.rollout_correction.bypass_mode):  # bypass: the actor reports the gap
                 mismatch = (batch.batch["old_log_probs"], batch.batch["rollout_log_probs"], batch.batch["response_mask"])
                 metrics.update(compute_rollout_probs_diff_metrics(*mismatch))
-                metrics.update(compute_offpolicy_metrics(*mismatch))
+                if not self.rollout_correction.corrects:  # else logged with the correction
+                    metrics.update(compute_offpolicy_metrics(*mismatch))
 
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
         dump_rollouts(cfg.trainer, batch, self.tokenizer, self.global_steps, reward_extra_info)
@@ -346,6 +409,8 @@ class PPOTrainer:
             batches, self._resumed_batches = self._resumed_batches or iter(self.train_dataloader), None
             for batch_dict in batches:
                 metrics = self.step(batch_dict)
+                if metrics is None:  # dynamic sampling: more groups to collect first
+                    continue
                 is_last = self.global_steps >= self.total_training_steps
                 timing: dict = {}
                 if self.val_dataloader is not None and self._due(trainer_cfg.test_freq, is_last):

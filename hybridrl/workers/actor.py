@@ -13,8 +13,10 @@ from collections import defaultdict
 import torch
 
 from hybridrl.algorithms.errors import AlgorithmConfigError, check_finite
+from hybridrl.algorithms.functional import sum_pi_squared_from_logits
 from hybridrl.algorithms.kl import FULL_KL, kl_full_from_logits, kl_penalty
 from hybridrl.algorithms.policy_loss import PolicyLossConfig, agg_loss, get_policy_loss_fn
+from hybridrl.algorithms.rollout_corr import RolloutCorrectionConfig
 from hybridrl.protocol import DataProto
 from hybridrl.workers.micro_batches import restore_order, split_micro_batches
 from hybridrl.workers.model_forward import (  # noqa: F401 (autocast: the shared mixed-precision context)
@@ -48,11 +50,18 @@ def build_policy_loss_config(section) -> PolicyLossConfig:
 
     policy_loss = section.get("policy_loss") or {}
     knobs = {key: policy_loss[key] for key in POLICY_LOSS_KEYS if policy_loss.get(key) is not None}
+    if policy_loss.get("loss_mode") == "dro" and policy_loss.get("dro_beta") is None:
+        raise AlgorithmConfigError("actor_rollout_ref.actor.policy_loss.loss_mode=dro needs policy_loss.dro_beta "
+                                   "(> 0, the weight of its quadratic log-ratio penalty); set it, e.g. 0.1")
+    correction = policy_loss.get("rollout_correction")  # copied from algorithm.* by the driver
     return PolicyLossConfig(
+        rollout_correction=RolloutCorrectionConfig.from_section(correction) if correction is not None else None,
         clip_ratio=section.clip_ratio,
         clip_ratio_low=section.get("clip_ratio_low"),
         clip_ratio_high=section.get("clip_ratio_high"),
         clip_ratio_c=section.get("clip_ratio_c", 3.0),
+        tau_pos=section.get("tau_pos", 1.0),
+        tau_neg=section.get("tau_neg", 1.05),
         **knobs,
     )
 
@@ -101,23 +110,31 @@ class PPOActor:
                                    key=meta.get("max_token_len_key", "log_prob_max_token_len_per_gpu"))
 
     @torch.no_grad()
-    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False):
+    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False,
+                         calculate_sum_pi_squared: bool = False):
         """Log-probs of ``data.batch["responses"]`` under the module.
 
         ``data.meta_info`` holds ``temperature``, ``micro_batch_size`` (rows per forward) or
         ``use_dynamic_bsz`` + ``max_token_len`` (tokens per forward), and ``use_remove_padding``.
-        Returns ``(log_probs, entropys)``, both ``(bs, response_length)`` fp32 in the rows' order,
-        0 where there is no response token; ``entropys`` is None unless asked for.
+        Returns ``(log_probs, entropys, sum_pi_squared)``, each ``(bs, response_length)`` fp32 in
+        the rows' order, 0 where there is no response token; ``entropys`` and ``sum_pi_squared``
+        (``sum_v pi(v)^2`` of each position's distribution, for the optimal token baseline) are
+        None unless asked for. ``sum_pi_squared`` needs each micro batch's full logits (no
+        logits chunking in that pass).
         """
         self.actor_module.eval()
         options = self.forward_options(data.meta_info)
         micros, order = self._forward_micro_batches(data)
         outs = [forward_response(self.actor_module, micro, data.meta_info["temperature"], self.compute_dtype,
-                                 options, calculate_entropy=calculate_entropy) for micro in micros]
+                                 options, calculate_entropy=calculate_entropy,
+                                 return_logits=calculate_sum_pi_squared) for micro in micros]
         log_probs = restore_order(torch.cat([out.log_probs for out in outs]), order)
-        if not calculate_entropy:
-            return log_probs, None
-        return log_probs, restore_order(torch.cat([out.entropy for out in outs]), order)
+        entropys = restore_order(torch.cat([out.entropy for out in outs]), order) if calculate_entropy else None
+        sum_pi_squared = None
+        if calculate_sum_pi_squared:
+            per_micro = [scatter_slots(sum_pi_squared_from_logits(out.logits), out.slots) for out in outs]
+            sum_pi_squared = restore_order(torch.cat(per_micro), order)
+        return log_probs, entropys, sum_pi_squared
 
     @torch.no_grad()
     def compute_full_kl(self, data: DataProto, ref_module: torch.nn.Module) -> torch.Tensor:
@@ -161,6 +178,8 @@ class PPOActor:
         keys = ["responses", "response_mask", "input_ids", "attention_mask", "position_ids", "advantages"]
         if not on_policy:
             keys.append("old_log_probs")
+        if "rollout_is_weights" in data.batch.keys():  # rollout correction, decoupled mode
+            keys.append("rollout_is_weights")
         if cfg.use_kl_loss and cfg.kl_loss_type != FULL_KL:
             keys.append("ref_log_prob")
         metrics: dict[str, list[float]] = defaultdict(list)
@@ -183,7 +202,7 @@ class PPOActor:
                            options: ForwardOptions, on_policy: bool = False) -> torch.Tensor | None:
         """One optimizer step; returns the detached log-probs of an on-policy mini batch, else None."""
         cfg = self.config
-        norm = loss_normalizers(mini_batch.batch["response_mask"])
+        norm = loss_normalizers(mini_batch.batch["response_mask"], cfg.get("loss_scale_factor"))
         self.actor_optimizer.zero_grad(set_to_none=True)
         # Micro losses are already scaled by the mini-batch size: their sums are the mini-batch
         # values, however the rows fall into micro batches (fixed row counts or token budgets).
@@ -206,7 +225,8 @@ class PPOActor:
                                                        **norm).item()
             pg_loss, pg_metrics = self.policy_loss_fn(
                 log_prob.detach() if on_policy else mb["old_log_probs"], log_prob, mb["advantages"], response_mask,
-                loss_agg_mode=cfg.loss_agg_mode, config=self.policy_loss_config, **norm,
+                loss_agg_mode=cfg.loss_agg_mode, config=self.policy_loss_config,
+                rollout_is_weights=mb.get("rollout_is_weights", None), **norm,
             )
             loss = pg_loss
             if cfg.entropy_coeff != 0:

@@ -62,7 +62,7 @@ class PPOCritic:
 
     def _update_mini_batch(self, mini_batch: DataProto, metrics) -> None:
         cfg = self.config
-        norm = loss_normalizers(mini_batch.batch["response_mask"])
+        norm = loss_normalizers(mini_batch.batch["response_mask"], cfg.get("loss_scale_factor"))
         self.critic_optimizer.zero_grad(set_to_none=True)
         vf_loss_sum = 0.0
         micros, _ = split_micro_batches(mini_batch, cfg.ppo_micro_batch_size_per_gpu,

@@ -160,13 +160,17 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """``old_log_probs`` and ``entropys``, ``(bs, response_length)``."""
+        """``old_log_probs`` and ``entropys`` ``(bs, response_length)``; with
+        ``actor.calculate_sum_pi_squared`` also ``sum_pi_squared`` (the optimal token baseline's)."""
         data = data.to(self.device)
         data.meta_info.update(self._log_prob_meta(self.config.rollout))
-        log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=True)
-        return DataProto.from_dict(
-            tensors={"old_log_probs": log_probs, "entropys": entropys}
-        ).to("cpu")
+        log_probs, entropys, sum_pi_squared = self.actor.compute_log_prob(
+            data, calculate_entropy=True,
+            calculate_sum_pi_squared=bool(self.config.actor.get("calculate_sum_pi_squared", False)))
+        tensors = {"old_log_probs": log_probs, "entropys": entropys}
+        if sum_pi_squared is not None:
+            tensors["sum_pi_squared"] = sum_pi_squared
+        return DataProto.from_dict(tensors=tensors).to("cpu")
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
@@ -177,7 +181,7 @@ class ActorRolloutRefWorker(Worker):
         """
         data = data.to(self.device)
         data.meta_info.update(self._log_prob_meta(self.config.ref, "ref"))
-        log_probs, _ = self.ref_policy.compute_log_prob(data)
+        log_probs, _, _ = self.ref_policy.compute_log_prob(data)
         tensors = {"ref_log_prob": log_probs}
         if data.meta_info.get("full_kl"):
             if not self._is_actor:

@@ -126,19 +126,24 @@ def offload_optimizer(optimizer: torch.optim.Optimizer, device: str) -> None:
                 state[key] = value.to(device, non_blocking=True)
 
 
-def loss_normalizers(mini_batch_response_mask: torch.Tensor) -> dict[str, float]:
-    """``global_num_tokens`` / ``global_batch_size`` for :func:`agg_loss` on one rank's share of
-    a mini batch, such that data-parallel training equals one worker on the whole mini batch.
+def loss_normalizers(mini_batch_response_mask: torch.Tensor, loss_scale_factor=None) -> dict:
+    """``dp_size``, ``batch_num_tokens``, ``global_batch_size`` (and ``loss_scale_factor``) for
+    :func:`agg_loss` on one rank's share of a mini batch, such that data-parallel training equals
+    one worker on the whole mini batch.
 
-    Each rank's loss is ``sum_local / (N_global / W)``; FSDP averages gradients over the ``W``
-    ranks, so the update is ``sum_all / N_global``: the token (or sequence) mean of the whole
-    mini batch, however the tokens fall on ranks and micro batches.
+    The counts are the whole mini batch's, summed over the ``W`` ranks; each rank's loss is
+    ``W * sum_local / N_global`` and FSDP averages gradients over the ranks, so the update is
+    ``sum_all / N_global``: the token (or sequence) mean of the whole mini batch, however the
+    tokens fall on ranks and micro batches.
     """
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     device = mini_batch_response_mask.device.type
     tokens = data_parallel_sum(float(mini_batch_response_mask.sum().item()), device)
-    sequences = data_parallel_sum(float(mini_batch_response_mask.shape[0]), device)
-    return {"global_num_tokens": tokens / world, "global_batch_size": sequences / world}
+    sequences = data_parallel_sum(float((mini_batch_response_mask.sum(-1) > 0).sum().item()), device)
+    # a mini batch whose every token was rejected (rollout correction) has a zero loss, not an error
+    tokens, sequences = max(tokens, 1.0), max(sequences, 1.0)
+    return {"dp_size": world, "batch_num_tokens": tokens, "global_batch_size": sequences,
+            "loss_scale_factor": loss_scale_factor}
 
 
 @contextlib.contextmanager

@@ -283,3 +283,39 @@ def test_group_estimators_need_index(name):
         get_adv_estimator_fn(name)(**{**kwargs, "index": None})
     with pytest.raises(AlgorithmInputError, match="index has 3 entries but the batch has 8"):
         get_adv_estimator_fn(name)(**{**kwargs, "index": np.array(["a", "a", "b"], dtype=object)})
+
+
+def test_verl_enum_members_and_vectorized_names_select_estimators():
+    from enum import Enum
+    from types import SimpleNamespace
+
+    from hybridrl.algorithms import (ADV_ESTIMATOR_NEEDS_GROUP, compute_grpo_outcome_advantage,
+                                     compute_rloo_outcome_advantage, get_adv_estimator_fn, register_adv_est)
+
+    class AdvantageEstimator(str, Enum):  # as verl's
+        GRPO = "grpo"
+        MINE = "enum_registered_estimator"
+
+    assert get_adv_estimator_fn(AdvantageEstimator.GRPO) is compute_grpo_outcome_advantage
+
+    def mine(**kwargs):
+        return None
+
+    try:
+        assert register_adv_est(AdvantageEstimator.MINE)(mine) is mine
+        assert get_adv_estimator_fn("enum_registered_estimator") is mine
+    finally:
+        from hybridrl.algorithms.advantages import ADV_ESTIMATOR_REGISTRY
+
+        ADV_ESTIMATOR_REGISTRY.pop("enum_registered_estimator")
+    assert get_adv_estimator_fn("grpo_vectorized") is compute_grpo_outcome_advantage
+    assert get_adv_estimator_fn("rloo_vectorized") is compute_rloo_outcome_advantage
+    assert {"grpo_vectorized", "rloo_vectorized"} <= ADV_ESTIMATOR_NEEDS_GROUP
+    # a typed config (attributes, no .get) is read like a DictConfig
+    rewards = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 2.0]])
+    mask = torch.ones(2, 3)
+    fn = get_adv_estimator_fn("reinforce_plus_plus")
+    typed, _ = fn(token_level_rewards=rewards, response_mask=mask, config=SimpleNamespace(gamma=0.5))
+    mapped, _ = fn(token_level_rewards=rewards, response_mask=mask, config={"gamma": 0.5})
+    plain, _ = fn(token_level_rewards=rewards, response_mask=mask, config={"gamma": 1.0})
+    assert torch.equal(typed, mapped) and not torch.equal(typed, plain)

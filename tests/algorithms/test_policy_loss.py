@@ -99,18 +99,35 @@ MASK = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]])
     ("seq-mean-token-sum", (3.0 + 4.0) / 2),     # empty third row is not counted
     ("seq-mean-token-mean", (1.5 + 4.0) / 2),
     ("seq-mean-token-sum-norm", (3.0 / 3 + 4.0 / 3) / 2),
+    ("token-sum", 1.0 + 2.0 + 4.0),
 ])
 def test_agg_loss_hand_values(mode, expected):
     assert agg_loss(LOSS, MASK, mode).item() == pytest.approx(expected)
 
 
 def test_agg_loss_global_normalisers_and_errors():
-    assert agg_loss(LOSS, MASK, "token-mean", global_num_tokens=7).item() == pytest.approx(1.0)
+    assert agg_loss(LOSS, MASK, "token-mean", batch_num_tokens=7).item() == pytest.approx(1.0)
     assert agg_loss(LOSS, MASK, "seq-mean-token-sum", global_batch_size=7).item() == pytest.approx(1.0)
     with pytest.raises(UnknownAlgorithmError, match="actor_rollout_ref.actor.loss_agg_mode"):
         agg_loss(LOSS, MASK, "mean")
-    with pytest.raises(AlgorithmConfigError, match="global_num_tokens"):
-        agg_loss(LOSS, MASK, "token-mean", global_num_tokens=0)
+    with pytest.raises(AlgorithmConfigError, match="batch_num_tokens"):
+        agg_loss(LOSS, MASK, "token-mean", batch_num_tokens=0)
+    with pytest.raises(AlgorithmConfigError, match=r"dp_size=2 needs the global global_batch_size"):
+        agg_loss(LOSS, MASK, "seq-mean-token-mean", dp_size=2)
+    assert agg_loss(LOSS, MASK, "seq-mean-token-sum-norm", loss_scale_factor=7).item() == pytest.approx(7 / 2 / 7)
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_data_parallel_ranks_average_to_the_one_worker_loss(mode):
+    """Each rank aggregates its rows with the global counts and dp_size; FSDP's gradient mean
+    over ranks then gives the loss of one worker on all rows."""
+    torch.manual_seed(1)
+    x, mask = torch.randn(8, 4), (torch.rand(8, 4) > 0.3).float()
+    mask[:, 0] = 1
+    counts = {"batch_num_tokens": mask.sum(), "global_batch_size": 8}
+    ranks = [agg_loss(x[r], mask[r], mode, dp_size=4, **counts) for r in (slice(0, 2), slice(2, 4), slice(4, 6),
+                                                                              slice(6, 8))]
+    assert torch.stack(ranks).mean().item() == pytest.approx(agg_loss(x, mask, mode).item(), rel=1e-5)
 
 
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
@@ -130,7 +147,7 @@ def test_micro_batch_accumulation_equals_full_batch(mode):
     g_acc = torch.zeros(5)
     n_tokens, n_seqs = mask.sum(), 6
     for rows in (slice(0, 1), slice(1, 4), slice(4, 6)):  # uneven micro batches
-        micro = loss_of(rows, global_num_tokens=n_tokens, global_batch_size=n_seqs)
+        micro = loss_of(rows, batch_num_tokens=n_tokens, global_batch_size=n_seqs)
         g_acc += torch.autograd.grad(micro, w)[0]
         total = total + micro.detach()
     assert total.item() == pytest.approx(full.item(), rel=1e-5)

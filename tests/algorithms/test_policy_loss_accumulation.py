@@ -16,7 +16,7 @@ from hybridrl.algorithms import (
 )
 
 # Losses whose value depends on each row alone (no statistics over the batch).
-ROW_WISE = ("vanilla", "gspo", "gpg", "geo_mean", "cispo")
+ROW_WISE = ("vanilla", "gspo", "gpg", "geo_mean", "cispo", "sapo", "dppo_tv", "dppo_kl", "dro")
 
 
 def _inputs(rows, cols, seed):
@@ -42,14 +42,14 @@ def _accumulate(name, cfg, x, old_noise, adv, mask, micro_slices):
         return loss, torch.autograd.grad(loss, w)[0], metrics
 
     full, g_full, metrics = run(slice(None))
-    norm = {"global_num_tokens": mask.sum(), "global_batch_size": x.shape[0]}
+    norm = {"batch_num_tokens": mask.sum(), "global_batch_size": x.shape[0]}
     micro = [run(rows, **norm) for rows in micro_slices]
     return full, g_full, sum(m[0].item() for m in micro), sum(m[1] for m in micro), metrics
 
 
 @pytest.mark.parametrize("name", ROW_WISE)
 def test_row_wise_losses_accumulate_over_uneven_micro_batches(name):
-    cfg = PolicyLossConfig(clip_ratio=0.2, clip_ratio_c=1.5)  # a low dual clip: vanilla hits it too
+    cfg = PolicyLossConfig(clip_ratio=0.2, clip_ratio_c=1.5, dro_beta=0.3)  # a low dual clip: vanilla hits it too
     x, old_noise, adv, mask = _inputs(7, 6, seed=1)
     full, g_full, total, g_acc, metrics = _accumulate(
         name, cfg, x, old_noise, adv, mask, (slice(0, 1), slice(1, 5), slice(5, 7))
@@ -101,7 +101,7 @@ def test_unknown_loss_agg_mode_is_refused_by_fixed_aggregation_losses():
     ones = torch.ones(1, 2)
     for name in ("gspo", "geo_mean"):
         with pytest.raises(UnknownAlgorithmError, match="actor_rollout_ref.actor.loss_agg_mode"):
-            get_policy_loss_fn(name)(ones, ones, ones, ones, "token-sum")
+            get_policy_loss_fn(name)(ones, ones, ones, ones, "token-total")
 
 
 def test_actor_builds_the_policy_loss_config_from_its_section():

@@ -151,7 +151,7 @@ def test_kl_forms_accepted_and_unknown_listed(base_cfg, key):
 
 @pytest.mark.parametrize("key, bad", [
     ("trainer.device", "tpu"), ("trainer.backend", "slurm"), ("algorithm.kl_ctrl.type", "pid"),
-    (f"{A}.loss_agg_mode", "token-sum"), ("data.truncation", "cut"), ("trainer.resume_mode", "always"),
+    (f"{A}.loss_agg_mode", "token-total"), ("data.truncation", "cut"), ("trainer.resume_mode", "always"),
     ("reward_model.on_error", "ignore"),
 ])
 def test_choices(base_cfg, key, bad):

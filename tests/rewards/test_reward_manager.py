@@ -201,14 +201,18 @@ def test_input_errors(tokenizer):
 
 def test_manager_registry():
     assert get_reward_manager_cls("naive") is NaiveRewardManager
-    with pytest.raises(RewardConfigError, match="reward_model.reward_manager='dapo'.*naive"):
-        get_reward_manager_cls("dapo")
+    with pytest.raises(RewardConfigError, match=r"reward_model.reward_manager='prime' is unknown; known: \['dapo', "):
+        get_reward_manager_cls("prime")
 
     @register_reward_manager("test_only")
     class Mine(NaiveRewardManager):
         pass
 
     assert get_reward_manager_cls("test_only") is Mine
+    register_reward_manager("test_only")(Mine)  # the same class again (a re-import) is fine
+    with pytest.raises(RewardConfigError, match=r"reward manager 'naive' is already registered to "
+                                                r"hybridrl.rewards.manager.NaiveRewardManager; pick another name"):
+        register_reward_manager("naive")(Mine)
 
 
 def test_load_reward_manager_from_config(tokenizer, tmp_path):

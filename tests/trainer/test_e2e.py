@@ -14,6 +14,11 @@ from hybridrl.trainer.main_ppo import main
 REWARD_FILE = """
 def length_reward(data_source, solution_str, ground_truth, extra_info=None):
     return (len(solution_str) % 7) / 7.0
+
+
+def parts_reward(data_source, solution_str, ground_truth, extra_info=None):
+    parts = {"length": (len(solution_str) % 7) / 7.0, "vowels": float(sum(c in "aeiou" for c in solution_str) % 3)}
+    return {"score": parts["length"] + parts["vowels"], **parts}
 """
 
 
@@ -124,11 +129,118 @@ def test_resume_continues_at_the_next_step_as_if_never_stopped(gsm8k_parquet, ti
         assert rows[2][key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), key
 
 
+# verl-recipe dapo/run_dapo_qwen2.5_32b.sh, sizes cut to the tiny model; only the module differs
+DAPO = ["data.gen_batch_size=4", "data.truncation=left", "algorithm.adv_estimator=grpo",
+        "algorithm.use_kl_in_reward=False", "algorithm.kl_ctrl.kl_coef=0.0", "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.actor.kl_loss_coef=0.0", "actor_rollout_ref.actor.clip_ratio_low=0.2",
+        "actor_rollout_ref.actor.clip_ratio_high=0.28", "actor_rollout_ref.actor.clip_ratio_c=10.0",
+        "algorithm.filter_groups.enable=True", "algorithm.filter_groups.max_num_gen_batches=10",
+        "algorithm.filter_groups.metric=acc", "actor_rollout_ref.actor.use_dynamic_bsz=True",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=512", "actor_rollout_ref.actor.optim.lr_warmup_steps=1",
+        "actor_rollout_ref.actor.optim.weight_decay=0.1", "actor_rollout_ref.actor.entropy_coeff=0",
+        "actor_rollout_ref.actor.grad_clip=1.0", "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+        "actor_rollout_ref.rollout.temperature=1.0", "actor_rollout_ref.rollout.top_p=1.0",
+        "reward_model.reward_manager=dapo", "reward_model.overlong_buffer.enable=True",
+        "reward_model.overlong_buffer.len=4", "reward_model.overlong_buffer.penalty_factor=1.0",
+        "trainer.val_before_train=False", "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2"]
+
+
+def test_the_dapo_recipe_trains_two_steps(gsm8k_parquet, tiny_model_dir, tmp_path, reward_file):
+    out = tmp_path / "run"
+    custom = [f"custom_reward_function.path={reward_file}", "custom_reward_function.name=length_reward"]
+    assert main(_overrides(gsm8k_parquet, tiny_model_dir, out, *custom, *DAPO)) == 0
+    rows = _read_metrics(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        assert row["train/num_gen_batches"] >= 1
+        # overlong shaping: the untrained model fills the 12 response tokens, the last 4 are the buffer,
+        # so its responses lose up to 1 (length_reward alone is in [0, 1))
+        assert row["critic/score/min"] < 0 and row["response_length/max"] > 12 - 4
+        assert row["actor/grad_norm"] > 0
+
+
+@pytest.mark.parametrize("extra", [
+    ["actor_rollout_ref.actor.policy_loss.loss_mode=sapo"],
+    ["actor_rollout_ref.actor.policy_loss.loss_mode=dppo_tv"],
+    ["actor_rollout_ref.actor.policy_loss.loss_mode=dppo_kl"],
+    ["actor_rollout_ref.actor.policy_loss.loss_mode=dro", "actor_rollout_ref.actor.policy_loss.dro_beta=0.1"],
+    ["actor_rollout_ref.actor.loss_agg_mode=token-sum"],
+    ["algorithm.adv_estimator=grpo_vectorized"],
+    ["algorithm.adv_estimator=rloo_vectorized"],
+    ["algorithm.adv_estimator=gdpo", "custom_reward_function.name=parts_reward",
+     "algorithm.gdpo_reward_keys=[length,vowels]", "algorithm.gdpo_reward_weights=[1.0,0.5]"],
+    ["algorithm.adv_estimator=optimal_token_baseline", "actor_rollout_ref.actor.calculate_sum_pi_squared=true"],
+    ["algorithm.adv_estimator=tir_optimal_token_baseline", "actor_rollout_ref.actor.calculate_sum_pi_squared=true"],
+], ids=["sapo", "dppo_tv", "dppo_kl", "dro", "token_sum", "grpo_vectorized", "rloo_vectorized", "gdpo", "otb",
+        "tir_otb"])
+def test_each_new_loss_and_estimator_trains_a_step(gsm8k_parquet, tiny_model_dir, tmp_path, reward_file, extra):
+    out = tmp_path / "run"
+    custom = [f"custom_reward_function.path={reward_file}", "custom_reward_function.name=length_reward"]
+    args = _overrides(gsm8k_parquet, tiny_model_dir, out, *GRPO, *custom, *extra, "trainer.val_before_train=False",
+                      "trainer.total_training_steps=1", "trainer.test_freq=-1")
+    assert main(args) == 0
+    (row,) = _read_metrics(out)
+    assert row["actor/grad_norm"] > 0 and row["critic/advantages/max"] > 0 > row["critic/advantages/min"]
+
+
+CORRECTION = "algorithm.rollout_correction"
+
+
+@pytest.mark.parametrize("mode, extra", [
+    ("decoupled", [f"{CORRECTION}.rollout_is=token", f"{CORRECTION}.rollout_rs='token_k1,seq_max_k2'",
+                   f"{CORRECTION}.rollout_rs_threshold='0.5_2.0,0.5'"]),
+    ("bypass", [f"{CORRECTION}.rollout_is=sequence", f"{CORRECTION}.bypass_mode=true",
+                f"{CORRECTION}.loss_type=reinforce"]),
+])
+def test_grpo_with_rollout_correction_logs_its_metrics(gsm8k_parquet, tiny_model_dir, tmp_path, reward_file, mode,
+                                                       extra):
+    out = tmp_path / "run"
+    custom = [f"custom_reward_function.path={reward_file}", "custom_reward_function.name=length_reward"]
+    assert main(_overrides(gsm8k_parquet, tiny_model_dir, out, *GRPO, *custom, *extra,
+                           "trainer.val_before_train=False")) == 0
+    rows = _read_metrics(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        for key in ("rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_eff_sample_size", "rollout_corr/kl",
+                    "rollout_corr/log_ppl_abs_diff", "actor/pg_loss"):
+            assert key in row, key
+        # the HF engine samples with the trained weights: the weights are ~1 and nothing is rejected
+        assert row["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=0.05)
+        assert row["actor/grad_norm"] > 0
+        if mode == "decoupled":
+            assert row["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(0.0, abs=0.05)
+            assert "timing_s/old_log_prob" in row and "training/rollout_probs_diff_mean" in row
+        else:  # no old-log-prob pass; the actor measured the gap of the current policy
+            assert "timing_s/old_log_prob" not in row and "training/rollout_probs_diff_mean" not in row
+    config = (out / "config.yaml").read_text()
+    assert "rollout_correction" in config
+
+
+def test_rollout_correction_needs_the_engine_log_probs(gsm8k_parquet, tiny_model_dir, tmp_path, capsys):
+    args = _overrides(gsm8k_parquet, tiny_model_dir, tmp_path, *GRPO, f"{CORRECTION}.rollout_is=token",
+                      "actor_rollout_ref.rollout.calculate_log_probs=false")
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["hybridrl: error: algorithm.rollout_correction: rollout_is=token, rollout_rs=None needs the "
+                   "engine's log-probs of the sampled tokens; set actor_rollout_ref.rollout.calculate_log_probs=true"]
+
+
 @pytest.mark.parametrize("bad, message", [
     (["data.train_files=/nonexistent/train.parquet"], "data.train_files"),
     (["algorithm.adv_estimator=nope"], "algorithm.adv_estimator"),
     (["actor_rollout_ref.actor.ppo_mini_batch_size=3"], "ppo_mini_batch_size"),
     (["custom_reward_function.path=/nonexistent/reward.py"], "custom_reward_function.path"),
+    ([f"{CORRECTION}.rollout_is=tokens"], "rollout_correction.rollout_is='tokens'; valid: token, sequence"),
+    ([f"{CORRECTION}.rollout_rs=token_k9"], "rollout_rs option 'token_k9'; valid: token_k1, token_k2"),
+    ([f"{CORRECTION}.bypass_mode=true", "actor_rollout_ref.actor.policy_loss.loss_mode=gspo"],
+     "loss_mode=gspo cannot apply"),
+    (["actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"], "set that instead"),
+    (["data.gen_batch_size=8"], "only applies to dynamic sampling"),
+    (["algorithm.adv_estimator=optimal_token_baseline"], "set actor_rollout_ref.actor.calculate_sum_pi_squared=true"),
+    (["algorithm.adv_estimator=gdpo"], "needs algorithm.gdpo_reward_keys"),
+    (["actor_rollout_ref.actor.policy_loss.loss_mode=dro"], "needs policy_loss.dro_beta"),
+    (["reward_model.overlong_buffer.enable=True"], "set reward_model.reward_manager=dapo"),
+    (["reward_model.reward_manager=dapo", "reward_model.overlong_buffer.enable=True"], "overlong_buffer.len=0"),
 ])
 def test_bad_input_gets_one_line(gsm8k_parquet, tiny_model_dir, tmp_path, capsys, bad, message):
     assert main(_overrides(gsm8k_parquet, tiny_model_dir, tmp_path, "algorithm.adv_estimator=grpo", *bad)) == 2

@@ -96,12 +96,14 @@ def _assert_same_params(a, b, rtol=RTOL, atol=ATOL):
 # ----------------------------------------------------------------------------- compute_log_prob
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_compute_log_prob_matches_full_forward(base_model, make_batch, temperature):
+@pytest.mark.parametrize("temperature, remove_padding", [(1.0, False), (0.7, False), (0.7, True)])
+def test_compute_log_prob_matches_full_forward(base_model, make_batch, temperature, remove_padding):
     b = make_batch(PROMPT_LENS, RESPONSE_LENS, seed=3)
     actor = PPOActor(_actor_config(2), base_model)  # no optimizer: the reference-policy form
-    data = DataProto.from_dict(tensors=b, meta_info={"micro_batch_size": 3, "temperature": temperature})
-    log_probs, entropys = actor.compute_log_prob(data, calculate_entropy=True)
+    data = DataProto.from_dict(tensors=b, meta_info={"micro_batch_size": 3, "temperature": temperature,
+                                                     "use_remove_padding": remove_padding})
+    log_probs, entropys, sum_pi_squared = actor.compute_log_prob(data, calculate_entropy=True,
+                                                                 calculate_sum_pi_squared=True)
 
     with torch.no_grad():
         logits = _full_response_logits(base_model, b, temperature)
@@ -109,11 +111,13 @@ def test_compute_log_prob_matches_full_forward(base_model, make_batch, temperatu
     p = torch.softmax(logits, dim=-1)
     expected_entropy = -(p * torch.log_softmax(logits, dim=-1)).sum(-1)
 
-    assert log_probs.shape == entropys.shape == (4, 5)
+    assert log_probs.shape == entropys.shape == sum_pi_squared.shape == (4, 5)
     assert log_probs.dtype == entropys.dtype == torch.float32
-    torch.testing.assert_close(log_probs, expected_logp, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(entropys, expected_entropy, rtol=1e-5, atol=1e-5)
-    assert (log_probs < 0).all() and (entropys > 0).all()
+    mask = b["response_mask"].bool()  # packed forwards leave padding at 0
+    torch.testing.assert_close(log_probs[mask], expected_logp[mask], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(entropys[mask], expected_entropy[mask], rtol=1e-5, atol=1e-5)
+    assert (log_probs[mask] < 0).all() and (entropys[mask] > 0).all()
+    torch.testing.assert_close(sum_pi_squared[mask], p.square().sum(-1)[mask], rtol=1e-5, atol=1e-6)
 
 
 def test_temperature_divides_logits(base_model, make_batch):
@@ -132,7 +136,7 @@ def test_compute_log_prob_bf16_autocast_is_close_and_fp32(base_model, make_batch
     cfg = _actor_config(2, fsdp_config={"mixed_precision": {"param_dtype": "bf16"}})
     actor = PPOActor(cfg, base_model)
     data = DataProto.from_dict(tensors=b, meta_info={"micro_batch_size": 4, "temperature": 1.0})
-    log_probs, _ = actor.compute_log_prob(data)
+    log_probs, _, _ = actor.compute_log_prob(data)
     with torch.no_grad():
         expected = _gather_logp(_full_response_logits(base_model, b), b["responses"])
     assert log_probs.dtype == torch.float32
@@ -204,8 +208,8 @@ def test_on_policy_update_without_old_log_probs_equals_recomputed(base_model, ma
     b = _ppo_batch(base_model, make_batch, seed=13)
     cfg = _actor_config(2, use_kl_loss=True)
     meta = {"temperature": 1.0, "micro_batch_size": 4, "use_remove_padding": remove_padding}
-    old, entropy = PPOActor(cfg, base_model).compute_log_prob(DataProto.from_dict(tensors=b, meta_info=meta),
-                                                               calculate_entropy=True)
+    old, entropy, _ = PPOActor(cfg, base_model).compute_log_prob(DataProto.from_dict(tensors=b, meta_info=meta),
+                                                                  calculate_entropy=True)
     with_old = dict(b, old_log_probs=old)
     without_old = {k: v for k, v in b.items() if k != "old_log_probs"}
     module_a, module_b = copy.deepcopy(base_model), copy.deepcopy(base_model)

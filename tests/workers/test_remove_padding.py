@@ -55,7 +55,9 @@ def _log_probs(model, batch, rmpad, temperature=0.7, **config):
     meta = {"temperature": temperature, "micro_batch_size": 4, "use_remove_padding": rmpad,
             "use_dynamic_bsz": config.get("dynamic", False), "max_token_len": config.get("budget")}
     actor = PPOActor(_actor_config(**config), model)
-    return actor.compute_log_prob(DataProto.from_dict(tensors=batch, meta_info=meta), calculate_entropy=True)
+    log_probs, entropys, _ = actor.compute_log_prob(DataProto.from_dict(tensors=batch, meta_info=meta),
+                                                    calculate_entropy=True)
+    return log_probs, entropys
 
 
 def _update(model, batch, rmpad, **config):

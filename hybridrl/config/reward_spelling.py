@@ -1,0 +1,54 @@
+"""verl >= 0.8 spells the reward settings under ``reward.*``; hybridrl reads the older
+``reward_model.*`` / ``custom_reward_function.*`` keys. Both spellings are accepted: a ``reward.*``
+value is copied to the key hybridrl reads, and the same setting given both ways with different
+values is an error naming both keys.
+"""
+
+from __future__ import annotations
+
+from hybridrl.config.access import _UNSET, _get, _plain
+from hybridrl.config.errors import ConfigError
+
+__all__ = ["REWARD_SPELLING", "apply_reward_spelling"]
+
+# verl >= 0.8 key -> the key hybridrl reads
+REWARD_SPELLING: dict[str, str] = {
+    "reward.custom_reward_function.path": "custom_reward_function.path",
+    "reward.custom_reward_function.name": "custom_reward_function.name",
+    "reward.custom_reward_function.reward_kwargs": "custom_reward_function.reward_kwargs",
+    "reward.reward_manager.name": "reward_model.reward_manager",
+    "reward.reward_kwargs": "reward_model.reward_kwargs",
+    "reward.reward_model.enable": "reward_model.enable",
+    "reward.reward_model.model_path": "reward_model.model.path",
+    "reward.sandbox_fusion.url": "reward_model.sandbox_fusion.url",
+    "reward.sandbox_fusion.max_concurrent": "reward_model.sandbox_fusion.max_concurrent",
+    "reward.sandbox_fusion.memory_limit_mb": "reward_model.sandbox_fusion.memory_limit_mb",
+}
+
+
+def _unset(value) -> bool:
+    return value is None or value is _UNSET or value == {}
+
+
+def apply_reward_spelling(cfg) -> None:
+    """Copies every ``reward.*`` value that is set onto the key hybridrl reads (in place).
+
+    Raises:
+        ConfigError: a setting given both ways with different values (names both keys).
+    """
+    from omegaconf import open_dict
+
+    from hybridrl.config.schema import _packaged_defaults
+
+    defaults = _packaged_defaults()
+    for new_key, old_key in REWARD_SPELLING.items():
+        new = _plain(_get(cfg, new_key, None))
+        if _unset(new):
+            continue
+        old = _plain(_get(cfg, old_key, None))
+        if old != _plain(_get(defaults, old_key, None)) and old != new:
+            raise ConfigError(f"{new_key}={new!r} and {old_key}={old!r} set the same thing differently; "
+                              f"keep one of them ({new_key} is verl >= 0.8's spelling)")
+        parent, _, leaf = old_key.rpartition(".")
+        with open_dict(cfg):
+            _get(cfg, parent)[leaf] = new

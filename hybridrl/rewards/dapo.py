@@ -1,0 +1,83 @@
+"""``reward_model.reward_manager=dapo``: DAPO's reward manager, the naive one plus overlong
+reward shaping.
+
+Source: "DAPO: An Open-Source LLM Reinforcement Learning System at Scale", arXiv 2503.14476,
+section 3.4 (soft overlong punishment, eq. 13). With ``L_max = data.max_response_length``,
+``L_cache = overlong_buffer.len`` and ``|y|`` the response's valid tokens::
+
+    R_length(y) = 0                                            |y| <= L_max - L_cache
+                = -(|y| - (L_max - L_cache)) / L_cache * f     L_max - L_cache < |y| <= L_max
+
+with ``f = overlong_buffer.penalty_factor`` (the paper: 1), added to the rule score. A scorer that
+returns a float also reports it as ``acc`` (the filter metric DAPO uses).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hybridrl.rewards.custom import RewardConfigError
+from hybridrl.rewards.manager import NaiveRewardManager, register_reward_manager
+
+__all__ = ["DAPORewardManager", "overlong_penalty"]
+
+_KEY = "reward_model.overlong_buffer"
+
+
+def overlong_penalty(response_length: int, max_resp_len: int, buffer_len: int, penalty_factor: float) -> float:
+    """DAPO's soft overlong punishment (<= 0) of one response; see the module docstring."""
+    exceed = response_length - (max_resp_len - buffer_len)
+    return min(-exceed / buffer_len * penalty_factor, 0.0)
+
+
+def _setting(cfg: Any, key: str, default: Any) -> Any:
+    value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
+    return default if value is None else value
+
+
+@register_reward_manager("dapo")
+class DAPORewardManager(NaiveRewardManager):
+    """The naive manager (every argument the same) with DAPO's overlong shaping.
+
+    Args:
+        max_resp_len: ``data.max_response_length`` (tokens); needed when the buffer is on.
+        overlong_buffer_cfg: ``reward_model.overlong_buffer`` (or verl-recipe's
+            ``reward_model.reward_kwargs.overlong_buffer_cfg``): ``enable``, ``len`` (tokens,
+            ``0 < len <= max_resp_len``), ``penalty_factor`` (>= 0, default 1.0), ``log`` (report
+            ``overlong_reward`` and ``overlong`` per sample in the reward extras).
+
+    Raises:
+        RewardConfigError: the buffer is on with a missing or out-of-range length or factor.
+    """
+
+    def __init__(self, tokenizer: Any, num_examine: int, compute_score=None, reward_fn_key: str = "data_source",
+                 max_resp_len: int | None = None, overlong_buffer_cfg: Any = None, **kwargs) -> None:
+        super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, **kwargs)
+        cfg = overlong_buffer_cfg or {}
+        self.overlong = bool(_setting(cfg, "enable", False))
+        self.buffer_len = _setting(cfg, "len", 0)
+        self.penalty_factor = _setting(cfg, "penalty_factor", 1.0)
+        self.log_overlong = bool(_setting(cfg, "log", False))
+        self.max_resp_len = max_resp_len
+        if self.overlong:
+            self._check(max_resp_len)
+
+    def _check(self, max_resp_len) -> None:
+        if isinstance(max_resp_len, bool) or not isinstance(max_resp_len, int) or max_resp_len < 1:
+            raise RewardConfigError(f"{_KEY}.enable=true needs data.max_response_length (got {max_resp_len!r})")
+        if isinstance(self.buffer_len, bool) or not isinstance(self.buffer_len, int) or not (
+                0 < self.buffer_len <= max_resp_len):
+            raise RewardConfigError(f"{_KEY}.len={self.buffer_len!r} must be a whole number of tokens in "
+                                    f"(0, data.max_response_length={max_resp_len}]; DAPO uses 4096 of 20480")
+        factor = self.penalty_factor
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor < 0:
+            raise RewardConfigError(f"{_KEY}.penalty_factor={factor!r} must be a number >= 0 (DAPO: 1.0)")
+
+    def shape_score(self, score: float, extras: dict, response_length: int) -> tuple[float, dict]:
+        extras = extras if "acc" in extras else {**extras, "acc": score}
+        if not self.overlong:
+            return score, extras
+        penalty = overlong_penalty(response_length, self.max_resp_len, self.buffer_len, self.penalty_factor)
+        if self.log_overlong:
+            extras = {**extras, "overlong_reward": penalty, "overlong": penalty < 0}
+        return score + penalty, extras

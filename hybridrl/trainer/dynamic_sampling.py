@@ -1,0 +1,141 @@
+"""DAPO's dynamic sampling (``algorithm.filter_groups``): a prompt group whose responses all got
+the same reward has zero advantage under GRPO and teaches nothing, so such groups are dropped
+and more batches are generated (``data.gen_batch_size`` prompts each) until
+``data.train_batch_size`` groups with different rewards are collected.
+
+Source: "DAPO: An Open-Source LLM Reinforcement Learning System at Scale", arXiv 2503.14476,
+section 3.2; verl's keys (``enable``, ``metric``, ``max_num_gen_batches``) and metric
+``train/num_gen_batches``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from hybridrl.algorithms.errors import AlgorithmInputError
+from hybridrl.protocol import DataProto
+
+__all__ = ["DynamicSampler", "DynamicSamplingError", "kept_group_rows", "TENSOR_METRICS"]
+
+logger = logging.getLogger(__name__)
+
+SECTION = "algorithm.filter_groups"
+# metrics read from the batch's tensors; any other name is a reward function output (extra info)
+TENSOR_METRICS = {"seq_reward": "token_level_scores", "seq_final_reward": "token_level_scores"}
+_SCORE_NAMES = ("acc", "score")  # fall back to the sequence score when the scorer returned a float
+_PROMPT_TENSORS = (("prompts", None), ("input_ids", None), ("attention_mask", 0), ("position_ids", 0))
+
+
+class DynamicSamplingError(AlgorithmInputError):
+    """The batch could not be filled within ``max_num_gen_batches``, or the metric is missing."""
+
+
+def kept_group_rows(values, uids) -> list[int]:
+    """Rows of the groups whose ``values`` are not all equal (or that have one row), in order.
+
+    Args:
+        values: ``(bs,)`` one number per response.
+        uids: ``(bs,)`` the group (prompt) id of each response.
+    """
+    groups: dict = {}
+    for row, uid in enumerate(uids):
+        groups.setdefault(uid, []).append(row)
+    kept = {uid for uid, rows in groups.items()
+            if len(rows) == 1 or np.std(np.asarray([values[r] for r in rows], dtype=np.float64)) > 0}
+    return [row for row, uid in enumerate(uids) if uid in kept]
+
+
+class DynamicSampler:
+    """Collects kept groups over generation batches until a training batch is full.
+
+    Args:
+        metric: ``seq_reward`` / ``seq_final_reward`` (the sum of ``token_level_scores``; KL is
+            not in the reward before filtering, see docs) or a key of the reward function's extra
+            output (``acc``, ``score``, ...; ``acc`` / ``score`` fall back to the sequence score
+            when the scorer returns a float).
+        max_num_gen_batches: stop with an error after this many generation batches; <= 0: never.
+        train_batch_size: prompt groups per training batch.
+        pad_token_id: pads prompts to a common width when batches are joined.
+    """
+
+    def __init__(self, metric: str, max_num_gen_batches: int, train_batch_size: int, pad_token_id: int) -> None:
+        self.metric = metric
+        self.max_num_gen_batches = int(max_num_gen_batches)
+        self.train_batch_size = int(train_batch_size)
+        self.pad_token_id = int(pad_token_id)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.parts: list[DataProto] = []
+        self.num_groups = 0
+        self.num_gen_batches = 0
+
+    def _values(self, batch: DataProto) -> np.ndarray:
+        if self.metric in TENSOR_METRICS:
+            return batch.batch[TENSOR_METRICS[self.metric]].sum(-1).numpy()
+        if self.metric in batch.non_tensor_batch:
+            return np.asarray(batch.non_tensor_batch[self.metric], dtype=np.float64)
+        if self.metric in _SCORE_NAMES:
+            return batch.batch["token_level_scores"].sum(-1).numpy()
+        raise DynamicSamplingError(
+            f"{SECTION}.metric={self.metric!r} is not in the reward function's output (it gave: "
+            f"{sorted(k for k in batch.non_tensor_batch if k not in ('uid',)) or 'only the score'}); use "
+            "seq_reward, acc, or a key the reward function returns in its dict")
+
+    def collect(self, batch: DataProto) -> tuple[DataProto | None, dict[str, float]]:
+        """Adds a scored generation batch (with ``uid`` and ``token_level_scores``).
+
+        Returns:
+            ``(None, {})`` while fewer than ``train_batch_size`` groups are kept; then the training
+            batch (the first ``train_batch_size`` kept groups, in order; the rest are dropped, as
+            verl does) and ``train/num_gen_batches``.
+
+        Raises:
+            DynamicSamplingError: ``max_num_gen_batches`` batches did not fill it (the message has
+                the numbers), or the metric is missing.
+        """
+        self.num_gen_batches += 1
+        uids = batch.non_tensor_batch["uid"]
+        rows = kept_group_rows(self._values(batch), uids)
+        if rows:
+            self.parts.append(batch[rows])
+            self.num_groups += len(dict.fromkeys(uids[rows]))
+        if self.num_groups < self.train_batch_size:
+            if 0 < self.max_num_gen_batches <= self.num_gen_batches:
+                tried, found = self.num_gen_batches, self.num_groups
+                self._reset()
+                raise DynamicSamplingError(
+                    f"{SECTION}: after {tried} generation batches (max_num_gen_batches) only {found} of "
+                    f"data.train_batch_size={self.train_batch_size} prompt groups had responses with different "
+                    f"{self.metric}; raise max_num_gen_batches (0: no limit) or data.gen_batch_size, raise "
+                    "rollout.n, or use data the model solves sometimes")
+            logger.info("dynamic sampling: %d of %d groups after %d generation batches", self.num_groups,
+                        self.train_batch_size, self.num_gen_batches)
+            return None, {}
+        full = _concat_padded(self.parts, self.pad_token_id)
+        first = list(dict.fromkeys(full.non_tensor_batch["uid"]))[: self.train_batch_size]
+        chosen = set(first)
+        full = full[[i for i, uid in enumerate(full.non_tensor_batch["uid"]) if uid in chosen]]
+        metrics = {"train/num_gen_batches": float(self.num_gen_batches)}
+        self._reset()
+        return full, metrics
+
+
+def _concat_padded(parts: list[DataProto], pad_token_id: int) -> DataProto:
+    """``DataProto.concat`` after left-padding prompts to the widest part (each generation batch
+    is trimmed to its own longest prompt) and filling reward outputs a part lacks with None."""
+    width = max(part.batch["prompts"].shape[1] for part in parts)
+    keys = list(dict.fromkeys(key for part in parts for key in part.non_tensor_batch))
+    for part in parts:
+        extra = width - part.batch["prompts"].shape[1]
+        for key, fill in _PROMPT_TENSORS if extra else ():
+            tensor = part.batch[key]
+            pad = torch.full((tensor.shape[0], extra), pad_token_id if fill is None else fill, dtype=tensor.dtype)
+            part.batch[key] = torch.cat([pad, tensor], dim=-1)
+        for key in keys:
+            if key not in part.non_tensor_batch:
+                part.non_tensor_batch[key] = np.array([None] * len(part), dtype=object)
+    return DataProto.concat(parts)
