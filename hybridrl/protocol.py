@@ -9,12 +9,15 @@ A DataProto holds ``n`` rows in three parts:
 
 Row operations (index, slice, chunk, split, repeat, concat, reorder) act on ``batch`` and
 ``non_tensor_batch`` together and carry ``meta_info`` along. Everything is picklable, so the
-Ray backend can ship it as is.
+Ray backend can ship it as is. Reshaping (``fold_batch_dim``, ``unfold_column_chunks``),
+mini-batch iteration and save / load live in :mod:`hybridrl.protocol_ops`; the DataProto
+methods and the names ``fold_batch_dim`` / ``unfold_batch_dim`` here call into it.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -23,8 +26,12 @@ import torch
 from tensordict import TensorDict
 
 
-class DataProtoError(ValueError):
-    """Base class of every DataProto error; the message is one self-contained line."""
+class DataProtoError(ValueError, AssertionError):
+    """Base class of every DataProto error; the message is one self-contained line.
+
+    Also an ``AssertionError``: verl checks the same inputs with ``assert``, so code written
+    against verl that catches ``AssertionError`` keeps working.
+    """
 
 
 class BatchSizeMismatchError(DataProtoError):
@@ -40,7 +47,11 @@ class UnionConflictError(DataProtoError):
 
 
 class ChunkSizeError(DataProtoError):
-    """``chunk`` / ``split`` got a size that does not fit the batch."""
+    """``chunk`` / ``split`` / ``make_iterator`` / a fold got a size that does not fit the batch."""
+
+
+class ConcatConflictError(DataProtoError):
+    """``concat`` found one non-metric ``meta_info`` key holding different values in two parts."""
 
 
 def _as_object_array(key: str, value: Any) -> np.ndarray:
@@ -100,8 +111,9 @@ class DataProto:
 
     def __post_init__(self):
         self.non_tensor_batch = {
-            k: _as_object_array(k, v) for k, v in self.non_tensor_batch.items()
+            k: _as_object_array(k, v) for k, v in (self.non_tensor_batch or {}).items()
         }
+        self.meta_info = {} if self.meta_info is None else self.meta_info
         self.check_consistency()
 
     # ----------------------------------------------------------------- construction
@@ -112,16 +124,24 @@ class DataProto:
         non_tensors: dict[str, Any] | None = None,
         meta_info: dict | None = None,
         num_batch_dims: int = 1,
+        auto_padding: bool = False,
     ) -> "DataProto":
         """Build from ``tensors`` (each ``(n, ...)``), ``non_tensors`` (lists / arrays of len n).
 
         The first ``num_batch_dims`` dims of every tensor form the batch size and must agree.
         Raises :class:`BatchSizeMismatchError` naming the key and both sizes when they do not.
+        ``auto_padding`` is verl's switch for uneven chunks; only ``False`` is supported
+        (pad explicitly with :func:`pad_dataproto_to_divisor`), ``True`` raises DataProtoError.
         """
         tensors = dict(tensors or {})
         non_tensors = dict(non_tensors or {})
         if num_batch_dims < 1:
             raise DataProtoError(f"num_batch_dims={num_batch_dims}; it must be >= 1")
+        if auto_padding:
+            raise DataProtoError(
+                "auto_padding=True is not supported; pad with pad_dataproto_to_divisor(data, n) "
+                "before chunk(n) and drop the pad with unpad_dataproto after"
+            )
         batch = None
         if tensors:
             first_key = next(iter(tensors))
@@ -141,9 +161,12 @@ class DataProto:
         return cls(batch=batch, non_tensor_batch=non_tensors, meta_info=dict(meta_info or {}))
 
     @classmethod
-    def from_single_dict(cls, data: dict[str, Any], meta_info: dict | None = None) -> "DataProto":
+    def from_single_dict(
+        cls, data: dict[str, Any], meta_info: dict | None = None, auto_padding: bool = False
+    ) -> "DataProto":
         """Split a mixed dict: ``torch.Tensor`` values go to ``batch``, ndarrays / lists to
-        ``non_tensor_batch`` (as object arrays). Any other value type raises DataProtoError."""
+        ``non_tensor_batch`` (as object arrays). Any other value type raises DataProtoError.
+        Returns an instance of ``cls``; ``auto_padding`` as in :meth:`from_dict`."""
         tensors, non_tensors = {}, {}
         for key, val in data.items():
             if isinstance(val, torch.Tensor):
@@ -155,7 +178,7 @@ class DataProto:
                     f"data['{key}'] is a {type(val).__name__}; from_single_dict takes "
                     "torch.Tensor, np.ndarray or list values (put scalars in meta_info)"
                 )
-        return cls.from_dict(tensors, non_tensors, meta_info)
+        return cls.from_dict(tensors, non_tensors, meta_info, auto_padding=auto_padding)
 
     def check_consistency(self) -> None:
         """Check every tensor and non-tensor has the same number of rows.
@@ -204,7 +227,7 @@ class DataProto:
             )
         if isinstance(item, (list, tuple, np.ndarray, torch.Tensor)):
             t_idx, np_idx = _to_index(item)
-            return DataProto(
+            return type(self)(
                 batch=self.batch[t_idx] if self.batch is not None else None,
                 non_tensor_batch={k: v[np_idx] for k, v in self.non_tensor_batch.items()},
                 meta_info=dict(self.meta_info),
@@ -217,7 +240,7 @@ class DataProto:
     def slice(self, start: int | None = None, end: int | None = None, step: int | None = None):
         """Rows ``start:end:step`` as a new DataProto (tensors are views, meta_info copied)."""
         s = slice(start, end, step)
-        return DataProto(
+        return type(self)(
             batch=self.batch[s] if self.batch is not None else None,
             non_tensor_batch={k: v[s] for k, v in self.non_tensor_batch.items()},
             meta_info=dict(self.meta_info),
@@ -273,7 +296,7 @@ class DataProto:
             non_tensor, meta = copy.deepcopy(non_tensor), copy.deepcopy(meta)
         elif batch is self.batch and batch is not None:
             batch = batch.select(*batch.keys())  # new container, same tensors
-        return DataProto(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
+        return type(self)(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
 
     def pop(
         self,
@@ -362,11 +385,17 @@ class DataProto:
 
     @staticmethod
     def concat(data: Sequence["DataProto"]) -> "DataProto":
-        """Concatenate DataProtos row-wise (all must have the same keys).
+        """Concatenate DataProtos row-wise (all must have the same keys); returns ``type(data[0])``.
 
-        ``meta_info`` is the first one's, except ``meta_info['metrics']`` (per-worker metric
-        records): lists in every part are joined in order; dicts of lists (``{name: [values]}``)
-        are joined key by key, so the driver averages over every worker, not just the first.
+        ``meta_info`` is merged as in verl:
+
+        * non-metric keys of every part are kept; a key in several parts must hold equal values
+          there (tensors / arrays compared element-wise, NaN equal to NaN), else
+          :class:`ConcatConflictError`;
+        * ``meta_info['metrics']`` of every part that has one (a dict, or a list of dicts, e.g.
+          one per worker) becomes one dict ``{name: [values]}``: values are appended in part
+          order, list values extended, so ``reduce_metrics`` averages over every worker. The
+          key is absent when no part has metrics.
         """
         if not data:
             raise DataProtoError("concat got an empty list; give at least one DataProto")
@@ -384,17 +413,8 @@ class DataProto:
         non_tensor = {
             k: np.concatenate([d.non_tensor_batch[k] for d in data], axis=0) for k in nkeys0
         }
-        meta = dict(first.meta_info)
-        metrics = [d.meta_info.get("metrics") for d in data]
-        if all(isinstance(m, list) for m in metrics):
-            meta["metrics"] = [x for m in metrics for x in m]
-        elif all(isinstance(m, dict) for m in metrics):
-            joined: dict = {}
-            for m in metrics:
-                for key, values in m.items():
-                    joined.setdefault(key, []).extend(values if isinstance(values, list) else [values])
-            meta["metrics"] = joined
-        return DataProto(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
+        meta = _merge_meta_info([d.meta_info for d in data])
+        return type(first)(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
 
     def repeat(self, repeat_times: int = 2, interleave: bool = True) -> "DataProto":
         """Repeat every row ``repeat_times`` times.
@@ -411,6 +431,66 @@ class DataProto:
             idx = np.tile(np.arange(n), repeat_times)
         return self[idx]
 
+    def sample_level_repeat(
+        self, repeat_times: Sequence[int] | np.ndarray | torch.Tensor
+    ) -> "DataProto":
+        """Repeat row ``i`` ``repeat_times[i]`` times, each row's copies kept together.
+
+        ``repeat_times``: list / tuple / 1-D ndarray / 1-D tensor of ``len(self)`` ints >= 0;
+        e.g. ``[3, 1, 2]`` on rows ``[a, b, c]`` gives ``[a, a, a, b, c, c]`` (0 drops a row).
+        Raises :class:`BatchSizeMismatchError` for a wrong length, DataProtoError otherwise.
+        """
+        from hybridrl import protocol_ops
+
+        return protocol_ops.sample_level_repeat(self, repeat_times)
+
+    def unfold_column_chunks(
+        self, n_split: int, split_keys: Sequence[str] | None = None
+    ) -> "DataProto":
+        """Cut each row's dim 1 of ``split_keys`` into ``n_split`` rows; repeat the other keys.
+
+        ``(n, c, ...)`` becomes ``(n * n_split, c // n_split, ...)``; see
+        :func:`hybridrl.protocol_ops.unfold_column_chunks` for non-tensors and errors.
+        """
+        from hybridrl import protocol_ops
+
+        return protocol_ops.unfold_column_chunks(self, n_split, split_keys)
+
+    def make_iterator(
+        self,
+        mini_batch_size: int,
+        epochs: int,
+        seed: int | None = None,
+        dataloader_kwargs: dict | None = None,
+    ):
+        """Iterator over ``epochs`` passes of mini-batches of ``mini_batch_size`` rows.
+
+        A ``torch.utils.data.DataLoader`` picks the rows (``dataloader_kwargs`` go to it, e.g.
+        ``{"shuffle": True}``; ``seed`` seeds its generator). Each item is a DataProto with
+        ``self``'s meta_info; see :func:`hybridrl.protocol_ops.make_iterator`.
+        """
+        from hybridrl import protocol_ops
+
+        return protocol_ops.make_iterator(self, mini_batch_size, epochs, seed, dataloader_kwargs)
+
+    def save_to_disk(self, filepath) -> None:
+        """Write to ``filepath`` with ``torch.save``; read back with :meth:`load_from_disk`.
+
+        No pickled code: values must be tensors, ndarrays, numbers, strings, None or
+        lists / tuples / dicts of them (see :func:`hybridrl.protocol_ops.save_to_disk`).
+        """
+        from hybridrl import protocol_ops
+
+        protocol_ops.save_to_disk(self, filepath)
+
+    @classmethod
+    def load_from_disk(cls, filepath) -> "DataProto":
+        """Read a file of :meth:`save_to_disk` with ``torch.load(weights_only=True)``: a file
+        that would run code on load is refused (see :func:`hybridrl.protocol_ops.load_from_disk`)."""
+        from hybridrl import protocol_ops
+
+        return protocol_ops.load_from_disk(filepath, cls)
+
     def reorder(self, indices: torch.Tensor | np.ndarray | Sequence[int]) -> None:
         """Permute rows in place: row ``i`` becomes old row ``indices[i]`` (as in verl)."""
         t_idx, np_idx = _to_index(indices)
@@ -426,21 +506,75 @@ class DataProto:
 
 
 def _arrays_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    """Element-wise equality of two arrays of the same shape; NaN equals NaN."""
     if a.shape != b.shape:
         return False
+    if a.dtype.kind in "biufc" and b.dtype.kind in "biufc":
+        return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc" and b.dtype.kind in "fc"))
     return all(_values_equal(x, y) for x, y in zip(a.ravel(), b.ravel()))
 
 
 def _values_equal(a: Any, b: Any) -> bool:
-    """Equality that copes with tensors / arrays nested as values."""
+    """Equality that copes with tensors / arrays nested as values; NaN equals NaN."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return np.array_equal(np.asarray(a, dtype=object), np.asarray(b, dtype=object))
+        try:
+            return _arrays_equal(np.asarray(a), np.asarray(b))
+        except ValueError:  # a ragged list next to an array
+            return False
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
     try:
         return bool(a == b)
     except (ValueError, TypeError):
         return a is b
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _metric_records(metrics: Any, item: int) -> list[dict]:
+    """One part's ``meta_info['metrics']`` as a list of ``{name: value or [values]}`` dicts."""
+    records = metrics if isinstance(metrics, list) else [metrics]
+    for record in records:
+        if not isinstance(record, dict):
+            raise DataProtoError(
+                f"concat: meta_info['metrics'] of item {item} holds a {type(record).__name__}; "
+                "give a dict {name: value or [values]} or a list of such dicts"
+            )
+    return records
+
+
+def _merge_meta_info(metas: Sequence[dict]) -> dict:
+    """The ``meta_info`` of :meth:`DataProto.concat` (see there) from the parts' meta_infos."""
+    merged: dict = {}
+    source: dict[str, int] = {}  # key -> the part that set it, for the error message
+    records: list[dict] = []
+    has_metrics = False
+    for i, meta in enumerate(metas):
+        for key, value in meta.items():
+            if key == "metrics":
+                if value is not None:
+                    has_metrics = True
+                    records.extend(_metric_records(value, i))
+            elif key not in merged:
+                merged[key], source[key] = value, i
+            elif not _values_equal(merged[key], value):
+                raise ConcatConflictError(
+                    f"Conflicting values for meta_info key '{key}' in concat: item {source[key]} "
+                    f"has {_short(merged[key])}, item {i} has {_short(value)}; give every part the "
+                    "same value or pop the key before concat"
+                )
+    if has_metrics:
+        joined: dict[str, list] = {}
+        for record in records:
+            for name, value in record.items():
+                joined.setdefault(name, []).extend(value if isinstance(value, list) else [value])
+        merged["metrics"] = joined
+    return merged
 
 
 def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataProto, int]:
@@ -468,3 +602,16 @@ def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:
     if pad_size == 0:
         return data
     return data[:-pad_size]
+
+
+_OPS_NAMES = ("fold_batch_dim", "unfold_batch_dim")
+
+
+def __getattr__(name: str):
+    """``from hybridrl.protocol import fold_batch_dim`` (as in verl): they live in protocol_ops,
+    imported on first use so that importing this module stays cheap and cycle-free."""
+    if name in _OPS_NAMES:
+        from hybridrl import protocol_ops
+
+        return getattr(protocol_ops, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

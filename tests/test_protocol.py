@@ -12,6 +12,7 @@ from hybridrl import protocol
 from hybridrl.protocol import (
     BatchSizeMismatchError,
     ChunkSizeError,
+    ConcatConflictError,
     DataProto,
     DataProtoError,
     DataProtoItem,
@@ -258,11 +259,13 @@ def test_chunk_concat_round_trip_and_meta():
     parts = d.chunk(3)
     assert [rows(p) for p in parts] == [[100, 101], [102, 103], [104, 105]]
     assert all(p.meta_info == {"temperature": 0.5} for p in parts)
-    parts[0].meta_info["temperature"] = 9.0  # each chunk owns its meta_info dict
-    assert d.meta_info["temperature"] == 0.5
     back = DataProto.concat(parts)
     assert_same(back, d)
-    assert back.meta_info == {"temperature": 9.0}  # the first part's
+    assert back.meta_info == {"temperature": 0.5}
+    parts[0].meta_info["temperature"] = 9.0  # each chunk owns its meta_info dict
+    assert d.meta_info["temperature"] == 0.5
+    with pytest.raises(ConcatConflictError, match="'temperature'.*item 0 has 9.0, item 1 has 0.5"):
+        DataProto.concat(parts)  # parts disagree on a non-metric key (verl raises too)
 
 
 def test_chunk_not_dividing_suggests_padding():
@@ -279,16 +282,17 @@ def test_split_last_smaller():
 
 
 def test_concat_merges_worker_metrics():
+    # lists of per-worker dicts become one {name: [values]} (verl's format since 2025).
     a = make(1, meta={"metrics": [{"loss": 1.0}], "t": 1})
-    b = make(1, meta={"metrics": [{"loss": 2.0}], "t": 2})
+    b = make(1, meta={"metrics": [{"loss": 2.0}], "t": 1, "u": 2})
     out = DataProto.concat([a, b])
-    assert out.meta_info == {"metrics": [{"loss": 1.0}, {"loss": 2.0}], "t": 1}
+    assert out.meta_info == {"metrics": {"loss": [1.0, 2.0]}, "t": 1, "u": 2}
     # {name: [values]} per worker (what update_actor returns): joined key by key, in rank order.
     r0 = make(1, meta={"metrics": {"loss": [1.0, 2.0], "lr": [0.1]}})
     r1 = make(1, meta={"metrics": {"loss": [3.0], "grad": 5.0}})
     assert DataProto.concat([r0, r1]).meta_info["metrics"] == {"loss": [1.0, 2.0, 3.0], "lr": [0.1], "grad": [5.0]}
     c = make(1, meta={"metrics": {"loss": 3.0}})
-    assert DataProto.concat([c, b]).meta_info["metrics"] == {"loss": 3.0}  # mixed kinds: the first one's
+    assert DataProto.concat([c, b]).meta_info["metrics"] == {"loss": [3.0, 2.0]}  # mixed kinds
 
 
 def test_concat_errors():

@@ -2,16 +2,26 @@
 
 Pure torch/numpy: the driver calls these on a `DataProto` (`batch.batch[key]` tensors,
 `batch.meta_info` dict) after the update stages. Nothing here touches a device or a logger.
+verl's validation metrics (`bootstrap_metric`, `calc_maj_val`, `process_validation_metrics`)
+are re-exported from :mod:`hybridrl.trainer.validation_metrics`, so this module answers for
+verl's `verl.trainer.ppo.metric_utils` and `verl.utils.metric.reduce_metrics`.
 """
 
 from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, Mapping
 
 import numpy as np
 import torch
+
+from hybridrl.trainer.validation_metrics import (  # noqa: F401  (verl's metric_utils names)
+    ValidationMetricsError,
+    bootstrap_metric,
+    calc_maj_val,
+    process_validation_metrics,
+)
 
 # Stages whose per-token time is measured against all tokens (prompt + response);
 # generation is measured against response tokens only.
@@ -140,7 +150,7 @@ def compute_data_metrics(batch, use_critic: bool = True) -> dict[str, float]:
     metrics["response_length/clip_ratio"] = _clip_ratio(response_length, max_response)
     metrics.update(_stats("prompt_length", prompt_length))
     # The driver trims all-padding prompt columns, so the width may be below the configured limit.
-    max_prompt = batch.meta_info.get("max_prompt_length", max_prompt)
+    max_prompt = _meta_info(batch).get("max_prompt_length", max_prompt)
     metrics["prompt_length/clip_ratio"] = _clip_ratio(prompt_length, max_prompt)
     metrics.update(compute_agent_metrics(batch))
     return metrics
@@ -187,6 +197,12 @@ def compute_agent_metrics(batch) -> dict[str, float]:
             metrics[f"agent/{name}/reward/mean"] = float(scores[rows].mean())
             metrics[f"agent/{name}/count"] = float(rows.sum())
     return metrics
+
+
+def _meta_info(batch) -> Mapping:
+    """``batch.meta_info`` when it is a mapping, else {} (no meta_info, or a test double's)."""
+    meta = getattr(batch, "meta_info", None)
+    return meta if isinstance(meta, Mapping) else {}
 
 
 def _clip_ratio(lengths: torch.Tensor, max_length: int) -> float:
@@ -253,7 +269,7 @@ def compute_throughput_metrics(
         )
     if n_devices < 1:
         raise MetricsInputError(f"{fn}: n_devices={n_devices}; it must be at least 1")
-    token_nums = (getattr(batch, "meta_info", None) or {}).get("global_token_num")
+    token_nums = _meta_info(batch).get("global_token_num")
     if token_nums is not None:
         total_tokens = float(np.sum(token_nums))
     else:
@@ -265,6 +281,12 @@ def compute_throughput_metrics(
         "perf/time_per_step": time_per_step,
         "perf/throughput": throughput,
     }
+
+
+def compute_throughout_metrics(batch, timing_raw: dict[str, float], n_gpus: int) -> dict[str, float]:
+    """verl's name (sic) and signature for :func:`compute_throughput_metrics`, which see;
+    ``n_gpus`` is its ``n_devices``."""
+    return compute_throughput_metrics(batch, timing_raw, n_devices=n_gpus)
 
 
 def reduce_metrics(metrics: dict) -> dict[str, float]:
