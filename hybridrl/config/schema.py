@@ -66,7 +66,7 @@ def _choices(config) -> dict[str, tuple]:
         f"{ROLLOUT}.mode": ("sync", "async"),
         "data.truncation": TRUNCATIONS,
         "trainer.resume_mode": ("auto", "disable", "resume_path"),
-        "reward_model.on_error": ("raise", "zero"),
+        "reward_model.on_error": ("raise", "zero", "mask_sample", "drop_group", "retry"),
         f"{ROLLOUT}.multi_turn.format": ("hermes",),
         f"{ROLLOUT}.multi_turn.tool_response_truncate_side": ("left", "middle", "right"),
     }

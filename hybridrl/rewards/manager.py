@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import logging
 import threading
+import time
 from typing import Any, Callable
 
 import torch
@@ -32,7 +33,11 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _REWARD_MANAGERS: dict[str, type] = {}
-_ON_ERROR = ("raise", "zero")
+# What a failing or late scoring call does: stop the run; score 0; score 0 and train nothing on
+# the sample (the driver masks it); score 0 and drop its prompt group; try again, then stop.
+ON_ERROR_POLICIES = ("raise", "zero", "mask_sample", "drop_group", "retry")
+DEFAULT_RETRIES = 2
+_SLOW_SAMPLES_LOGGED = 3
 DEFAULT_SCORE_TIMEOUT_S = 60.0
 
 
@@ -65,6 +70,15 @@ def call_with_deadline(fn: Callable[..., Any], timeout_s: float, **kwargs) -> An
     if "error" in box:
         raise box["error"]
     return box["result"]
+
+
+class _Failure(str):
+    """Why one sample's scoring failed (the text), and whether it ran out of time."""
+
+    def __new__(cls, text: str, timed_out: bool):
+        failure = super().__new__(cls, text)
+        failure.timed_out = timed_out
+        return failure
 
 
 class RewardFunctionError(RuntimeError):
@@ -140,13 +154,18 @@ class NaiveRewardManager:
         compute_score: ``fn(data_source=, solution_str=, ground_truth=, extra_info=)`` returning
             a float or a dict with ``"score"``; default :func:`hybridrl.rewards.default_compute_score`.
         reward_fn_key: the non-tensor key holding each row's data source (``data.reward_fn_key``).
-        on_error: ``"raise"`` (stop with :class:`RewardFunctionError`) or ``"zero"`` (score a
-            failing sample 0 and report it in ``reward_extra_info["reward_error"]``).
+        on_error: what a failing (or late) scoring call does (``reward_model.on_error``):
+            ``raise`` (stop with :class:`RewardFunctionError`); ``zero`` (score 0); ``mask_sample``
+            (score 0, and the driver gives the sample no gradient); ``drop_group`` (score 0, and the
+            driver drops its prompt group); ``retry`` (call again, up to ``retries`` more times,
+            then stop). Except with ``raise``, ``reward_extra_info`` reports ``reward_error`` and
+            ``reward_timeout`` (1.0/0.0) per sample.
         timeout_s: the longest one scoring call may take (``reward_model.timeout_s``); a call
             that overruns fails like one that raises (:class:`ScoreTimeoutError`).
+        retries: extra attempts with ``on_error=retry`` (``reward_model.retries``).
 
     Raises:
-        RewardConfigError: ``on_error`` is not ``"raise"`` or ``"zero"``.
+        RewardConfigError: ``on_error`` is not one of :data:`ON_ERROR_POLICIES`.
     """
 
     def __init__(
@@ -157,12 +176,16 @@ class NaiveRewardManager:
         reward_fn_key: str = "data_source",
         on_error: str = "raise",
         timeout_s: float = DEFAULT_SCORE_TIMEOUT_S,
+        retries: int = DEFAULT_RETRIES,
     ) -> None:
-        if on_error not in _ON_ERROR:
+        if on_error not in ON_ERROR_POLICIES:
             raise RewardConfigError(
-                f"reward_model.on_error={on_error!r} is invalid; use 'raise' (stop on a failing "
-                "reward function) or 'zero' (score such samples 0 and go on)"
+                f"reward_model.on_error={on_error!r} is invalid; use one of {', '.join(ON_ERROR_POLICIES)} "
+                "(docs/config.md: what each does with a failing reward function)"
             )
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise RewardConfigError(f"reward_model.retries={retries!r} must be a whole number >= 0")
+        self.retries = retries
         self.tokenizer = tokenizer
         self.num_examine = int(num_examine)
         self.compute_score = compute_score or default_compute_score
@@ -187,7 +210,8 @@ class NaiveRewardManager:
             response token (a sample with no valid response token gets no score). With
             ``return_dict``, also ``reward_extra_info``: dict of lists of length bs, one per extra
             key returned by the scorer (``None`` where a sample lacked it), plus
-            ``reward_error`` (1.0/0.0) when ``on_error="zero"``, and with ``rm_scores`` also
+            ``reward_error`` and ``reward_timeout`` (1.0/0.0) when ``on_error`` lets a failing sample
+            through (``zero``, ``mask_sample``, ``drop_group``), and with ``rm_scores`` also
             ``rm_score`` and ``rule_score`` (``None`` for rows without a rule scorer).
 
         Raises:
@@ -209,7 +233,8 @@ class NaiveRewardManager:
         valid_resp = mask[:, prompt_len:].sum(-1).tolist()
 
         reward_tensor = torch.zeros(responses.shape, dtype=torch.float32, device=responses.device)
-        extras_per_sample, errors, failures, printed, rule_scores = [], [], [], {}, []
+        extras_per_sample, errors, timeouts, failures, printed, rule_scores = [], [], [], [], {}, []
+        self._seconds: list[tuple[float, int, Any]] = []  # (seconds, row, data source) per scoring call
         for i in range(len(data)):
             vp, vr = int(valid_prompt[i]), int(valid_resp[i])
             response_str = self.tokenizer.decode(responses[i, :vr], skip_special_tokens=True)
@@ -229,6 +254,7 @@ class NaiveRewardManager:
                 score += extras["rm_score"]
             extras_per_sample.append(extras)
             errors.append(1.0 if failed else 0.0)
+            timeouts.append(1.0 if failed and failed.timed_out else 0.0)
             if failed:
                 failures.append(failed)
             if printed.get(data_source, 0) < self.num_examine:
@@ -236,23 +262,25 @@ class NaiveRewardManager:
                 prompt_str = self.tokenizer.decode(prompts[i, prompt_len - vp:], skip_special_tokens=True)
                 self._print_sample(prompt_str, response_str, ground_truth, score, extras)
 
+        self._log_slowest()
         scored = sum(score is not None for score in rule_scores)
         if failures and len(failures) == scored:
             raise RewardFunctionError(
-                f"the reward function failed on all {scored} samples of this batch (reward_model.on_error=zero would "
-                f"train on all-zero rewards, which teaches nothing); first: {failures[0]}")
+                f"the reward function failed on all {scored} samples of this batch (reward_model.on_error="
+                f"{self.on_error} would train on nothing but failures, which teaches nothing); first: {failures[0]}")
         if failures:
             logger.warning(
                 "reward function failed on %d of %d samples in this batch; they were scored 0 "
-                "(reward_model.on_error=zero). First: %s", len(failures), len(errors), failures[0]
+                "(reward_model.on_error=%s). First: %s", len(failures), len(errors), self.on_error, failures[0]
             )
         if rm_scores is not None:  # both sit on the last valid response token
             reward_tensor = reward_tensor + rm_scores.to(reward_tensor)
         if not return_dict:
             return reward_tensor
         extra_info_out = _collect_extras(extras_per_sample)
-        if self.on_error == "zero":
+        if self.on_error in ("zero", "mask_sample", "drop_group"):
             extra_info_out["reward_error"] = errors
+            extra_info_out["reward_timeout"] = timeouts
         if rm_scores is not None:
             extra_info_out["rule_score"] = rule_scores
         return {"reward_tensor": reward_tensor, "reward_extra_info": extra_info_out}
@@ -303,19 +331,35 @@ class NaiveRewardManager:
 
     def _score(self, i, data_source, solution_str, ground_truth, extra_info) -> tuple[float, dict, str | None]:
         """Call the scorer on one sample → (score, extras, failure or None), applying ``on_error``."""
-        try:
-            result = call_with_deadline(self.compute_score, self.timeout_s, data_source=data_source,
-                                        solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info)
-            score, extras = _split_result(result)
-        except Exception as exc:
-            where = f"sample {i} of the batch (data_source={data_source!r}): {type(exc).__name__}: {' '.join(str(exc).split())}"
-            if self.on_error == "zero":
-                return 0.0, {}, where
-            raise RewardFunctionError(
-                f"reward function failed on {where}; fix the function or set reward_model.on_error=zero "
-                "to score such samples 0 and go on"
-            ) from exc
-        return score, extras, False
+        attempts = 1 + (self.retries if self.on_error == "retry" else 0)
+        for attempt in range(1, attempts + 1):
+            started = time.perf_counter()
+            try:
+                result = call_with_deadline(self.compute_score, self.timeout_s, data_source=data_source,
+                                            solution_str=solution_str, ground_truth=ground_truth,
+                                            extra_info=extra_info)
+                score, extras = _split_result(result)
+                self._seconds.append((time.perf_counter() - started, i, data_source))
+                return score, extras, None
+            except Exception as exc:
+                self._seconds.append((time.perf_counter() - started, i, data_source))
+                failure = _Failure(f"sample {i} of the batch (data_source={data_source!r}): {type(exc).__name__}: "
+                                   f"{' '.join(str(exc).split())}", isinstance(exc, ScoreTimeoutError))
+                if self.on_error in ("zero", "mask_sample", "drop_group"):
+                    return 0.0, {}, failure
+                if attempt == attempts:
+                    tried = f" after {attempts} attempts (reward_model.retries={self.retries})" if attempts > 1 else ""
+                    raise RewardFunctionError(
+                        f"reward function failed on {failure}{tried}; fix the function or set reward_model.on_error "
+                        "to zero, mask_sample or drop_group to go on without such samples") from exc
+        raise AssertionError("unreachable")
+
+    def _log_slowest(self) -> None:
+        """Names the slowest scoring calls of the batch when one took over a second."""
+        slowest = sorted(self._seconds, reverse=True)[:_SLOW_SAMPLES_LOGGED]
+        if slowest and slowest[0][0] >= 1.0:
+            logger.info("reward: slowest samples: %s", ", ".join(
+                f"#{i} ({source}) {seconds:.1f} s" for seconds, i, source in slowest))
 
     @staticmethod
     def _print_sample(prompt: str, response: str, ground_truth: Any, score: float, extras: dict) -> None:
@@ -396,6 +440,7 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0) -> An
     manager_kwargs = _to_plain_dict(_cfg_get(config, "reward_model.reward_kwargs", {}), "reward_model.reward_kwargs")
     optional = {  # passed to managers that take them (verl's naive one does not), unless reward_kwargs do
         "timeout_s": _score_timeout(config),
+        "retries": _cfg_get(config, "reward_model.retries", DEFAULT_RETRIES),
         "overlong_buffer_cfg": _cfg_get(config, "reward_model.overlong_buffer"),
         "max_resp_len": _cfg_get(config, "data.max_response_length"),
     }

@@ -20,7 +20,6 @@ import shutil
 import sys
 import time
 
-_GEN_BATCH_KEYS = ("input_ids", "attention_mask", "position_ids")
 _MANIFEST = "manifest.json"
 
 
@@ -117,10 +116,10 @@ def generate_batch(rollout, tokenizer, dataset, rows: range, n_samples: int) -> 
     """
     from hybridrl.data.collate import collate_fn
     from hybridrl.protocol import DataProto
-    from hybridrl.trainer.ppo_trainer import trim_left_padding
+    from hybridrl.trainer.stages import GEN_BATCH_KEYS, trim_left_padding
 
     collated = collate_fn([dataset[i] for i in rows])
-    prompts = DataProto.from_dict(tensors={key: collated[key] for key in _GEN_BATCH_KEYS})
+    prompts = DataProto.from_dict(tensors={key: collated[key] for key in GEN_BATCH_KEYS})
     output = rollout.generate_sequences(trim_left_padding(prompts).repeat(n_samples, interleave=True))
     lengths = output.batch["response_mask"].sum(-1).tolist()
     texts = [tokenizer.decode(ids[: int(n)], skip_special_tokens=True)

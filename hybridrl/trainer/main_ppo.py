@@ -66,7 +66,8 @@ def run_ppo(config) -> None:
     from hybridrl.config import validate_ppo_config
     from hybridrl.models import load_tokenizer, resolve_model_path
     from hybridrl.rewards.manager import load_reward_manager
-    from hybridrl.trainer.ppo_trainer import PPOTrainer, needs_critic, needs_reference_policy
+    from hybridrl.trainer.ppo_trainer import PPOTrainer
+    from hybridrl.trainer.stages import needs_critic, needs_reference_policy
     from hybridrl.trainer.rollout_correction import share_rollout_correction
     from hybridrl.trainer.tracking import Tracking
     from hybridrl.trainer.worker_groups import build_worker_groups, resolve_backend

@@ -13,16 +13,13 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from hybridrl.algorithms.advantages import get_adv_estimator_fn
-from hybridrl.algorithms.errors import check_finite
 from hybridrl.algorithms.kl import FULL_KL, apply_kl_penalty, get_kl_controller
 from hybridrl.algorithms.policy_loss import agg_loss
 from hybridrl.algorithms.rollout_corr import compute_offpolicy_metrics
 from hybridrl.protocol import DataProto
-from hybridrl.trainer import checkpoint
 from hybridrl.rewards.manager import RewardFunctionError
+from hybridrl.trainer import checkpoint
 from hybridrl.trainer.balance import balance_batch
-from hybridrl.trainer.dynamic_sampling import DynamicSampler
 from hybridrl.trainer.metrics import (
     compute_data_metrics,
     compute_rollout_probs_diff_metrics,
@@ -34,115 +31,11 @@ from hybridrl.trainer.metrics import (
 from hybridrl.trainer.rollout_correction import (apply_bypass_mode, compute_rollout_correction_and_add_to_batch,
                                                  rollout_correction_config)
 from hybridrl.trainer.rollout_dump import ValidationDump, dump_rollouts
+from hybridrl.trainer.stages import (GEN_BATCH_KEYS, apply_reward_failures, build_dynamic_sampler,
+                                     compute_advantage, compute_reward, needs_critic, needs_reference_policy,
+                                     object_array, reuses_update_log_probs, trim_left_padding)
 
 logger = logging.getLogger(__name__)
-
-_GEN_BATCH_KEYS = ["input_ids", "attention_mask", "position_ids"]
-
-
-def needs_critic(config) -> bool:
-    """Only GAE uses a learned value baseline; the group-based estimators need no critic."""
-    return config.algorithm.adv_estimator == "gae"
-
-
-def needs_reference_policy(config) -> bool:
-    """A reference policy is loaded when KL is used, in the reward or as a loss."""
-    return bool(config.algorithm.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss)
-
-
-def reuses_update_log_probs(config) -> bool:
-    """True when each batch makes exactly one optimizer step and nothing reads the old log-probs
-    before it: then ``old_log_probs`` equal the update's own log-probs (detached), and the
-    separate ``compute_log_prob`` pass is skipped (``actor.skip_on_policy_old_log_prob``).
-
-    On policy means ``ppo_epochs == 1`` and one mini batch per batch
-    (``ppo_mini_batch_size >= data.train_batch_size``); a KL penalty in the reward reads
-    ``old_log_probs`` before the update, and so do rollout correction's weights and rejection
-    (decoupled mode), so they need the pass, as does the optimal token baseline (``sum_pi_squared``
-    comes from it). Bypass mode needs it never (see :meth:`PPOTrainer.step`).
-    """
-    actor = config.actor_rollout_ref.actor
-    corrects_before_update = rollout_correction_config(config).corrects  # weights/rejection read old_log_probs
-    return bool(actor.get("skip_on_policy_old_log_prob", True) and int(actor.ppo_epochs) == 1
-                and int(actor.ppo_mini_batch_size) >= int(config.data.train_batch_size)
-                and not config.algorithm.use_kl_in_reward and not corrects_before_update
-                and not actor.get("calculate_sum_pi_squared", False))  # the pass makes sum_pi_squared
-
-
-def trim_left_padding(gen_batch: DataProto) -> DataProto:
-    """Drops the prompt columns that are padding in every row.
-
-    The dataset left-pads every prompt to ``data.max_prompt_length``; when the longest prompt
-    of a batch is shorter, those columns would only cost compute in generation and in every
-    forward pass after it.
-    """
-    attention_mask = gen_batch.batch["attention_mask"]
-    first = int(attention_mask.any(dim=0).int().argmax())
-    if first == 0:
-        return gen_batch
-    tensors = {key: gen_batch.batch[key][:, first:] for key in _GEN_BATCH_KEYS}
-    return DataProto.from_dict(tensors=tensors, non_tensors=gen_batch.non_tensor_batch, meta_info=gen_batch.meta_info)
-
-
-def compute_advantage(data: DataProto, adv_estimator: str, gamma: float = 1.0, lam: float = 1.0,
-                      norm_adv_by_std_in_grpo: bool = True, config=None) -> DataProto:
-    """Fills ``advantages`` and ``returns`` ``(bs, response_length)`` with the named estimator.
-
-    Every estimator gets the same keyword arguments and uses the ones it needs: the group-based
-    ones group responses by the per-prompt ``uid``; GAE uses the critic's ``values``; ReMax the
-    greedy responses' ``reward_baselines``; ``config`` is the ``algorithm`` section.
-
-    Raises:
-        NonFiniteError: the rewards, values, advantages or returns hold NaN/inf on a response token.
-    """
-    batch = data.batch
-    step = data.meta_info.get("global_steps")
-    for key in ("token_level_rewards", "values"):
-        if key in batch.keys():
-            check_finite(batch[key], key, step, mask=batch["response_mask"])
-    advantages, returns = get_adv_estimator_fn(adv_estimator)(
-        token_level_rewards=batch["token_level_rewards"],
-        response_mask=batch["response_mask"],
-        values=batch.get("values", None),
-        reward_baselines=batch.get("reward_baselines", None),
-        index=data.non_tensor_batch["uid"],
-        non_tensor_batch=data.non_tensor_batch,  # the reward function's outputs (gdpo's components)
-        old_log_probs=batch.get("old_log_probs", None),  # the optimal token baseline's inputs
-        sum_pi_squared=batch.get("sum_pi_squared", None),
-        rollout_is_weights=batch.get("rollout_is_weights", None),
-        gamma=gamma,
-        lam=lam,
-        norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
-        config=config,
-    )
-    check_finite(advantages, "advantages", step, mask=batch["response_mask"])
-    check_finite(returns, "returns", step, mask=batch["response_mask"])
-    batch["advantages"] = advantages
-    batch["returns"] = returns
-    return data
-
-
-def compute_reward(data: DataProto, reward_fn) -> tuple[torch.Tensor, dict]:
-    """``(token_level_scores (bs, response_length), reward_extra_info)`` from a reward manager."""
-    result = reward_fn(data, return_dict=True)
-    return result["reward_tensor"], result.get("reward_extra_info", {})
-
-
-def _object_array(values: list) -> np.ndarray:
-    """A 1-d object array of ``values`` (``np.array`` would make lists of lists 2-d)."""
-    array = np.empty(len(values), dtype=object)
-    array[:] = values
-    return array
-
-
-def build_dynamic_sampler(config, tokenizer) -> DynamicSampler | None:
-    """DAPO's group filter when ``algorithm.filter_groups.enable``, else None."""
-    groups = config.algorithm.get("filter_groups") or {}
-    if not groups.get("enable", False):
-        return None
-    return DynamicSampler(groups.get("metric") or "acc", groups.get("max_num_gen_batches") or 0,
-                          config.data.train_batch_size, tokenizer.pad_token_id)
-
 
 class PPOTrainer:
     """Runs ``fit()``: validation, then ``step()`` per batch, checkpoints and logging."""
@@ -189,7 +82,7 @@ class PPOTrainer:
         batch = DataProto.from_single_dict(batch_dict)
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         n = cfg.actor_rollout_ref.rollout.n
-        prompts = trim_left_padding(batch.pop(batch_keys=_GEN_BATCH_KEYS))
+        prompts = trim_left_padding(batch.pop(batch_keys=GEN_BATCH_KEYS))
         prompts.non_tensor_batch.update(batch.non_tensor_batch)  # row fields for agent loops (agent_name, ...)
         with marked_timer("gen", timing_raw):
             gen_output = self.actor_rollout_wg.generate_sequences(prompts.repeat(n, interleave=True))
@@ -208,8 +101,12 @@ class PPOTrainer:
             if key in batch.non_tensor_batch:
                 raise RewardFunctionError(f"the reward function returns {key!r}, the name of a batch column; rename "
                                           "that key of its dict")
-            batch.non_tensor_batch[key] = _object_array(values)
+            batch.non_tensor_batch[key] = object_array(values)
         self._reward_extra_keys.update(dict.fromkeys(reward_extra_info))
+        batch, failure_metrics = apply_reward_failures(batch, self.config.reward_model.get("on_error", "raise"),
+                                                       drop_rows=self.dynamic_sampler is not None)
+        for key, value in failure_metrics.items():  # summed over the generation batches of a step
+            metrics[key] = metrics.get(key, 0.0) + value
         return batch
 
     def step(self, batch_dict: dict) -> dict | None:
@@ -231,8 +128,6 @@ class PPOTrainer:
             batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
             batch.meta_info["max_prompt_length"] = cfg.data.max_prompt_length
             reward_extra_info = {key: list(batch.non_tensor_batch[key]) for key in self._reward_extra_keys}
-            if "reward_error" in reward_extra_info:
-                metrics["reward/error_count"] = float(np.sum(reward_extra_info["reward_error"]))
 
             if self.rollout_correction.bypass_mode:  # the rollout log-probs are the old ones
                 apply_bypass_mode(batch)
@@ -328,7 +223,7 @@ class PPOTrainer:
         dump = ValidationDump(self.config.trainer, self.tokenizer, self.global_steps)
         for batch_dict in self.val_dataloader:
             batch = DataProto.from_single_dict(batch_dict)
-            gen_batch = trim_left_padding(batch.pop(batch_keys=_GEN_BATCH_KEYS)).repeat(n, interleave=True)
+            gen_batch = trim_left_padding(batch.pop(batch_keys=GEN_BATCH_KEYS)).repeat(n, interleave=True)
             gen_batch.non_tensor_batch.update(batch.repeat(n, interleave=True).non_tensor_batch)  # for agent loops
             gen_batch.meta_info = {
                 "do_sample": val_kwargs.get("do_sample", False),

@@ -162,7 +162,7 @@ class PPOActor:
         Each micro-batch loss is normalised by the token (or sequence) count of its whole
         mini batch, so the summed gradients equal those of one pass over the mini batch.
         Without ``old_log_probs`` in ``data`` (the driver skipped that pass, see
-        ``ppo_trainer.reuses_update_log_probs``) the update is on policy: the old log-probs are
+        ``trainer.stages.reuses_update_log_probs``) the update is on policy: the old log-probs are
         the update's own, detached (the ratio is exactly 1), and ``actor/entropy`` is reported.
         Returns ``(metrics, log_probs)``: metrics as lists (one entry per micro batch or per
         optimizer step); for an on-policy batch (no ``old_log_probs``) the update's own detached

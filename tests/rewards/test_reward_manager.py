@@ -1,6 +1,7 @@
 """NaiveRewardManager and load_reward_manager with the real SmolLM2 tokenizer."""
 
 import logging
+import re
 import textwrap
 import time
 
@@ -141,8 +142,61 @@ def test_on_error_raise_names_sample_and_fix(tokenizer):
         NaiveRewardManager(tokenizer, 0, compute_score=_flaky)(data)
     msg = str(info.value)
     assert "sample 1" in msg and "'b'" in msg and "ZeroDivisionError: division by zero" in msg
-    assert "reward_model.on_error=zero" in msg and "\n" not in msg
+    assert "set reward_model.on_error to zero, mask_sample or drop_group" in msg and "\n" not in msg
     assert isinstance(info.value, RuntimeError)
+
+
+class Flaky:
+    """Fails its first ``failures`` calls on the response "boom", then scores it 1."""
+
+    def __init__(self, failures):
+        self.failures, self.calls = failures, 0
+
+    def __call__(self, data_source, solution_str, ground_truth, extra_info=None):
+        if solution_str == "boom":
+            self.calls += 1
+            if self.calls <= self.failures:
+                raise ConnectionError("judge unavailable")
+        return 1.0
+
+
+def test_retry_calls_again_then_stops_with_the_count(tokenizer):
+    data, lengths = make_batch(tokenizer, ["q"] * 2, ["ok", "boom"], ["a", "b"], ["", ""])
+    scorer = Flaky(failures=2)
+    out = NaiveRewardManager(tokenizer, 0, compute_score=scorer, on_error="retry", retries=2)(data, return_dict=True)
+    assert out["reward_tensor"][1, lengths[1] - 1] == 1.0 and scorer.calls == 3
+    assert "reward_error" not in out["reward_extra_info"]  # retry either scores or stops
+    with pytest.raises(RewardFunctionError, match=r"ConnectionError: judge unavailable after 2 attempts "
+                                                  r"\(reward_model.retries=1\)"):
+        NaiveRewardManager(tokenizer, 0, compute_score=Flaky(failures=5), on_error="retry", retries=1)(data)
+
+
+@pytest.mark.parametrize("policy", ["mask_sample", "drop_group"])
+def test_going_on_policies_report_errors_and_timeouts_per_sample(tokenizer, policy):
+    data, _ = make_batch(tokenizer, ["q"] * 3, ["ok", "boom", "slow"], ["a", "b", "c"], ["", "", ""])
+
+    def scorer(data_source, solution_str, ground_truth, extra_info=None):
+        if solution_str == "slow":
+            time.sleep(1.0)
+        if solution_str == "boom":
+            raise ValueError("bad")
+        return 1.0
+
+    manager = NaiveRewardManager(tokenizer, 0, compute_score=scorer, on_error=policy, timeout_s=0.2)
+    info = manager(data, return_dict=True)["reward_extra_info"]
+    assert info["reward_error"] == [0.0, 1.0, 1.0] and info["reward_timeout"] == [0.0, 0.0, 1.0]
+
+
+def test_the_slowest_samples_are_named_in_the_log(tokenizer, caplog):
+    data, _ = make_batch(tokenizer, ["q"] * 2, ["ok", "slow"], ["fast_source", "slow_source"], ["", ""])
+
+    def scorer(data_source, solution_str, ground_truth, extra_info=None):
+        time.sleep(1.05 if solution_str == "slow" else 0.0)
+        return 1.0
+
+    with caplog.at_level(logging.INFO, logger="hybridrl.rewards.manager"):
+        NaiveRewardManager(tokenizer, 0, compute_score=scorer)(data)
+    assert re.search(r"reward: slowest samples: #1 \(slow_source\) 1\.\d s, #0 \(fast_source\)", caplog.text)
 
 
 def test_on_error_zero_scores_zero_and_warns_once(tokenizer, caplog):

@@ -1,7 +1,7 @@
 import torch
 
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.ppo_trainer import trim_left_padding
+from hybridrl.trainer.stages import trim_left_padding
 
 
 def _gen_batch(mask):
@@ -30,7 +30,7 @@ def test_compute_advantage_stops_on_non_finite_input_naming_tensor_and_step():
     import pytest
 
     from hybridrl.algorithms.errors import NonFiniteError
-    from hybridrl.trainer.ppo_trainer import compute_advantage
+    from hybridrl.trainer.stages import compute_advantage
 
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
     values = torch.tensor([[0.1, float("inf"), 0.0], [0.2, 0.0, 0.0]])  # a broken critic
@@ -48,7 +48,7 @@ def test_compute_advantage_stops_on_non_finite_input_naming_tensor_and_step():
 
 def test_reuses_update_log_probs_only_for_a_single_on_policy_step():
     from hybridrl.config import load_config
-    from hybridrl.trainer.ppo_trainer import reuses_update_log_probs
+    from hybridrl.trainer.stages import reuses_update_log_probs
 
     base = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]
     assert reuses_update_log_probs(load_config(base))

@@ -16,6 +16,12 @@ def length_reward(data_source, solution_str, ground_truth, extra_info=None):
     return (len(solution_str) % 7) / 7.0
 
 
+def flaky_reward(data_source, solution_str, ground_truth, extra_info=None):
+    if len(solution_str) % 2:
+        raise ValueError("the judge could not parse this response")
+    return (len(solution_str) % 7) / 7.0
+
+
 def parts_reward(data_source, solution_str, ground_truth, extra_info=None):
     parts = {"length": (len(solution_str) % 7) / 7.0, "vowels": float(sum(c in "aeiou" for c in solution_str) % 3)}
     return {"score": parts["length"] + parts["vowels"], **parts}
@@ -181,6 +187,20 @@ def test_each_new_loss_and_estimator_trains_a_step(gsm8k_parquet, tiny_model_dir
     assert main(args) == 0
     (row,) = _read_metrics(out)
     assert row["actor/grad_norm"] > 0 and row["critic/advantages/max"] > 0 > row["critic/advantages/min"]
+
+
+@pytest.mark.parametrize("policy, metric", [("mask_sample", "reward/masked_samples"),
+                                            ("drop_group", "reward/dropped_groups")])
+def test_a_failing_reward_function_can_mask_or_drop_its_samples(gsm8k_parquet, tiny_model_dir, tmp_path, reward_file,
+                                                                policy, metric):
+    out = tmp_path / "run"
+    args = _overrides(gsm8k_parquet, tiny_model_dir, out, *GRPO, f"custom_reward_function.path={reward_file}",
+                      "custom_reward_function.name=flaky_reward", f"reward_model.on_error={policy}",
+                      "trainer.val_before_train=False", "trainer.test_freq=-1")
+    assert main(args) == 0
+    rows = _read_metrics(out)
+    assert sum(r["reward/error_count"] for r in rows) > 0  # the function did fail on some samples
+    assert all(r[metric] > 0 for r in rows if r["reward/error_count"] > 0)
 
 
 CORRECTION = "algorithm.rollout_correction"
