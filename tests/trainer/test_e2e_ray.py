@@ -86,3 +86,28 @@ def test_two_workers_each_run_their_own_async_vllm_engine(ray_cluster, gsm8k_par
     for row in rows:  # measured: 2e-7 in both steps; an engine left with the old weights: 7e-2 in step 2
         assert row["rollout_corr/log_ppl_abs_diff"] < 1e-4 and row["actor/grad_norm"] > 0
     assert "val-core/openai/gsm8k/reward/mean@1" in rows[1]
+
+
+@pytest.mark.slow
+def test_dapo_with_rollout_correction_on_two_workers(ray_cluster, gsm8k_parquet, tiny_model_dir, tmp_path):
+    """Dynamic sampling joins generation batches from two workers; the correction weights and the
+    bypass-mode loss run sharded (the worker gets algorithm.rollout_correction through its config)."""
+    reward = tmp_path / "reward.py"
+    reward.write_text(REWARD_FILE)
+    for mode, extra in (("decoupled", ["algorithm.rollout_correction.rollout_is=token"]),
+                        ("bypass", ["algorithm.rollout_correction.bypass_mode=true",
+                                    "algorithm.rollout_correction.rollout_is=sequence",
+                                    "algorithm.rollout_correction.loss_type=reinforce"])):
+        out = tmp_path / mode
+        args = _overrides(gsm8k_parquet, tiny_model_dir, out, reward, "algorithm.adv_estimator=grpo",
+                          "actor_rollout_ref.actor.use_kl_loss=False", "trainer.backend=ray", "trainer.nnodes=1",
+                          "trainer.n_gpus_per_node=2", "trainer.total_training_steps=2", "trainer.save_freq=-1",
+                          "trainer.test_freq=-1", "algorithm.filter_groups.enable=True",
+                          "algorithm.filter_groups.metric=seq_reward", "data.gen_batch_size=2",
+                          "reward_model.reward_manager=dapo", *extra)
+        assert main(args) == 0, mode
+        rows = _rows(out)
+        assert [r["step"] for r in rows] == [1, 2]
+        for row in rows:
+            assert row["train/num_gen_batches"] >= 2  # 2 prompts per generation batch, 4 per step
+            assert row["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=0.05) and row["actor/grad_norm"] > 0
