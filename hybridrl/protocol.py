@@ -10,14 +10,16 @@ A DataProto holds ``n`` rows in three parts:
 Row operations (index, slice, chunk, split, repeat, concat, reorder) act on ``batch`` and
 ``non_tensor_batch`` together and carry ``meta_info`` along. Everything is picklable, so the
 Ray backend can ship it as is. Reshaping (``fold_batch_dim``, ``unfold_column_chunks``),
-mini-batch iteration and save / load live in :mod:`hybridrl.protocol_ops`; the DataProto
-methods and the names ``fold_batch_dim`` / ``unfold_batch_dim`` here call into it.
+mini-batch iteration, save / load and padding to a divisor live in :mod:`hybridrl.protocol_ops`
+(the DataProto methods and the names ``fold_batch_dim``, ``unfold_batch_dim``,
+``pad_dataproto_to_divisor``, ``unpad_dataproto`` here call into it); value comparison and the
+``meta_info`` merge of ``concat`` in :mod:`hybridrl.protocol_meta`; the errors in
+:mod:`hybridrl.protocol_errors`.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -25,33 +27,15 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-
-class DataProtoError(ValueError, AssertionError):
-    """Base class of every DataProto error; the message is one self-contained line.
-
-    Also an ``AssertionError``: verl checks the same inputs with ``assert``, so code written
-    against verl that catches ``AssertionError`` keeps working.
-    """
-
-
-class BatchSizeMismatchError(DataProtoError):
-    """Tensors / non-tensors / DataProtos that must share a batch size do not."""
-
-
-class MissingKeyError(DataProtoError):
-    """A key asked for is not in the DataProto."""
-
-
-class UnionConflictError(DataProtoError):
-    """``union`` found one key holding different values in the two DataProtos."""
-
-
-class ChunkSizeError(DataProtoError):
-    """``chunk`` / ``split`` / ``make_iterator`` / a fold got a size that does not fit the batch."""
-
-
-class ConcatConflictError(DataProtoError):
-    """``concat`` found one non-metric ``meta_info`` key holding different values in two parts."""
+from hybridrl.protocol_errors import (  # noqa: F401 (re-exported: every DataProto error is importable from here)
+    BatchSizeMismatchError,
+    ChunkSizeError,
+    ConcatConflictError,
+    DataProtoError,
+    MissingKeyError,
+    UnionConflictError,
+)
+from hybridrl.protocol_meta import arrays_equal, merge_meta_info, values_equal
 
 
 def _as_object_array(key: str, value: Any) -> np.ndarray:
@@ -352,13 +336,13 @@ class DataProto:
                         )
                     self.batch[k] = v
         for k, v in other.non_tensor_batch.items():
-            if k in self.non_tensor_batch and not _arrays_equal(self.non_tensor_batch[k], v):
+            if k in self.non_tensor_batch and not arrays_equal(self.non_tensor_batch[k], v):
                 raise UnionConflictError(
                     f"union: non_tensor_batch['{k}'] differs between the two DataProtos"
                 )
             self.non_tensor_batch[k] = v
         for k, v in other.meta_info.items():
-            if k in self.meta_info and not _values_equal(self.meta_info[k], v):
+            if k in self.meta_info and not values_equal(self.meta_info[k], v):
                 raise UnionConflictError(f"union: meta_info['{k}'] differs between the two")
             self.meta_info[k] = v
         return self
@@ -413,7 +397,7 @@ class DataProto:
         non_tensor = {
             k: np.concatenate([d.non_tensor_batch[k] for d in data], axis=0) for k in nkeys0
         }
-        meta = _merge_meta_info([d.meta_info for d in data])
+        meta = merge_meta_info([d.meta_info for d in data])
         return type(first)(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
 
     def repeat(self, repeat_times: int = 2, interleave: bool = True) -> "DataProto":
@@ -505,111 +489,12 @@ class DataProto:
         return self
 
 
-def _arrays_equal(a: np.ndarray, b: np.ndarray) -> bool:
-    """Element-wise equality of two arrays of the same shape; NaN equals NaN."""
-    if a.shape != b.shape:
-        return False
-    if a.dtype.kind in "biufc" and b.dtype.kind in "biufc":
-        return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc" and b.dtype.kind in "fc"))
-    return all(_values_equal(x, y) for x, y in zip(a.ravel(), b.ravel()))
-
-
-def _values_equal(a: Any, b: Any) -> bool:
-    """Equality that copes with tensors / arrays nested as values; NaN equals NaN."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        try:
-            return _arrays_equal(np.asarray(a), np.asarray(b))
-        except ValueError:  # a ragged list next to an array
-            return False
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    try:
-        return bool(a == b)
-    except (ValueError, TypeError):
-        return a is b
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _metric_records(metrics: Any, item: int) -> list[dict]:
-    """One part's ``meta_info['metrics']`` as a list of ``{name: value or [values]}`` dicts."""
-    records = metrics if isinstance(metrics, list) else [metrics]
-    for record in records:
-        if not isinstance(record, dict):
-            raise DataProtoError(
-                f"concat: meta_info['metrics'] of item {item} holds a {type(record).__name__}; "
-                "give a dict {name: value or [values]} or a list of such dicts"
-            )
-    return records
-
-
-def _merge_meta_info(metas: Sequence[dict]) -> dict:
-    """The ``meta_info`` of :meth:`DataProto.concat` (see there) from the parts' meta_infos."""
-    merged: dict = {}
-    source: dict[str, int] = {}  # key -> the part that set it, for the error message
-    records: list[dict] = []
-    has_metrics = False
-    for i, meta in enumerate(metas):
-        for key, value in meta.items():
-            if key == "metrics":
-                if value is not None:
-                    has_metrics = True
-                    records.extend(_metric_records(value, i))
-            elif key not in merged:
-                merged[key], source[key] = value, i
-            elif not _values_equal(merged[key], value):
-                raise ConcatConflictError(
-                    f"Conflicting values for meta_info key '{key}' in concat: item {source[key]} "
-                    f"has {_short(merged[key])}, item {i} has {_short(value)}; give every part the "
-                    "same value or pop the key before concat"
-                )
-    if has_metrics:
-        joined: dict[str, list] = {}
-        for record in records:
-            for name, value in record.items():
-                joined.setdefault(name, []).extend(value if isinstance(value, list) else [value])
-        merged["metrics"] = joined
-    return merged
-
-
-def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataProto, int]:
-    """Pad ``data`` so its length divides by ``size_divisor``, repeating rows from the start.
-
-    Returns ``(padded, pad_size)``; undo with :func:`unpad_dataproto`. E.g. 5 rows, divisor 4
-    → rows ``0..4, 0, 1, 2`` and pad_size 3.
-    """
-    if size_divisor < 1:
-        raise ChunkSizeError(f"pad_dataproto_to_divisor: size_divisor={size_divisor}; must be >= 1")
-    n = len(data)
-    pad_size = (-n) % size_divisor
-    if pad_size == 0:
-        return data, 0
-    parts, left = [data], pad_size
-    while left > 0:  # the pad may exceed n (e.g. 2 rows, divisor 8)
-        take = min(left, n)
-        parts.append(data[:take])
-        left -= take
-    return DataProto.concat(parts), pad_size
-
-
-def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:
-    """Drop the last ``pad_size`` rows added by :func:`pad_dataproto_to_divisor`."""
-    if pad_size == 0:
-        return data
-    return data[:-pad_size]
-
-
-_OPS_NAMES = ("fold_batch_dim", "unfold_batch_dim")
+_OPS_NAMES = ("fold_batch_dim", "unfold_batch_dim", "pad_dataproto_to_divisor", "unpad_dataproto")
 
 
 def __getattr__(name: str):
-    """``from hybridrl.protocol import fold_batch_dim`` (as in verl): they live in protocol_ops,
-    imported on first use so that importing this module stays cheap and cycle-free."""
+    """``from hybridrl.protocol import fold_batch_dim`` (as in verl) and the padding helpers: they
+    live in protocol_ops, imported on first use so that this module stays cheap and cycle-free."""
     if name in _OPS_NAMES:
         from hybridrl import protocol_ops
 

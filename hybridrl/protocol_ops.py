@@ -389,3 +389,31 @@ def load_from_disk(filepath: str | os.PathLike, cls: type = DataProto) -> DataPr
         batch = TensorDict(payload["batch"]["tensors"], batch_size=payload["batch"]["batch_size"])
     return cls(batch=batch, non_tensor_batch=payload["non_tensor_batch"],
                meta_info=payload["meta_info"])
+
+
+# --------------------------------------------------------------------------- padding to a divisor
+def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataProto, int]:
+    """Pad ``data`` so its length divides by ``size_divisor``, repeating rows from the start.
+
+    Returns ``(padded, pad_size)``; undo with :func:`unpad_dataproto`. E.g. 5 rows, divisor 4
+    → rows ``0..4, 0, 1, 2`` and pad_size 3.
+    """
+    if size_divisor < 1:
+        raise ChunkSizeError(f"pad_dataproto_to_divisor: size_divisor={size_divisor}; must be >= 1")
+    n = len(data)
+    pad_size = (-n) % size_divisor
+    if pad_size == 0:
+        return data, 0
+    parts, left = [data], pad_size
+    while left > 0:  # the pad may exceed n (e.g. 2 rows, divisor 8)
+        take = min(left, n)
+        parts.append(data[:take])
+        left -= take
+    return DataProto.concat(parts), pad_size
+
+
+def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:
+    """Drop the last ``pad_size`` rows added by :func:`pad_dataproto_to_divisor`."""
+    if pad_size == 0:
+        return data
+    return data[:-pad_size]

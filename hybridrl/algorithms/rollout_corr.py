@@ -105,6 +105,16 @@ def _rule(option: str, spec: str, key: str) -> RejectionRule:
     return RejectionRule(option, upper=math.log(upper), lower=math.log(lower))
 
 
+def _check_rollout_is(rollout_is: Optional[str], rollout_is_threshold) -> None:
+    if rollout_is is not None and rollout_is not in ROLLOUT_IS_LEVELS:
+        raise UnknownAlgorithmError(f"unknown {SECTION}.rollout_is={rollout_is!r}; valid: "
+                                    f"{', '.join(ROLLOUT_IS_LEVELS)} or null")
+    threshold = rollout_is_threshold
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold > 0:
+        raise AlgorithmConfigError(f"{SECTION}.rollout_is_threshold={threshold!r} must be a number > 0 "
+                                   "(the truncation bound of the weights; 2.0 is usual)")
+
+
 @dataclass(frozen=True)
 class RolloutCorrectionConfig:
     """``algorithm.rollout_correction`` (verl's keys and defaults).
@@ -131,13 +141,7 @@ class RolloutCorrectionConfig:
     loss_type: str = "ppo_clip"
 
     def __post_init__(self):
-        if self.rollout_is is not None and self.rollout_is not in ROLLOUT_IS_LEVELS:
-            raise UnknownAlgorithmError(f"unknown {SECTION}.rollout_is={self.rollout_is!r}; valid: "
-                                        f"{', '.join(ROLLOUT_IS_LEVELS)} or null")
-        threshold = self.rollout_is_threshold
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold > 0:
-            raise AlgorithmConfigError(f"{SECTION}.rollout_is_threshold={threshold!r} must be a number > 0 "
-                                       "(the truncation bound of the weights; 2.0 is usual)")
+        _check_rollout_is(self.rollout_is, self.rollout_is_threshold)
         if self.loss_type not in BYPASS_LOSS_TYPES:
             raise UnknownAlgorithmError(f"unknown {SECTION}.loss_type={self.loss_type!r}; valid: "
                                         f"{', '.join(BYPASS_LOSS_TYPES)}")
@@ -198,7 +202,7 @@ def compute_rollout_correction_weights(log_ratio: torch.Tensor, response_mask: t
         AlgorithmConfigError: ``rollout_is_threshold`` is not > 0.
         AlgorithmInputError: the shapes differ.
     """
-    RolloutCorrectionConfig(rollout_is=rollout_is, rollout_is_threshold=rollout_is_threshold)  # checks both
+    _check_rollout_is(rollout_is, rollout_is_threshold)
     _check_shapes("compute_rollout_correction_weights", log_ratio=log_ratio, response_mask=response_mask)
     mask = response_mask.to(log_ratio.dtype)
     if rollout_is == "token":

@@ -69,15 +69,16 @@ def compute_policy_loss_sapo(
     return pg_loss, pg_metrics(0.0, 0.0, masked_mean(-log_ratio, response_mask))
 
 
-def _dppo_loss(name: str, divergence_ok: torch.Tensor, old_log_prob, log_prob, advantages, response_mask,
-               loss_agg_mode, cfg: PolicyLossConfig, rollout_is_weights, agg_kwargs: dict) -> LossOutput:
-    """The DPPO surrogate given the trust-region mask ``divergence_ok`` (bool, per token)."""
+def _dppo_loss(divergence_ok: torch.Tensor, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
+               cfg: PolicyLossConfig, rollout_is_weights, *global_counts) -> LossOutput:
+    """The DPPO surrogate given the trust-region mask ``divergence_ok`` (bool, per token);
+    ``global_counts`` are :func:`agg_loss`'s ``dp_size, batch_num_tokens, global_batch_size, loss_scale_factor``."""
     log_ratio = token_log_ratio(log_prob, old_log_prob)
     ratio = torch.exp(log_ratio)
     weight = torch.clamp(ratio, max=cfg.clip_ratio_c).detach()
     keep = divergence_ok.detach().to(log_prob.dtype)
     pg_losses = apply_rollout_is_weights(-advantages * weight * log_prob * keep, rollout_is_weights)
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **agg_kwargs)
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, *global_counts)
     outside = masked_mean(1.0 - keep, response_mask)
     truncated = masked_mean((ratio > cfg.clip_ratio_c).to(keep.dtype) * keep, response_mask)
     return pg_loss, pg_metrics(outside, truncated, masked_mean(-log_ratio, response_mask))
@@ -120,10 +121,8 @@ def compute_policy_loss_dppo_tv(
     cfg = loss_config(config)
     moved = torch.exp(log_prob) - torch.exp(old_log_prob)  # the binary total variation, signed
     ok = torch.where(advantages > 0, moved <= cfg.clip_ratio_high, moved >= -cfg.clip_ratio_low)
-    return _dppo_loss("dppo_tv", ok, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, cfg,
-                      rollout_is_weights, dict(dp_size=dp_size, batch_num_tokens=batch_num_tokens,
-                                               global_batch_size=global_batch_size,
-                                               loss_scale_factor=loss_scale_factor))
+    return _dppo_loss(ok, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, cfg, rollout_is_weights,
+                      dp_size, batch_num_tokens, global_batch_size, loss_scale_factor)
 
 
 compute_policy_loss_dppo_tv.__doc__ = _DPPO_DOC.format(
@@ -150,10 +149,8 @@ def compute_policy_loss_dppo_kl(
     binary_kl = p_old * (old_log_prob - log_prob) + (1 - p_old) * torch.log((1.0 - p_old + 1e-8) / (1.0 - p + 1e-8))
     ok = torch.where(advantages > 0, (binary_kl <= cfg.clip_ratio_high) | (p <= p_old),
                      (binary_kl <= cfg.clip_ratio_low) | (p >= p_old))
-    return _dppo_loss("dppo_kl", ok, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, cfg,
-                      rollout_is_weights, dict(dp_size=dp_size, batch_num_tokens=batch_num_tokens,
-                                               global_batch_size=global_batch_size,
-                                               loss_scale_factor=loss_scale_factor))
+    return _dppo_loss(ok, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, cfg, rollout_is_weights,
+                      dp_size, batch_num_tokens, global_batch_size, loss_scale_factor)
 
 
 compute_policy_loss_dppo_kl.__doc__ = _DPPO_DOC.format(

@@ -71,7 +71,8 @@ def get_method_spec(func: Any) -> MethodSpec | None:
 
 
 def _split_proto(value, world_size: int):
-    from hybridrl.protocol import DataProto, pad_dataproto_to_divisor
+    from hybridrl.protocol import DataProto
+    from hybridrl.protocol_ops import pad_dataproto_to_divisor
 
     if isinstance(value, DataProto):
         padded, pad_size = pad_dataproto_to_divisor(value, world_size)
@@ -113,7 +114,8 @@ def collect_outputs(mode: Dispatch, outputs: list, pad_size: int):
     if mode == Dispatch.RANK_ZERO:
         return outputs[0]
     if mode == Dispatch.DP_COMPUTE_PROTO:
-        from hybridrl.protocol import DataProto, unpad_dataproto
+        from hybridrl.protocol import DataProto
+        from hybridrl.protocol_ops import unpad_dataproto
 
         if not all(isinstance(o, DataProto) for o in outputs):
             raise TypeError("DP_COMPUTE_PROTO: every worker must return a DataProto")

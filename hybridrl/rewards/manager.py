@@ -332,17 +332,17 @@ class NaiveRewardManager:
     def _score(self, i, data_source, solution_str, ground_truth, extra_info) -> tuple[float, dict, str | None]:
         """Call the scorer on one sample → (score, extras, failure or None), applying ``on_error``."""
         attempts = 1 + (self.retries if self.on_error == "retry" else 0)
-        for attempt in range(1, attempts + 1):
+        attempt = 0
+        while True:
+            attempt += 1
             started = time.perf_counter()
             try:
                 result = call_with_deadline(self.compute_score, self.timeout_s, data_source=data_source,
                                             solution_str=solution_str, ground_truth=ground_truth,
                                             extra_info=extra_info)
                 score, extras = _split_result(result)
-                self._seconds.append((time.perf_counter() - started, i, data_source))
                 return score, extras, None
             except Exception as exc:
-                self._seconds.append((time.perf_counter() - started, i, data_source))
                 failure = _Failure(f"sample {i} of the batch (data_source={data_source!r}): {type(exc).__name__}: "
                                    f"{' '.join(str(exc).split())}", isinstance(exc, ScoreTimeoutError))
                 if self.on_error in ("zero", "mask_sample", "drop_group"):
@@ -352,7 +352,8 @@ class NaiveRewardManager:
                     raise RewardFunctionError(
                         f"reward function failed on {failure}{tried}; fix the function or set reward_model.on_error "
                         "to zero, mask_sample or drop_group to go on without such samples") from exc
-        raise AssertionError("unreachable")
+            finally:
+                self._seconds.append((time.perf_counter() - started, i, data_source))
 
     def _log_slowest(self) -> None:
         """Names the slowest scoring calls of the batch when one took over a second."""
