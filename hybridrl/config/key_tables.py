@@ -99,7 +99,6 @@ IGNORED_KEYS: dict[str, tuple[str, str]] = {
 
 # Keys that change what is trained and that this build does not have yet: an error, not a note.
 NOT_YET_SUPPORTED: dict[str, str] = {
-    "reward_model.sandbox_fusion.url": "code-execution rewards through a sandbox-fusion service",
     f"{ROLLOUT}.multi_turn.completion_callback": "custom multi-turn completion callbacks",
     f"{ROLLOUT}.use_fire_sampling": "FIRE sampling (arXiv:2410.21236)",
     f"{ROLLOUT}.agent.custom_async_server.path": "a custom async rollout server",

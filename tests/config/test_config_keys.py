@@ -212,7 +212,7 @@ def test_notes_say_why(base_cfg, key, value, reason):
     assert len(notes) == 1 and notes[0].startswith(f"{key}=") and reason in notes[0]
 
 
-@pytest.mark.parametrize("key", [f"{R}.use_fire_sampling", "reward_model.sandbox_fusion.url", "data.image_key"])
+@pytest.mark.parametrize("key", [f"{R}.use_fire_sampling", "distillation.enabled", "data.image_key"])
 def test_features_that_change_results_are_refused(base_cfg, key):
     assert key in schema.NOT_YET_SUPPORTED
     assert key not in schema.IGNORED_KEYS

@@ -1,0 +1,173 @@
+"""The local code sandbox contains what model-written code may try, and says why a run failed.
+
+Each containment test runs a real program in the real sandbox. Where the machine cannot isolate
+(no user namespaces) they are skipped, unless HYBRIDRL_REQUIRE_SANDBOX=1 (set by CI), which
+turns the skip into a failure.
+"""
+
+import os
+import socket
+import textwrap
+import time
+
+import pytest
+
+from hybridrl.rewards.sandbox import (LocalSandbox, SandboxConfigError, SandboxLimits, SandboxUnavailableError,
+                                      build_sandbox, local)
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    why_not = local._why_no_isolation(LocalSandbox())
+    if why_not and not os.environ.get("HYBRIDRL_REQUIRE_SANDBOX"):
+        pytest.skip(f"no isolation on this machine: {why_not}")
+    assert not why_not, why_not
+    return LocalSandbox(SandboxLimits(timeout_s=5, max_processes=16, max_file_size_mb=4))
+
+
+def test_a_program_runs_with_its_stdin(sandbox):
+    result = sandbox.run("import sys\nprint(sum(int(x) for x in sys.stdin.read().split()))", stdin="1 2 39")
+    assert (result.status, result.returncode, result.stdout, result.reason) == ("ok", 0, "42\n", "")
+
+
+def test_no_network_not_even_loopback(sandbox):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(0.5)
+    port = server.getsockname()[1]
+    code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')"
+    result = sandbox.run(code)
+    with pytest.raises(socket.timeout):
+        server.accept()  # nothing came through
+    server.close()
+    assert result.status == "error" and "connected" not in result.stdout
+    assert "Network is unreachable" in result.reason
+
+
+def test_a_fork_bomb_is_held_to_the_process_limit_and_ended(sandbox):
+    count = textwrap.dedent("""
+        import os, time
+        n = 0
+        for _ in range(100):
+            try:
+                pid = os.fork()
+            except OSError:
+                break
+            if pid == 0:
+                time.sleep(60)
+                os._exit(0)
+            n += 1
+        print(n)
+    """)
+    result = sandbox.run(count)
+    assert result.ok and 0 < int(result.stdout) < sandbox.limits.max_processes
+    started = time.perf_counter()
+    bomb = sandbox.run("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+                       timeout_s=1.5)
+    assert bomb.status == "timeout" and "wall-time limit of 1.5 s" in bomb.reason
+    assert time.perf_counter() - started < 5
+
+
+def test_nothing_outlives_its_run(sandbox):
+    marker = "4321.5"
+    result = sandbox.run(f"import subprocess\nsubprocess.Popen(['sleep', '{marker}'], start_new_session=True)\n"
+                         "print('spawned')")
+    assert result.ok and result.stdout == "spawned\n"
+    time.sleep(0.2)
+    survivors = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    survivors.append(pid)
+        except OSError:
+            pass
+    assert survivors == []
+
+
+def test_a_memory_hog_is_stopped(sandbox):
+    result = sandbox.run("x = bytearray(4 * 1024 ** 3)\nprint('allocated')")
+    assert result.status == "memory" and "allocated" not in result.stdout
+    assert f"limit {sandbox.limits.memory_limit_mb} MiB" in result.reason
+
+
+def test_an_infinite_loop_times_out(sandbox):
+    started = time.perf_counter()
+    result = sandbox.run("while True:\n    pass", timeout_s=1)
+    assert result.status == "timeout" and result.returncode is None
+    assert 1 <= result.wall_s < 3 and time.perf_counter() - started < 4
+
+
+def test_the_cpu_limit_applies_to_a_process_in_a_busy_loop():
+    limited = LocalSandbox(SandboxLimits(timeout_s=10, cpu_time_s=1))
+    if local._probe(limited):
+        pytest.skip("no isolation on this machine")
+    result = limited.run("while True:\n    pass")
+    assert result.status == "timeout" and "CPU-time limit of 1 s" in result.reason and result.wall_s < 8
+
+
+def test_the_home_folder_and_the_host_files_stay_untouched(sandbox, tmp_path):
+    home_file = os.path.join(os.path.expanduser("~"), "hybridrl-sandbox-test-file")
+    host_file = tmp_path / "written-from-the-sandbox"
+    result = sandbox.run(f"open({home_file!r}, 'w').write('x')\n")
+    assert result.status == "error" and not os.path.exists(home_file)
+    result = sandbox.run(f"open({str(host_file)!r}, 'w').write('x')\n")
+    assert result.status == "error" and not host_file.exists()
+    assert "Read-only file system" in result.reason or "No such file" in result.reason
+    # its own directory is writable, and gone afterwards
+    result = sandbox.run("import os\nopen('scratch.txt', 'w').write('kept?')\nprint(os.getcwd())")
+    assert result.ok and result.stdout.strip() == "/sandbox"
+
+
+def test_the_trainers_environment_is_not_visible(sandbox, monkeypatch):
+    monkeypatch.setenv("HYBRIDRL_TEST_SECRET_TOKEN", "s3cr3t-value")
+    result = sandbox.run("import os\nprint(os.environ.get('HYBRIDRL_TEST_SECRET_TOKEN'))\nprint(sorted(os.environ))")
+    assert result.ok and "s3cr3t-value" not in result.stdout and "None" in result.stdout
+    result = sandbox.run("print(open('/proc/1/environ').read())")
+    assert result.status == "error" and "s3cr3t-value" not in result.stdout
+
+
+def test_a_flood_of_output_is_cut_at_the_file_size_limit(sandbox):
+    result = sandbox.run("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)")
+    assert result.status == "output_limit"
+    assert len(result.stdout) <= sandbox.limits.max_file_size_mb * 1024 * 1024
+
+
+def test_the_program_cannot_undo_the_jail(sandbox):
+    code = "import os\nprint(os.getuid(), os.system('mount -t tmpfs none /usr 2>/dev/null'))\nprint(os.listdir('/usr'))"
+    result = sandbox.run(code)
+    assert result.ok and result.stdout.split("\n")[0].split()[1] != "0"  # mount failed
+    assert "bin" in result.stdout  # /usr is still the real one
+
+
+def test_without_isolation_code_rewards_refuse_with_one_line(monkeypatch):
+    monkeypatch.setattr(local, "_probe_results", {})
+    monkeypatch.setattr(local, "_why_no_isolation", lambda sandbox: "user namespaces are disabled")
+    with pytest.raises(SandboxUnavailableError) as err:
+        LocalSandbox().run("print(1)")
+    message = str(err.value)
+    assert "\n" not in message and "user namespaces are disabled" in message
+    assert "reward_model.sandbox.unsafe_no_isolation=true" in message and "sandbox_fusion.url" in message
+    unsafe = LocalSandbox(SandboxLimits(timeout_s=5), unsafe_no_isolation=True)
+    result = unsafe.run("import os\nprint(os.environ.get('HOME') != os.path.expanduser('~root'))")
+    assert result.ok and result.stdout.strip() == "True"
+
+
+@pytest.mark.parametrize("cfg, match", [
+    ({"timeout_s": 0}, "reward_model.sandbox.timeout_s=0 must be a number > 0"),
+    ({"memory_limit_mb": "lots"}, "reward_model.sandbox.memory_limit_mb='lots' must be a number > 0"),
+    ({"max_proceses": 8}, "reward_model.sandbox.max_proceses is not a sandbox setting"),
+    ({"unsafe_no_isolation": "yes"}, "unsafe_no_isolation='yes' must be true or false"),
+])
+def test_bad_sandbox_settings_get_one_line(cfg, match):
+    with pytest.raises(SandboxConfigError, match=match):
+        build_sandbox(cfg)
+
+
+def test_a_fusion_url_selects_the_remote_service():
+    box = build_sandbox({"timeout_s": 3}, {"url": "http://localhost:1/run_code", "max_concurrent": 2})
+    assert type(box).__name__ == "SandboxFusionClient" and box.timeout_s == 3 and box.max_concurrent == 2
+    assert isinstance(build_sandbox({}, {"url": None}), LocalSandbox)
+    with pytest.raises(SandboxConfigError, match="sandbox_fusion.url='localhost:8080' must be an http"):
+        build_sandbox({}, {"url": "localhost:8080"})
