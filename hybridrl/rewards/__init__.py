@@ -46,6 +46,12 @@ _BUILTIN_SCORERS: dict[str, str] = {
         for name in ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
         for prefix in ("", "searchR1_")
     },
+    # code run in the sandbox: verl's code sets score the fraction of test cases passed (as verl
+    # does), HumanEval all or nothing; code_tasks is the generated CPU demo (partial credit)
+    **dict.fromkeys(("codecontests", "apps", "codeforces", "taco", "code_tasks"),
+                    "hybridrl.rewards.code:compute_score_continuous"),
+    **dict.fromkeys(("humaneval", "openai_humaneval", "openai/openai_humaneval"),
+                    "hybridrl.rewards.code:compute_score"),
 }
 # Scorers registered by users; they take precedence over the built-in table.
 _REGISTERED_SCORERS: dict[str, Callable[..., Any]] = {}

@@ -6,6 +6,7 @@ Each task is a module here with ``main(argv)``; :data:`TASKS` maps the task name
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 TASKS: dict[str, str] = {
@@ -15,7 +16,23 @@ TASKS: dict[str, str] = {
     "math500": "hybridrl.data.preprocess.math500",
     "search_r1": "hybridrl.data.preprocess.search_r1",
     "gsm8k_tool": "hybridrl.data.preprocess.gsm8k_tool",
+    "humaneval": "hybridrl.data.preprocess.humaneval",
+    "code_tasks": "hybridrl.data.preprocess.code_tasks",
 }
+
+
+def write_split(rows: list[dict], local_dir: str, split: str) -> str:
+    """Write ``rows`` as ``<local_dir>/<split>.parquet`` (the folder created, ``~`` expanded) and
+    return the path. Atomic: a reader never sees a half-written file."""
+    import pandas as pd
+
+    local_dir = os.path.expanduser(local_dir)
+    os.makedirs(local_dir, exist_ok=True)
+    path = os.path.join(local_dir, f"{split}.parquet")
+    tmp = f"{path}.tmp-{os.getpid()}"
+    pd.DataFrame(rows).to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+    return path
 
 
 def main(argv: list[str]) -> int:

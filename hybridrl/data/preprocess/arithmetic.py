@@ -20,8 +20,9 @@ Usage: ``python -m hybridrl.data.preprocess.arithmetic --local_dir ~/data/arithm
 from __future__ import annotations
 
 import argparse
-import os
 import random
+
+from hybridrl.data.preprocess import write_split
 
 DATA_SOURCE = "arithmetic"
 PROMPT_TEMPLATE = "{question} Give only the final number, written as: Answer: <number>"
@@ -151,17 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> tuple[str, str]:
     """Generate the data and write ``train.parquet`` and ``test.parquet``; returns their paths."""
-    import pandas as pd
-
     args = build_parser().parse_args(argv)
     test_pairs, train_pairs = generate_questions(args)
-    local_dir = os.path.expanduser(args.local_dir)
-    os.makedirs(local_dir, exist_ok=True)
     paths = []
     for split, split_pairs in (("train", train_pairs), ("test", test_pairs)):
         rows = [make_row(e, a, split, i) for i, (e, a) in enumerate(split_pairs)]
-        path = os.path.join(local_dir, f"{split}.parquet")
-        pd.DataFrame(rows).to_parquet(path, index=False)
+        path = write_split(rows, args.local_dir, split)
         paths.append(path)
         print(f"wrote {len(rows)} rows to {path}")
     return paths[0], paths[1]

@@ -13,6 +13,7 @@ import re
 import sys
 
 from hybridrl.data.errors import DataError
+from hybridrl.data.preprocess import write_split
 
 DATA_SOURCE = "openai/gsm8k"
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
@@ -106,24 +107,18 @@ def convert(
     Raises:
         DataError: unreadable input (see ``read_jsonl`` / ``load_hub_splits``).
     """
-    import pandas as pd
-
     if input_dir is None:
         splits = load_hub_splits()
     else:
         input_dir = os.path.expanduser(input_dir)
         splits = {s: read_jsonl(os.path.join(input_dir, f"{s}.jsonl")) for s in ("train", "test")}
-    local_dir = os.path.expanduser(local_dir)
-    os.makedirs(local_dir, exist_ok=True)
     sizes = {"train": train_size, "test": test_size}
     written = {}
     for split, examples in splits.items():
         if sizes[split] is not None:
             examples = examples[: sizes[split]]
         rows = [make_row(ex["question"], ex["answer"], split, i) for i, ex in enumerate(examples)]
-        path = os.path.join(local_dir, f"{split}.parquet")
-        pd.DataFrame(rows).to_parquet(path, index=False)
-        written[split] = path
+        written[split] = write_split(rows, local_dir, split)
     return written
 
 

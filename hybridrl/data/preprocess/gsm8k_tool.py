@@ -18,6 +18,7 @@ import os
 import sys
 
 from hybridrl.data.errors import DataError
+from hybridrl.data.preprocess import write_split
 from hybridrl.data.preprocess.gsm8k import DATA_SOURCE, INSTRUCTION, extract_solution, load_hub_splits, read_jsonl
 
 AGENT_NAME = "tool_agent"
@@ -65,24 +66,17 @@ def convert(input_dir: str | None, local_dir: str, train_size: int | None = None
     Raises:
         DataError: unreadable input (see ``gsm8k.read_jsonl`` / ``gsm8k.load_hub_splits``).
     """
-    import pandas as pd
-
     if input_dir is None:
         splits = load_hub_splits()
     else:
         input_dir = os.path.expanduser(input_dir)
         splits = {s: read_jsonl(os.path.join(input_dir, f"{s}.jsonl")) for s in ("train", "test")}
-    local_dir = os.path.expanduser(local_dir)
-    os.makedirs(local_dir, exist_ok=True)
     sizes = {"train": train_size, "test": test_size}
     written = {}
     for split, examples in splits.items():
         examples = examples[: sizes[split]] if sizes[split] is not None else examples
         rows = [make_row(ex["question"], ex["answer"], split, i, interaction) for i, ex in enumerate(examples)]
-        path = os.path.join(local_dir, f"{split}.parquet")
-        pd.DataFrame(rows).to_parquet(path + ".tmp", index=False)
-        os.replace(path + ".tmp", path)
-        written[split] = path
+        written[split] = write_split(rows, local_dir, split)
     return written
 
 

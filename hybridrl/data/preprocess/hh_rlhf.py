@@ -38,6 +38,7 @@ import re
 import sys
 
 from hybridrl.data.errors import DataError
+from hybridrl.data.preprocess import write_split
 
 DATA_SOURCE = "Anthropic/hh-rlhf"
 ASSISTANT_MARKER = "\n\nAssistant:"
@@ -176,14 +177,6 @@ def _local_splits(input_dir: str, subset: str | None, test_ratio: float, seed: i
     return splits
 
 
-def _write_parquet(rows: list[dict], path: str) -> None:
-    import pandas as pd
-
-    tmp = f"{path}.tmp-{os.getpid()}"
-    pd.DataFrame(rows).to_parquet(tmp, index=False)
-    os.replace(tmp, path)  # a reader never sees a half-written file
-
-
 def convert(input_dir: str | None, local_dir: str, subset: str | None = None, train_size: int | None = None,
             test_size: int | None = None, test_ratio: float = 0.1, seed: int = 0) -> dict[str, str]:
     """Write ``train.parquet`` and ``test.parquet`` into ``local_dir``; returns split -> path.
@@ -197,8 +190,6 @@ def convert(input_dir: str | None, local_dir: str, subset: str | None = None, tr
         splits = load_hub_splits(subset)
     else:
         splits = _local_splits(os.path.expanduser(input_dir), subset, test_ratio, seed)
-    local_dir = os.path.expanduser(local_dir)
-    os.makedirs(local_dir, exist_ok=True)
     written = {}
     for split, limit in (("train", train_size), ("test", test_size)):
         rows, dropped = [], 0
@@ -215,8 +206,7 @@ def convert(input_dir: str | None, local_dir: str, subset: str | None = None, tr
         if dropped:
             print(f"hh_rlhf: {split}: dropped {dropped} pairs without a clean preference "
                   "(different prompts or identical responses)")
-        written[split] = os.path.join(local_dir, f"{split}.parquet")
-        _write_parquet(rows, written[split])
+        written[split] = write_split(rows, local_dir, split)
     return written
 
 

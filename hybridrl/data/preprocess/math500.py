@@ -13,6 +13,7 @@ import os
 import sys
 
 from hybridrl.data.errors import DataError
+from hybridrl.data.preprocess import write_split
 
 DATA_SOURCE = "HuggingFaceH4/MATH-500"
 INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
@@ -88,21 +89,13 @@ def convert(input_dir: str | None, local_dir: str, size: int | None = None) -> s
     Raises:
         DataError: unreadable input (see :func:`read_jsonl` / :func:`load_hub_split`).
     """
-    import pandas as pd
-
     if input_dir is None:
         examples = load_hub_split()
     else:
         examples = read_jsonl(os.path.join(os.path.expanduser(input_dir), "test.jsonl"))
     if size is not None:
         examples = examples[:size]
-    local_dir = os.path.expanduser(local_dir)
-    os.makedirs(local_dir, exist_ok=True)
-    path = os.path.join(local_dir, "test.parquet")
-    tmp = path + ".tmp"
-    pd.DataFrame([make_row(ex, i) for i, ex in enumerate(examples)]).to_parquet(tmp, index=False)
-    os.replace(tmp, path)
-    return path
+    return write_split([make_row(ex, i) for i, ex in enumerate(examples)], local_dir, "test")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -37,6 +37,7 @@ import random
 import sys
 
 from hybridrl.data.errors import DataError
+from hybridrl.data.preprocess import write_split
 from hybridrl.rewards.qa_em import normalize_answer
 
 HUB_DATASET = "RUC-NLPIR/FlashRAG_datasets"
@@ -236,14 +237,6 @@ def _split(examples: list[dict], test_size: int | None, seed: int) -> dict[str, 
     return {"train": examples[n_test:], "test": examples[:n_test]}
 
 
-def _write_parquet(rows: list[dict], path: str) -> None:
-    import pandas as pd
-
-    tmp = path + ".tmp"
-    pd.DataFrame(rows).to_parquet(tmp, index=False)
-    os.replace(tmp, path)
-
-
 def convert(input_file: str | None, input_dir: str | None, local_dir: str, *, train_size: int | None = None,
             test_size: int | None = None, corpus: str | None = None, answerable_only: bool = False,
             data_source: str = "nq", seed: int = 0, example: bool = True) -> dict[str, str]:
@@ -271,14 +264,11 @@ def convert(input_file: str | None, input_dir: str | None, local_dir: str, *, tr
     if "all" in splits:
         splits = _split(splits["all"], test_size, seed)
     sizes = {"train": train_size, "test": test_size}
-    local_dir = os.path.expanduser(local_dir)
-    os.makedirs(local_dir, exist_ok=True)
     written = {}
     for split, examples in splits.items():
         examples = examples[: sizes[split]] if sizes[split] is not None else examples
         rows = [make_row(ex["question"], ex["answers"], split, i, data_source, example) for i, ex in enumerate(examples)]
-        written[split] = os.path.join(local_dir, f"{split}.parquet")
-        _write_parquet(rows, written[split])
+        written[split] = write_split(rows, local_dir, split)
     return written
 
 
