@@ -21,7 +21,6 @@ _IGNORED: dict[str, tuple[str, ...]] = {
         "data.return_raw_input_ids",),
     "validation runs over the whole set in file order": ("data.validation_shuffle",),
     "prompts are filtered in this process": ("data.filter_overlong_prompts_workers",),
-    "rewards are scored in the driver process": ("reward.num_workers",),
     "hybridrl has one trainer; its loop is verl's v1 trainer_mode=sync": ("trainer.use_v1",),
     "batches move between the driver and the workers directly": ("transfer_queue.enable",),
     "this build has no multimodal inputs": ("data.return_multi_modal_inputs",),
@@ -54,7 +53,8 @@ _IGNORED: dict[str, tuple[str, ...]] = {
     "activations stay in memory": ("actor_rollout_ref.model.enable_activation_offload",
                                    "critic.model.enable_activation_offload"),
     "the critic reads the actor's token ids": ("critic.model.tokenizer_path",),
-    "rewards are scored in the driver's thread (same results)": ("reward_model.launch_reward_fn_async",),
+    "the manager named in reward_model.reward_manager scores (judge: a generative reward model)": (
+        "reward_model.use_reward_loop",),
     "buffers stay in fsdp_config.model_dtype": (  # the ref copies the actor's mixed_precision
         f"{ACTOR}.fsdp_config.mixed_precision.buffer_dtype", "critic.model.fsdp_config.mixed_precision.buffer_dtype"),
     "no profiler integration": ("trainer.profile_steps",),

@@ -18,8 +18,12 @@ REWARD_SPELLING: dict[str, str] = {
     "reward.custom_reward_function.reward_kwargs": "custom_reward_function.reward_kwargs",
     "reward.reward_manager.name": "reward_model.reward_manager",
     "reward.reward_kwargs": "reward_model.reward_kwargs",
+    "reward.num_workers": "reward_model.num_workers",
     "reward.reward_model.enable": "reward_model.enable",
     "reward.reward_model.model_path": "reward_model.model.path",
+    **{f"reward.reward_model.rollout.{key}": f"reward_model.rollout.{key}"  # the judge's engine
+       for key in ("name", "dtype", "prompt_length", "response_length", "do_sample", "temperature", "top_k", "top_p",
+                   "tensor_model_parallel_size", "gpu_memory_utilization")},
     "reward.sandbox_fusion.url": "reward_model.sandbox_fusion.url",
     "reward.sandbox_fusion.max_concurrent": "reward_model.sandbox_fusion.max_concurrent",
     "reward.sandbox_fusion.memory_limit_mb": "reward_model.sandbox_fusion.memory_limit_mb",

@@ -46,10 +46,11 @@ def validate_ppo_config(config, world_size: int = 1) -> list[str]:
     _check_not_yet_supported(config)
     _check_lora(config)
     _check_reward_model(config)
+    scoring_notes = _check_reward_scoring(config)
     _check_rollout_engine(config, world_size)
     _check_multi_turn(config)
     _check_batch_sizes(config, world_size)
-    return ignored_key_notes(config, world_size)
+    return scoring_notes + ignored_key_notes(config, world_size)
 
 
 def _choices(config) -> dict[str, tuple]:
@@ -311,6 +312,29 @@ def _check_reward_model(config) -> None:
         _int_at_least(config, "reward_model.max_length", 2)
 
 
+def _check_reward_scoring(config) -> list[str]:
+    """``reward.num_workers`` (read as ``reward_model.num_workers``) and ``launch_reward_fn_async``.
+
+    Returns a note when async scoring cannot overlap anything: dynamic sampling reads the scores
+    before the log-prob passes, so they are computed first, as verl's DAPO trainer does.
+    """
+    from hybridrl.rewards.custom import RewardConfigError
+    from hybridrl.rewards.pool import check_num_workers
+
+    try:
+        check_num_workers(_plain(_get(config, "reward_model.num_workers", None)))
+    except RewardConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    launch = _get(config, "reward_model.launch_reward_fn_async", False)
+    if not isinstance(launch, bool):
+        raise ConfigError(f"reward_model.launch_reward_fn_async={launch!r} must be true or false")
+    if launch and _get(config, "algorithm.filter_groups.enable", False):
+        return ["reward_model.launch_reward_fn_async=True: with algorithm.filter_groups.enable=True the scores "
+                "decide which groups are kept before the log-prob passes, so scoring runs before them "
+                "(no overlap; as verl's DAPO trainer does)"]
+    return []
+
+
 def _check_sampling(config) -> None:
     """Training samples need temperature > 0 (the actor divides logits by it); validation may be greedy."""
     temperature = _get(config, f"{ROLLOUT}.temperature")
@@ -357,12 +381,25 @@ def _check_registered_names(config) -> None:
           POLICY_LOSS_REGISTRY, "register_policy_loss")
     check("reward_model.reward_manager", _get(config, "reward_model.reward_manager"), _REWARD_MANAGERS,
           "register_reward_manager")
+    _check_reward_manager_keys(_REWARD_MANAGERS[_get(config, "reward_model.reward_manager")], config)
     loggers = _plain(_get(config, "trainer.logger"))
     for name in loggers if isinstance(loggers, list) else [loggers]:  # verl also takes one name
         check("trainer.logger", name, available_loggers(), "register_logger",
               shown=f"trainer.logger={loggers!r}: the logger {name!r}")
     check(f"{ROLLOUT}.name", _get(config, f"{ROLLOUT}.name"), set(ROLLOUT_REGISTRY) | set(OPTIONAL_ENGINES),
           "register_rollout")
+
+
+def _check_reward_manager_keys(manager_cls, config) -> None:
+    """A reward manager that reads keys of its own checks them here (its ``check_config``, e.g. the judge's)."""
+    from hybridrl.rewards.custom import RewardConfigError
+
+    check_config = getattr(manager_cls, "check_config", None)
+    if check_config is not None:
+        try:
+            check_config(config)
+        except RewardConfigError as exc:
+            raise ConfigError(str(exc)) from exc
 
 
 def ignored_key_notes(config, world_size: int = 1) -> list[str]:

@@ -14,16 +14,34 @@ import os
 import sys
 from typing import Any, Callable, Mapping
 
-__all__ = ["RewardConfigError", "load_custom_reward_fn"]
+__all__ = ["RewardConfigError", "load_custom_reward_fn", "import_reward_file"]
 
 
 class RewardConfigError(ValueError):
     """The reward configuration (custom function, manager, on_error, ...) is invalid."""
 
 
-def _import_file(path: str) -> Any:
-    # A unique module name per file, registered in sys.modules so that pickling (Ray) and
-    # dataclasses defined in the file work.
+# full path -> ((mtime_ns, size) of the file when imported, module)
+_LOADED: dict[str, tuple[tuple[int, int], Any]] = {}
+
+
+def import_reward_file(path: str) -> Any:
+    """Import the Python file at ``path`` (an absolute path) as a module and return it.
+
+    The module is named ``hybridrl_custom_reward_<stem>_<hash of the path>`` and registered in
+    ``sys.modules``, so that its functions pickle by reference (Ray, the scoring processes of
+    ``reward.num_workers``, which import the same file under the same name) and dataclasses
+    defined in the file work. Importing an unchanged file again returns the module already
+    loaded (the same function objects); a file changed on disk since is executed again.
+
+    Raises:
+        RewardConfigError: the file cannot be imported (the message names it and the error).
+    """
+    stat = os.stat(path)
+    stamp = (stat.st_mtime_ns, stat.st_size)
+    loaded = _LOADED.get(path)
+    if loaded is not None and loaded[0] == stamp and sys.modules.get(loaded[1].__name__) is loaded[1]:
+        return loaded[1]
     digest = hashlib.sha1(path.encode()).hexdigest()[:12]
     stem = os.path.splitext(os.path.basename(path))[0]
     module_name = f"hybridrl_custom_reward_{stem}_{digest}"
@@ -44,6 +62,7 @@ def _import_file(path: str) -> Any:
             f"custom_reward_function.path={path!r}: importing the file failed with "
             f"{type(exc).__name__}: {msg}; fix the file"
         ) from exc
+    _LOADED[path] = (stamp, module)
     return module
 
 
@@ -79,7 +98,7 @@ def load_custom_reward_fn(
             f"custom_reward_function.path={path!r}: file {full_path} does not exist; "
             "set it to the .py file that defines your reward function"
         )
-    module = _import_file(full_path)
+    module = import_reward_file(full_path)
     fn = getattr(module, name, None) if isinstance(name, str) and name else None
     if not callable(fn):
         defined = sorted(

@@ -10,25 +10,20 @@ manager combines them with the rule scores, see :class:`NaiveRewardManager`.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
-import threading
-import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 
 from hybridrl.rewards import default_compute_score, known_data_sources
 from hybridrl.rewards.custom import RewardConfigError, load_custom_reward_fn
+from hybridrl.rewards.settings import cfg_get, to_plain_dict
+from hybridrl.rewards.pool import RewardPool, ScoreTimeoutError, serial_calls
 
-__all__ = [
-    "RewardFunctionError",
-    "RewardInputError",
-    "register_reward_manager",
-    "get_reward_manager_cls",
-    "NaiveRewardManager",
-    "load_reward_manager",
-]
+__all__ = ["RewardFunctionError", "RewardInputError", "register_reward_manager", "get_reward_manager_cls",
+           "NaiveRewardManager", "load_reward_manager"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,37 +34,6 @@ ON_ERROR_POLICIES = ("raise", "zero", "mask_sample", "drop_group", "retry")
 DEFAULT_RETRIES = 2
 _SLOW_SAMPLES_LOGGED = 3
 DEFAULT_SCORE_TIMEOUT_S = 60.0
-
-
-class ScoreTimeoutError(TimeoutError):
-    """A scoring call did not return within ``reward_model.timeout_s``."""
-
-
-def call_with_deadline(fn: Callable[..., Any], timeout_s: float, **kwargs) -> Any:
-    """``fn(**kwargs)`` in a daemon thread, waited for at most ``timeout_s`` seconds.
-
-    A call that overruns keeps running in its thread (Python cannot stop it) but nobody waits
-    for it, and being a daemon it does not hold the process at exit.
-
-    Raises:
-        ScoreTimeoutError: no result in time. Whatever ``fn`` raised, re-raised here.
-    """
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["result"] = fn(**kwargs)
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            box["error"] = exc
-
-    thread = threading.Thread(target=run, name="reward-fn", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        raise ScoreTimeoutError(f"no result within reward_model.timeout_s={timeout_s:g} s")
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
 
 
 class _Failure(str):
@@ -87,6 +51,17 @@ class RewardFunctionError(RuntimeError):
 
 class RewardInputError(ValueError):
     """The batch lacks a key the reward manager needs, or holds it in the wrong form."""
+
+
+class _Row(NamedTuple):
+    """One sample to score: its row, data source, decoded response, valid response tokens, and
+    the scorer's keyword arguments (None: a reward-model score alone, no rule scorer)."""
+
+    i: int
+    data_source: Any
+    response_str: str
+    valid_len: int
+    job: dict | None
 
 
 def register_reward_manager(name: str) -> Callable[[type], type]:
@@ -161,8 +136,13 @@ class NaiveRewardManager:
             then stop). Except with ``raise``, ``reward_extra_info`` reports ``reward_error`` and
             ``reward_timeout`` (1.0/0.0) per sample.
         timeout_s: the longest one scoring call may take (``reward_model.timeout_s``); a call
-            that overruns fails like one that raises (:class:`ScoreTimeoutError`).
+            that overruns fails like one that raises (:class:`ScoreTimeoutError`). In the driver the
+            late call runs on unwatched in its thread; in a ``pool`` its process is killed.
         retries: extra attempts with ``on_error=retry`` (``reward_model.retries``).
+        pool: a :class:`hybridrl.rewards.pool.RewardPool` (``reward.num_workers`` > 1) to run the
+            scoring calls in, all of a batch at once; None: one after the other in the driver.
+            ``compute_score`` must then pickle (a top-level function). Scores, extras and
+            ``on_error`` are the same either way.
 
     Raises:
         RewardConfigError: ``on_error`` is not one of :data:`ON_ERROR_POLICIES`.
@@ -177,6 +157,7 @@ class NaiveRewardManager:
         on_error: str = "raise",
         timeout_s: float = DEFAULT_SCORE_TIMEOUT_S,
         retries: int = DEFAULT_RETRIES,
+        pool: RewardPool | None = None,
     ) -> None:
         if on_error not in ON_ERROR_POLICIES:
             raise RewardConfigError(
@@ -192,6 +173,7 @@ class NaiveRewardManager:
         self.reward_fn_key = reward_fn_key
         self.on_error = on_error
         self.timeout_s = float(timeout_s)
+        self.pool = pool
 
     def __call__(self, data: Any, return_dict: bool = False) -> torch.Tensor | dict:
         """Score a batch.
@@ -233,34 +215,31 @@ class NaiveRewardManager:
         valid_resp = mask[:, prompt_len:].sum(-1).tolist()
 
         reward_tensor = torch.zeros(responses.shape, dtype=torch.float32, device=responses.device)
+        rows = [self._row(data, i, int(valid_resp[i]), rm_scores is None) for i in range(len(data))]
+        outcomes = self._score_rows(rows)
         extras_per_sample, errors, timeouts, failures, printed, rule_scores = [], [], [], [], {}, []
-        self._seconds: list[tuple[float, int, Any]] = []  # (seconds, row, data source) per scoring call
-        for i in range(len(data)):
-            vp, vr = int(valid_prompt[i]), int(valid_resp[i])
-            response_str = self.tokenizer.decode(responses[i, :vr], skip_special_tokens=True)
-            data_source = self._data_source(data, i)
-            ground_truth, score, extras, failed = None, 0.0, {}, False
-            if rm_scores is None or self.has_rule_scorer(data_source):
-                _, ground_truth, extra_info = self._row_inputs(data, i)
-                score, extras, failed = self._score(i, data_source, response_str, ground_truth, extra_info)
-                score, extras = self.shape_score(score, extras, vr)
-                rule_scores.append(score)
-            else:
-                rule_scores.append(None)
-            if vr > 0:
-                reward_tensor[i, vr - 1] = score
+        for row in rows:
+            score, extras, failed = 0.0, {}, None
+            if row.job is not None:
+                score, extras, failed = outcomes[row.i]
+                score, extras = self.shape_score(score, extras, row.valid_len)
+            rule_scores.append(score if row.job is not None else None)
+            if row.valid_len > 0:
+                reward_tensor[row.i, row.valid_len - 1] = score
             if rm_scores is not None:
-                extras = {**extras, "rm_score": float(rm_scores[i].sum())}
+                extras = {**extras, "rm_score": float(rm_scores[row.i].sum())}
                 score += extras["rm_score"]
             extras_per_sample.append(extras)
             errors.append(1.0 if failed else 0.0)
             timeouts.append(1.0 if failed and failed.timed_out else 0.0)
             if failed:
                 failures.append(failed)
-            if printed.get(data_source, 0) < self.num_examine:
-                printed[data_source] = printed.get(data_source, 0) + 1
-                prompt_str = self.tokenizer.decode(prompts[i, prompt_len - vp:], skip_special_tokens=True)
-                self._print_sample(prompt_str, response_str, ground_truth, score, extras)
+            if printed.get(row.data_source, 0) < self.num_examine:
+                printed[row.data_source] = printed.get(row.data_source, 0) + 1
+                vp = int(valid_prompt[row.i])
+                prompt_str = self.tokenizer.decode(prompts[row.i, prompt_len - vp:], skip_special_tokens=True)
+                ground_truth = row.job["ground_truth"] if row.job is not None else None
+                self._print_sample(prompt_str, row.response_str, ground_truth, score, extras)
 
         self._log_slowest()
         scored = sum(score is not None for score in rule_scores)
@@ -307,10 +286,9 @@ class NaiveRewardManager:
             )
         return nt[self.reward_fn_key][i]
 
-    def _row_inputs(self, data: Any, i: int) -> tuple[Any, Any, Any]:
-        """(data_source, ground_truth, extra_info) of row ``i``, with clear errors if missing."""
+    def _job(self, data: Any, i: int, data_source: Any, response_str: str) -> dict:
+        """The scorer's keyword arguments for row ``i``, with clear errors where an input is missing."""
         nt = data.non_tensor_batch
-        data_source = self._data_source(data, i)
         if "reward_model" not in nt:
             raise RewardInputError(
                 "non_tensor_batch has no 'reward_model'; each dataset row needs "
@@ -327,33 +305,72 @@ class NaiveRewardManager:
             extra_info = {**(extra_info or {}), "num_turns": nt["__num_turns__"][i]}
         if "reward_scores" in nt:  # agent loops: tools' calc_reward / interaction scores (verl's key)
             extra_info = {**(extra_info or {}), "rollout_reward_scores": nt["reward_scores"][i]}
-        return data_source, reward_model["ground_truth"], extra_info
+        return {"data_source": data_source, "solution_str": response_str,
+                "ground_truth": reward_model["ground_truth"], "extra_info": extra_info}
 
-    def _score(self, i, data_source, solution_str, ground_truth, extra_info) -> tuple[float, dict, str | None]:
-        """Call the scorer on one sample → (score, extras, failure or None), applying ``on_error``."""
+    def _row(self, data: Any, i: int, valid_len: int, rule_always: bool) -> _Row:
+        """Row ``i`` decoded, with the scorer's arguments when it gets a rule score (always without
+        a reward model; with one, where :meth:`has_rule_scorer`)."""
+        response_str = self.tokenizer.decode(data.batch["responses"][i, :valid_len], skip_special_tokens=True)
+        data_source = self._data_source(data, i)
+        rule = rule_always or self.has_rule_scorer(data_source)
+        return _Row(i, data_source, response_str, valid_len,
+                    self._job(data, i, data_source, response_str) if rule else None)
+
+    def _score_rows(self, rows: list[_Row]) -> dict[int, tuple[float, dict, "_Failure | None"]]:
+        """Scores the rows that have a job → ``{row: (score, extras, failure or None)}``.
+
+        The calls run one by one in the driver or all at once in ``self.pool``; ``on_error`` is
+        applied to their outcomes here, the same way for both (``retry`` calls the failed rows again
+        after each pass).
+        """
+        outcomes: dict[int, tuple[float, dict, _Failure | None]] = {}
+        self._seconds: list[tuple[float, int, Any]] = []  # (seconds, row, data source) per scoring call
+        pending, attempt = [row for row in rows if row.job is not None], 0
+        while pending:
+            attempt, retry = attempt + 1, []
+            jobs = [row.job for row in pending]
+            calls = (self.pool.calls(self.compute_score, jobs, self.timeout_s) if self.pool is not None
+                     else serial_calls(self.compute_score, jobs, self.timeout_s))
+            with contextlib.closing(calls):  # a raise stops the calls not yet made
+                for row, (outcome, seconds) in zip(pending, calls):
+                    self._seconds.append((seconds, row.i, row.data_source))
+                    try:
+                        if isinstance(outcome, BaseException):
+                            raise outcome
+                        score, extras = _split_result(outcome)
+                        outcomes[row.i] = (score, extras, None)
+                    except Exception as exc:  # noqa: BLE001 - on_error decides
+                        failure = self._on_failure(exc, row, attempt)
+                        if failure is None:
+                            retry.append(row)
+                        else:
+                            outcomes[row.i] = (0.0, {}, failure)
+            pending = retry
+        return outcomes
+
+    def _on_failure(self, exc: Exception, row: _Row, attempt: int) -> "_Failure | None":
+        """``on_error`` for one failed call: the failure to record (``zero``, ``mask_sample``,
+        ``drop_group``), or None to call again (``retry`` with attempts left).
+
+        Raises:
+            RewardFunctionError: ``raise``, or ``retry`` after its last attempt.
+            RewardConfigError: whatever ``on_error`` says, when the call raised one (e.g.
+                :class:`hybridrl.rewards.sandbox.SandboxUnavailableError`).
+        """
+        if isinstance(exc, RewardConfigError):  # the set-up is wrong (e.g. no code sandbox), not this sample
+            raise exc
+        failure = _Failure(f"sample {row.i} of the batch (data_source={row.data_source!r}): {type(exc).__name__}: "
+                           f"{' '.join(str(exc).split())}", isinstance(exc, ScoreTimeoutError))
+        if self.on_error in ("zero", "mask_sample", "drop_group"):
+            return failure
         attempts = 1 + (self.retries if self.on_error == "retry" else 0)
-        attempt = 0
-        while True:
-            attempt += 1
-            started = time.perf_counter()
-            try:
-                result = call_with_deadline(self.compute_score, self.timeout_s, data_source=data_source,
-                                            solution_str=solution_str, ground_truth=ground_truth,
-                                            extra_info=extra_info)
-                score, extras = _split_result(result)
-                return score, extras, None
-            except Exception as exc:
-                failure = _Failure(f"sample {i} of the batch (data_source={data_source!r}): {type(exc).__name__}: "
-                                   f"{' '.join(str(exc).split())}", isinstance(exc, ScoreTimeoutError))
-                if self.on_error in ("zero", "mask_sample", "drop_group"):
-                    return 0.0, {}, failure
-                if attempt == attempts:
-                    tried = f" after {attempts} attempts (reward_model.retries={self.retries})" if attempts > 1 else ""
-                    raise RewardFunctionError(
-                        f"reward function failed on {failure}{tried}; fix the function or set reward_model.on_error "
-                        "to zero, mask_sample or drop_group to go on without such samples") from exc
-            finally:
-                self._seconds.append((time.perf_counter() - started, i, data_source))
+        if attempt < attempts:
+            return None
+        tried = f" after {attempts} attempts (reward_model.retries={self.retries})" if attempts > 1 else ""
+        raise RewardFunctionError(
+            f"reward function failed on {failure}{tried}; fix the function or set reward_model.on_error "
+            "to zero, mask_sample or drop_group to go on without such samples") from exc
 
     def _log_slowest(self) -> None:
         """Names the slowest scoring calls of the batch when one took over a second."""
@@ -364,11 +381,8 @@ class NaiveRewardManager:
 
     @staticmethod
     def _print_sample(prompt: str, response: str, ground_truth: Any, score: float, extras: dict) -> None:
-        print("[prompt]", prompt)
-        print("[response]", response)
-        print("[ground_truth]", ground_truth)
-        print("[score]", score)
-        for key, value in extras.items():
+        fields = [("prompt", prompt), ("response", response), ("ground_truth", ground_truth), ("score", score)]
+        for key, value in fields + list(extras.items()):
             print(f"[{key}]", value)
 
 
@@ -381,37 +395,23 @@ def _collect_extras(extras_per_sample: list[dict]) -> dict[str, list]:
 
 
 def _score_timeout(config: Any) -> float:
-    value = _cfg_get(config, "reward_model.timeout_s", DEFAULT_SCORE_TIMEOUT_S)
+    value = cfg_get(config, "reward_model.timeout_s", DEFAULT_SCORE_TIMEOUT_S)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         raise RewardConfigError(f"reward_model.timeout_s={value!r} must be a number of seconds > 0 "
                                 f"(default {DEFAULT_SCORE_TIMEOUT_S:g})")
     return float(value)
 
 
-def _cfg_get(config: Any, dotted: str, default: Any = None) -> Any:
-    """``config.a.b`` for a DictConfig or nested dicts, ``default`` where any part is missing."""
-    node = config
-    for part in dotted.split("."):
-        if node is None or not hasattr(node, "get"):
-            return default
-        node = node.get(part, None)
-    return default if node is None else node
+def _accepted_args(manager_cls: type) -> set[str]:
+    """The keyword arguments a manager takes; a naive subclass's ``**kwargs`` reach the naive ones."""
+    params = inspect.signature(manager_cls).parameters
+    names = set(params)
+    if issubclass(manager_cls, NaiveRewardManager) and any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        names |= set(inspect.signature(NaiveRewardManager).parameters)
+    return names
 
 
-def _to_plain_dict(value: Any, key: str) -> dict:
-    try:
-        from omegaconf import OmegaConf
-
-        if OmegaConf.is_config(value):
-            value = OmegaConf.to_container(value, resolve=True)
-    except ImportError:  # plain dict configs work without omegaconf
-        pass
-    if not isinstance(value, dict):
-        raise RewardConfigError(f"{key} is a {type(value).__name__}; it must be a mapping of keyword arguments")
-    return value
-
-
-def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0) -> Any:
+def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0, pool: RewardPool | None = None) -> Any:
     """Build the reward manager the trainer config asks for (verl's ``load_reward_manager``).
 
     Reads ``custom_reward_function.{path,name,reward_kwargs}`` (the custom scorer, with its kwargs
@@ -424,35 +424,44 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0) -> An
         config: the whole trainer config (an omegaconf DictConfig or nested dicts).
         tokenizer: the tokenizer used to decode responses.
         num_examine: samples per data_source to print on each call.
+        pool: the run's scoring processes (``reward.num_workers`` > 1, see
+            :func:`hybridrl.rewards.pool.build_reward_pool`), or None to score in the driver. It is
+            checked here: every worker must load the reward function.
 
     Raises:
         RewardConfigError: a bad custom function, manager name, on_error value or reward_kwargs.
+        RewardPoolError: the workers of ``pool`` cannot load the reward function.
     """
-    path = _cfg_get(config, "custom_reward_function.path")
+    path = cfg_get(config, "custom_reward_function.path")
     compute_score = None
     if path:
-        name = _cfg_get(config, "custom_reward_function.name", "compute_score")
-        fn_kwargs = _to_plain_dict(
-            _cfg_get(config, "custom_reward_function.reward_kwargs", {}), "custom_reward_function.reward_kwargs"
+        name = cfg_get(config, "custom_reward_function.name", "compute_score")
+        fn_kwargs = to_plain_dict(
+            cfg_get(config, "custom_reward_function.reward_kwargs", {}), "custom_reward_function.reward_kwargs"
         )
         compute_score = load_custom_reward_fn(path, name, fn_kwargs)
-    manager_name = _cfg_get(config, "reward_model.reward_manager", "naive")
+    manager_name = cfg_get(config, "reward_model.reward_manager", "naive")
     manager_cls = get_reward_manager_cls(manager_name)
-    manager_kwargs = _to_plain_dict(_cfg_get(config, "reward_model.reward_kwargs", {}), "reward_model.reward_kwargs")
+    manager_kwargs = to_plain_dict(cfg_get(config, "reward_model.reward_kwargs", {}), "reward_model.reward_kwargs")
     optional = {  # passed to managers that take them (verl's naive one does not), unless reward_kwargs do
         "timeout_s": _score_timeout(config),
-        "retries": _cfg_get(config, "reward_model.retries", DEFAULT_RETRIES),
-        "overlong_buffer_cfg": _cfg_get(config, "reward_model.overlong_buffer"),
-        "max_resp_len": _cfg_get(config, "data.max_response_length"),
+        "retries": cfg_get(config, "reward_model.retries", DEFAULT_RETRIES),
+        "overlong_buffer_cfg": cfg_get(config, "reward_model.overlong_buffer"),
+        "max_resp_len": cfg_get(config, "data.max_response_length"),
+        "pool": pool,
+        "config": config,  # managers that read keys of their own (the judge; verl's reward-loop managers)
     }
-    accepted = inspect.signature(manager_cls).parameters
+    accepted = _accepted_args(manager_cls)
+    if pool is not None and "pool" not in accepted:
+        logger.warning("reward.num_workers=%d: reward manager %r takes no pool (no `pool` argument); it scores "
+                       "as it does without one", pool.num_workers, manager_name)
     try:
-        return manager_cls(
+        manager = manager_cls(
             tokenizer=tokenizer,
             num_examine=num_examine,
             compute_score=compute_score,
-            reward_fn_key=_cfg_get(config, "data.reward_fn_key", "data_source"),
-            on_error=_cfg_get(config, "reward_model.on_error", "raise"),
+            reward_fn_key=cfg_get(config, "data.reward_fn_key", "data_source"),
+            on_error=cfg_get(config, "reward_model.on_error", "raise"),
             **{k: v for k, v in optional.items() if k in accepted and k not in manager_kwargs},
             **manager_kwargs,
         )
@@ -463,6 +472,9 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0) -> An
             f"reward_model.reward_kwargs={manager_kwargs} do not fit reward manager "
             f"{manager_name!r}: {exc}; remove the keys it does not take"
         ) from exc
+    if getattr(manager, "pool", None) is not None:
+        manager.pool.check_started(manager.compute_score)
+    return manager
 
 
 # Managers beyond "naive" register themselves on import; kept last so they can import the above.

@@ -66,6 +66,8 @@ def run_ppo(config) -> None:
     from hybridrl.config import validate_ppo_config
     from hybridrl.models import load_tokenizer, resolve_model_path
     from hybridrl.rewards.manager import load_reward_manager
+    from hybridrl.rewards.pool import build_reward_pool
+    from hybridrl.rewards.sandbox import build_sandbox, set_sandbox
     from hybridrl.trainer.ppo_trainer import PPOTrainer
     from hybridrl.trainer.stages import needs_critic, needs_reference_policy
     from hybridrl.trainer.rollout_correction import share_rollout_correction
@@ -94,8 +96,18 @@ def run_ppo(config) -> None:
         config.critic.optim.total_training_steps = total_steps
         share_rollout_correction(config)
 
-    reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
-    val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1)
+    # The scoring processes (reward.num_workers > 1) live for the whole run; built after the code
+    # sandbox is set, whose setting they take over.
+    set_sandbox(build_sandbox(config.reward_model.get("sandbox"), config.reward_model.get("sandbox_fusion")))
+    reward_pool = build_reward_pool(config.reward_model.get("num_workers"), config.custom_reward_function.get("path"),
+                                    model_cfg.get("external_lib"))
+    try:
+        reward_fn = load_reward_manager(config, tokenizer, num_examine=0, pool=reward_pool)
+        val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1, pool=reward_pool)
+    except BaseException:
+        if reward_pool is not None:
+            reward_pool.close()
+        raise
     groups = build_worker_groups(config, use_critic=needs_critic(config),
                                  use_reference=needs_reference_policy(config),
                                  use_reward_model=bool(config.reward_model.get("enable", False)))
@@ -120,6 +132,8 @@ def run_ppo(config) -> None:
         print(run_summary(trainer_cfg, trainer.global_steps), flush=True)
     finally:
         groups.shutdown()
+        if reward_pool is not None:
+            reward_pool.close()  # calls still running after pool.CLOSE_TIMEOUT_S are killed
 
 
 def run_summary(trainer_cfg, last_step: int) -> str:
@@ -156,6 +170,7 @@ def user_error_types() -> tuple[type[BaseException], ...]:
     from hybridrl.rewards import UnknownDataSourceError
     from hybridrl.rewards.custom import RewardConfigError
     from hybridrl.rewards.manager import RewardFunctionError
+    from hybridrl.rewards.pool import RewardPoolError
     from hybridrl.trainer.checkpoint import CheckpointError
     from hybridrl.trainer.tracking import TrackingError
     from hybridrl.agents.retrieval import RetrieverError
@@ -163,9 +178,9 @@ def user_error_types() -> tuple[type[BaseException], ...]:
     from hybridrl.workers.rollout.base import RolloutEngineError
 
     return (ConfigError, DataError, ModelPathError, ModelDependencyError, ModelConfigError,
-            UnknownDataSourceError, RewardConfigError, RewardFunctionError, UnknownAlgorithmError,
-            AlgorithmConfigError, AlgorithmInputError, NonFiniteError, CheckpointError, TrackingError,
-            FileNotFoundError, RetrieverError, ResourceError, WorkerUserError, RolloutEngineError)
+            UnknownDataSourceError, RewardConfigError, RewardFunctionError, RewardPoolError,
+            UnknownAlgorithmError, AlgorithmConfigError, AlgorithmInputError, NonFiniteError, CheckpointError,
+            TrackingError, FileNotFoundError, RetrieverError, ResourceError, WorkerUserError, RolloutEngineError)
 
 
 def run_cli(run: Callable[[Any], Any], config_name: str, argv: list[str] | None = None) -> int:

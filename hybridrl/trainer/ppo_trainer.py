@@ -19,6 +19,7 @@ from hybridrl.algorithms.rollout_corr import compute_offpolicy_metrics
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.manager import RewardFunctionError
 from hybridrl.trainer import checkpoint
+from hybridrl.trainer.async_reward import PendingReward, reward_deadline_s, scores_async
 from hybridrl.trainer.balance import balance_batch
 from hybridrl.trainer.metrics import (
     compute_data_metrics,
@@ -66,18 +67,16 @@ class PPOTrainer:
         self.reuses_update_log_probs = reuses_update_log_probs(config)
         self.rollout_correction = rollout_correction_config(config)
         self.dynamic_sampler = build_dynamic_sampler(config, tokenizer)
+        self.reward_async = scores_async(config)  # score while the log-prob passes run
         self._pending_metrics, self._pending_timing = {}, {}  # of generation batches not trained on yet
         self._reward_extra_keys: dict[str, None] = {}  # the reward function's extra outputs seen so far
         self.global_steps = 0
         self._resumed_batches = None  # the rest of the epoch a checkpoint stopped in
 
     # ---------------------------------------------------------------- one training step
-    def rollout_and_score(self, batch_dict: dict, metrics: dict, timing_raw: dict) -> DataProto:
-        """Samples ``rollout.n`` responses per prompt of a dataloader batch and scores them.
-
-        Returns the responses' batch with ``token_level_scores`` ``(bs, response_length)``, the
-        group ids (``uid``) and the reward function's extra outputs (one non-tensor column each).
-        """
+    def rollout(self, batch_dict: dict, metrics: dict, timing_raw: dict) -> DataProto:
+        """Samples ``rollout.n`` responses per prompt of a dataloader batch, with the group ids
+        (``uid``) and, with a reward model, its ``rm_scores`` (the reward manager reads them)."""
         cfg = self.config
         batch = DataProto.from_single_dict(batch_dict)
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
@@ -90,12 +89,17 @@ class PPOTrainer:
             with marked_timer("gen_max", timing_raw):
                 batch.batch["reward_baselines"] = self.greedy_reward_baselines(batch, prompts)
         batch = batch.repeat(n, interleave=True).union(gen_output)
-        with marked_timer("reward", timing_raw):
-            if self.rm_wg is not None:  # rm_scores first: the reward manager combines them with rule scores
+        if self.rm_wg is not None:  # rm_scores first: the reward manager combines them with rule scores
+            with marked_timer("reward", timing_raw):
                 batch = batch.union(self.rm_wg.compute_rm_score(batch))
-                rm_seq = batch.batch["rm_scores"].sum(-1)
-                metrics.update({f"rm/score/{s}": getattr(rm_seq, s)().item() for s in ("mean", "max", "min")})
-            reward_tensor, reward_extra_info = compute_reward(batch, self.reward_fn)
+            rm_seq = batch.batch["rm_scores"].sum(-1)
+            metrics.update({f"rm/score/{s}": getattr(rm_seq, s)().item() for s in ("mean", "max", "min")})
+        return batch
+
+    def attach_reward(self, batch: DataProto, reward: tuple[torch.Tensor, dict], metrics: dict) -> DataProto:
+        """Puts the reward manager's output on the batch: ``token_level_scores`` ``(bs, response_length)``,
+        one non-tensor column per extra output, and ``reward_model.on_error`` applied to failed samples."""
+        reward_tensor, reward_extra_info = reward
         batch.batch["token_level_scores"] = reward_tensor
         for key, values in reward_extra_info.items():
             if key in batch.non_tensor_batch:
@@ -109,13 +113,26 @@ class PPOTrainer:
             metrics[key] = metrics.get(key, 0.0) + value
         return batch
 
+    def rollout_and_score(self, batch_dict: dict, metrics: dict, timing_raw: dict) -> DataProto:
+        """:meth:`rollout`, then the reward at once (:meth:`attach_reward`)."""
+        batch = self.rollout(batch_dict, metrics, timing_raw)
+        with marked_timer("reward", timing_raw):
+            reward = compute_reward(batch, self.reward_fn)
+        return self.attach_reward(batch, reward, metrics)
+
     def step(self, batch_dict: dict) -> dict | None:
         """One training step on a dataloader batch; with dynamic sampling (``algorithm.filter_groups``)
-        None while the batch still collects groups (the call only generated and scored)."""
+        None while the batch still collects groups (the call only generated and scored).
+
+        With ``reward_model.launch_reward_fn_async`` the reward is computed in a thread from the end
+        of generation (after balancing) to the advantage stage, overlapping the log-prob passes."""
         cfg = self.config
         metrics, timing_raw = self._pending_metrics, self._pending_timing  # kept over collecting calls
         with marked_timer("step", timing_raw):
-            batch = self.rollout_and_score(batch_dict, metrics, timing_raw)
+            if self.reward_async:
+                batch = self.rollout(batch_dict, metrics, timing_raw)
+            else:
+                batch = self.rollout_and_score(batch_dict, metrics, timing_raw)
             if self.dynamic_sampler is not None:
                 batch, sampling_metrics = self.dynamic_sampler.collect(batch)
                 if batch is None:
@@ -127,17 +144,16 @@ class PPOTrainer:
             batch.meta_info["global_steps"] = self.global_steps
             batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
             batch.meta_info["max_prompt_length"] = cfg.data.max_prompt_length
-            reward_extra_info = {key: list(batch.non_tensor_batch[key]) for key in self._reward_extra_keys}
+            pending = (PendingReward(batch, self.reward_fn, reward_deadline_s(cfg, len(batch)))
+                       if self.reward_async else None)
 
+            entropys = None
             if self.rollout_correction.bypass_mode:  # the rollout log-probs are the old ones
                 apply_bypass_mode(batch)
             elif not self.reuses_update_log_probs:  # else the update reports actor/entropy
                 with marked_timer("old_log_prob", timing_raw):
                     old_log_prob = self.actor_rollout_wg.compute_log_prob(batch)
                     entropys = old_log_prob.batch.pop("entropys")
-                    metrics["actor/entropy"] = agg_loss(
-                        entropys, batch.batch["response_mask"], cfg.actor_rollout_ref.actor.loss_agg_mode
-                    ).item()
                     batch = batch.union(old_log_prob)
 
             if self.needs_ref_log_prob:
@@ -149,6 +165,14 @@ class PPOTrainer:
             if self.use_critic:
                 with marked_timer("values", timing_raw):
                     batch = batch.union(self.critic_wg.compute_values(batch))
+
+            if pending is not None:  # the time the driver still waits for the scores
+                with marked_timer("reward", timing_raw):
+                    batch = self.attach_reward(batch, pending.result(), metrics)
+            reward_extra_info = {key: list(batch.non_tensor_batch[key]) for key in self._reward_extra_keys}
+            if entropys is not None:  # after the reward: mask_sample may have masked samples
+                metrics["actor/entropy"] = agg_loss(
+                    entropys, batch.batch["response_mask"], cfg.actor_rollout_ref.actor.loss_agg_mode).item()
 
             with marked_timer("adv", timing_raw):
                 reward_tensor = batch.batch["token_level_scores"]

@@ -201,7 +201,6 @@ def test_no_key_is_both_ignored_and_refused():
 @pytest.mark.parametrize("key, value, reason", [
     ("trainer.max_critic_ckpt_to_keep", 2, "trainer.max_actor_ckpt_to_keep governs both"),
     ("trainer.del_local_ckpt_after_load", True, "the loaded checkpoint is kept"),
-    ("reward_model.launch_reward_fn_async", True, "same results"),
     (f"{A}.checkpoint.save_contents", ["model", "optimizer", "extra", "hf_model"],
      "always hold model, optimizer and extra state"),
     ("critic.checkpoint.load_contents", ["model"], "always hold model, optimizer and extra state"),

@@ -35,8 +35,8 @@ def test_the_same_setting_two_ways_differently_is_one_line():
 def test_reward_keys_without_machinery_here_are_noted_or_refused():
     from hybridrl.config.schema import _check_not_yet_supported
 
-    cfg = load_config(["reward.num_workers=8"], resolve_auto_dtypes=False)
-    assert any(note.startswith("reward.num_workers=8") for note in ignored_key_notes(cfg))
+    cfg = load_config(["reward.num_workers=8"], resolve_auto_dtypes=False)  # read as reward_model.num_workers
+    assert cfg.reward_model.num_workers == 8 and not any("num_workers" in note for note in ignored_key_notes(cfg))
     cfg = load_config(["reward.reward_manager.module.path=/tmp/m.py"], resolve_auto_dtypes=False)
     with pytest.raises(ConfigError, match=r"reward.reward_manager.module.path='/tmp/m.py': a reward manager class"):
         _check_not_yet_supported(cfg)
