@@ -10,17 +10,18 @@ exactly what the policy saw and sampled (Search-R1's "retrieved token masking", 
 from __future__ import annotations
 
 import abc
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from hybridrl.agents.errors import AgentConfigError
+from hybridrl.agents.errors import AgentConfigError, AgentNameError
+from hybridrl.registry import Registry
 
 __all__ = [
     "AgentLoopOutput",
     "AgentContext",
     "AgentLoopBase",
     "ResponseBuilder",
+    "AGENT_LOOPS",
     "register_agent_loop",
     "get_agent_loop_cls",
     "known_agent_loops",
@@ -32,7 +33,10 @@ _BUILTIN_LOOPS = {
     "tool_agent": "hybridrl.agents.tool_agent:ToolAgentLoop",
     "search_agent": "hybridrl.agents.search_agent:SearchAgentLoop",
 }
-_REGISTERED_LOOPS: dict[str, type["AgentLoopBase"]] = {}
+AGENT_LOOPS = Registry(
+    "agent loop", "agent_name", error=AgentNameError, builtins=_BUILTIN_LOOPS,
+    hint="fix the data's agent_name column (or actor_rollout_ref.rollout.agent.default_agent_loop) "
+         "or register yours with @hybridrl.agents.register_agent_loop")
 
 
 @dataclass
@@ -170,36 +174,22 @@ def register_agent_loop(name: str):
     """Class decorator: rows with ``agent_name == name`` run this loop.
 
     Raises:
-        AgentConfigError: ``name`` is not a non-empty string.
+        AgentConfigError: ``name`` is not a non-empty string. AgentNameError: another class has it.
     """
     if not isinstance(name, str) or not name:
         raise AgentConfigError(f"register_agent_loop({name!r}): give a non-empty name, e.g. 'my_agent'")
-
-    def decorator(cls):
-        _REGISTERED_LOOPS[name] = cls
-        return cls
-
-    return decorator
+    return AGENT_LOOPS.register(name)
 
 
 def known_agent_loops() -> list[str]:
     """Sorted names of the built-in and registered agent loops."""
-    return sorted(set(_BUILTIN_LOOPS) | set(_REGISTERED_LOOPS))
+    return AGENT_LOOPS.names()
 
 
 def get_agent_loop_cls(name: str) -> type[AgentLoopBase]:
     """The loop class registered as ``name`` (a built-in is imported on first use).
 
     Raises:
-        AgentConfigError: no loop has that name.
+        AgentNameError (an AgentConfigError): no loop has that name.
     """
-    if name in _REGISTERED_LOOPS:
-        return _REGISTERED_LOOPS[name]
-    if name not in _BUILTIN_LOOPS:
-        raise AgentConfigError(
-            f"agent_name={name!r} is not a known agent loop; known: {', '.join(known_agent_loops())}. "
-            "Fix the data's agent_name column (or actor_rollout_ref.rollout.agent.default_agent_loop) "
-            "or register yours with @hybridrl.agents.register_agent_loop")
-    module, cls_name = _BUILTIN_LOOPS[name].split(":")
-    importlib.import_module(module)  # its @register_agent_loop fills the registry
-    return _REGISTERED_LOOPS[name]
+    return AGENT_LOOPS.get(name)

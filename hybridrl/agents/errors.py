@@ -8,6 +8,7 @@ a tool or interaction the config does not define.
 from __future__ import annotations
 
 from hybridrl.config.errors import ConfigError
+from hybridrl.registry import RegistryError
 
 
 class AgentConfigError(ConfigError):
@@ -17,3 +18,8 @@ class AgentConfigError(ConfigError):
 class AgentToolError(AgentConfigError):
     """A tool's ``create`` / ``calc_reward`` / ``release`` raised: the episode cannot be scored,
     and the tool's code or config must change (printed as one line naming tool and phase)."""
+
+
+class AgentNameError(AgentConfigError, RegistryError):
+    """An agent loop, tool or interaction registry was given an unknown name, or a second class
+    under a taken one."""

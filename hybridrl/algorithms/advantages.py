@@ -20,19 +20,23 @@ of this module so that importing either registers all of them.
 """
 
 from enum import Enum
-from typing import Any, Callable, Dict, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-from .errors import AlgorithmInputError, lookup, register_into
+from hybridrl.registry import Registry
+
+from .errors import AlgorithmInputError, UnknownAlgorithmError
 from .functional import masked_whiten
 
-ADV_ESTIMATOR_REGISTRY: Dict[str, Callable] = {}
+ADV_ESTIMATORS = Registry("advantage estimator", "algorithm.adv_estimator", error=UnknownAlgorithmError,
+                          hint="register your own with @register_adv_est")
+ADV_ESTIMATOR_REGISTRY = ADV_ESTIMATORS.table  # verl's name: the live name -> function dict
 
 # Names of registered estimators that compare the responses to one prompt with each other, so
-# they need ``actor_rollout_ref.rollout.n >= 2``; filled by ``register_adv_est(needs_group=True)``.
-ADV_ESTIMATOR_NEEDS_GROUP: Set[str] = set()
+# they need ``actor_rollout_ref.rollout.n >= 2`` (the ``needs_group`` capability; a live view).
+ADV_ESTIMATOR_NEEDS_GROUP = ADV_ESTIMATORS.having("needs_group")
 
 # The built-in group estimators. ReMax is not one: its baseline is a separate greedy response.
 GROUP_ESTIMATORS: frozenset = frozenset(
@@ -47,34 +51,23 @@ def register_adv_est(name: "str | Enum", needs_group: bool = False) -> Callable:
 
     The function must accept keyword arguments and ``**kwargs`` and return
     ``(advantages, returns)``, both ``(bs, response_length)``. ``needs_group=True`` declares
-    that it needs several responses per prompt (it is added to ``ADV_ESTIMATOR_NEEDS_GROUP``,
+    that it needs several responses per prompt (a capability, seen in ``ADV_ESTIMATOR_NEEDS_GROUP``,
     which the config check uses to reject ``rollout.n < 2``).
 
     Raises:
-        ValueError: another function is already registered under ``name``.
+        UnknownAlgorithmError (a ValueError): another function is already registered under ``name``.
     """
-    name = name.value if isinstance(name, Enum) else name
-    store = register_into(ADV_ESTIMATOR_REGISTRY, name, "advantage estimator")
-
-    def decorator(fn: Callable) -> Callable:
-        store(fn)
-        if needs_group:
-            ADV_ESTIMATOR_NEEDS_GROUP.add(name)
-        else:
-            ADV_ESTIMATOR_NEEDS_GROUP.discard(name)
-        return fn
-
-    return decorator
+    return ADV_ESTIMATORS.register(name, needs_group=needs_group)
 
 
 def get_adv_estimator_fn(name: "str | Enum") -> Callable:
     """Return the estimator registered as ``name`` (or an ``Enum`` member's value).
 
     Raises:
-        UnknownAlgorithmError: no estimator has that name (the message lists the known ones).
+        UnknownAlgorithmError: no estimator has that name (the message lists the known ones and
+            suggests the closest).
     """
-    name = name.value if isinstance(name, Enum) else name
-    return lookup(ADV_ESTIMATOR_REGISTRY, name, "advantage estimator", "algorithm.adv_estimator")
+    return ADV_ESTIMATORS.get(name)
 
 
 # ----------------------------------------------------------------------------- shared helpers

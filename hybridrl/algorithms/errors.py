@@ -1,14 +1,17 @@
-"""Errors raised by the algorithm functions, and the shared registry helpers.
+"""Errors raised by the algorithm functions.
 
 Every error is a ``ValueError`` subclass whose message stands alone: what is wrong, which key
 or argument, and what to do.
 """
 
-from typing import Callable, Dict, Optional
+from typing import Optional
+
+from hybridrl.registry import RegistryError
 
 
-class UnknownAlgorithmError(ValueError):
-    """A registry lookup used a name that nobody registered."""
+class UnknownAlgorithmError(RegistryError):
+    """An algorithm registry (estimators, losses, KL penalties) was given a name nobody registered,
+    or a second function under a taken name."""
 
 
 class AlgorithmConfigError(ValueError):
@@ -39,35 +42,3 @@ def check_finite(tensor, name: str, data_step: Optional[int] = None, mask=None) 
             f"{where}{name} has {count} NaN/inf value(s) of {bad.numel()}; the step is stopped. Usual causes: "
             "a reward function returning NaN, a learning rate too high, or fp16 overflow; run with "
             "HYBRIDRL_DEBUG=1 for the traceback")
-
-
-def register_into(registry: Dict[str, Callable], name: str, kind: str) -> Callable:
-    """Return a decorator that stores a function in ``registry`` under ``name``.
-
-    Registering a *different* function under a taken name raises ``ValueError``; registering
-    the same function twice (a re-import) is allowed.
-    """
-
-    def decorator(fn: Callable) -> Callable:
-        old = registry.get(name)
-        if old is not None and old is not fn:
-            raise ValueError(
-                f"{kind} '{name}' is already registered to {old.__module__}.{old.__qualname__}; "
-                "pick another name for the new one"
-            )
-        registry[name] = fn
-        return fn
-
-    return decorator
-
-
-def lookup(registry: Dict[str, Callable], name: str, kind: str, config_key: Optional[str]) -> Callable:
-    """Return ``registry[name]`` or raise ``UnknownAlgorithmError`` listing the known names."""
-    try:
-        return registry[name]
-    except (KeyError, TypeError):
-        known = ", ".join(sorted(registry))
-        where = f" (config key `{config_key}`)" if config_key else ""
-        raise UnknownAlgorithmError(
-            f"unknown {kind} {name!r}{where}; registered names are: {known}"
-        ) from None

@@ -8,10 +8,14 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
-from .errors import AlgorithmConfigError, AlgorithmInputError, lookup, register_into
+from hybridrl.registry import Registry
+
+from .errors import AlgorithmConfigError, AlgorithmInputError, UnknownAlgorithmError
 from .functional import masked_mean
 
-KL_PENALTY_REGISTRY: Dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {}
+KL_PENALTIES = Registry("KL penalty", "actor_rollout_ref.actor.kl_loss_type / algorithm.kl_penalty",
+                        error=UnknownAlgorithmError, hint="register your own with @register_kl_penalty")
+KL_PENALTY_REGISTRY: Dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = KL_PENALTIES.table
 FULL_KL = "full"  # the exact KL over the vocabulary, computed from logits by the actor
 
 
@@ -19,7 +23,8 @@ def register_kl_penalty(*names: str) -> Callable:
     """Decorator: register ``fn(logprob, ref_logprob) -> kl`` under one or more names.
 
     Raises:
-        ValueError: a name is taken by a different function, or is ``full`` / ends in ``+``
+        UnknownAlgorithmError (a ValueError): a name is taken by a different function.
+        ValueError: a name is ``full`` / ends in ``+``
             (those forms are derived, see :func:`kl_penalty`).
     """
 
@@ -27,7 +32,7 @@ def register_kl_penalty(*names: str) -> Callable:
         for name in names:
             if name == FULL_KL or name.endswith("+"):
                 raise ValueError(f"register_kl_penalty: {name!r} is reserved ('full' and '<name>+' are derived forms)")
-            register_into(KL_PENALTY_REGISTRY, name, "KL penalty")(fn)
+            KL_PENALTIES.register(name, fn)
         return fn
 
     return decorator
@@ -102,8 +107,7 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
             "trainer do this when kl_loss_type / algorithm.kl_penalty is 'full')")
     straight_through = kl_penalty.endswith("+") and kl_penalty[:-1] in KL_PENALTY_REGISTRY
     name = kl_penalty[:-1] if straight_through else kl_penalty
-    fn = lookup(KL_PENALTY_REGISTRY, name, "KL penalty",
-                "actor_rollout_ref.actor.kl_loss_type / algorithm.kl_penalty")
+    fn = KL_PENALTIES.get(name)
     value = fn(logprob, ref_logprob)
     if not straight_through:
         return value

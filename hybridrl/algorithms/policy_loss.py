@@ -24,13 +24,17 @@ from typing import Callable, Dict, Optional, Tuple, Union
 
 import torch
 
-from .errors import AlgorithmConfigError, AlgorithmInputError, UnknownAlgorithmError, lookup, register_into
+from hybridrl.registry import Registry
+
+from .errors import AlgorithmConfigError, AlgorithmInputError, UnknownAlgorithmError
 from .functional import masked_mean, masked_sum
 from .rollout_corr import RolloutCorrectionConfig
 
 logger = logging.getLogger(__name__)
 
-POLICY_LOSS_REGISTRY: Dict[str, Callable] = {}
+POLICY_LOSSES = Registry("policy loss", "actor_rollout_ref.actor.policy_loss.loss_mode", error=UnknownAlgorithmError,
+                         hint="register your own with @register_policy_loss")
+POLICY_LOSS_REGISTRY = POLICY_LOSSES.table  # verl's name: the live name -> function dict
 
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
@@ -39,8 +43,12 @@ Number = Union[int, float, torch.Tensor]
 
 def register_policy_loss(name: str) -> Callable:
     """Decorator: register a policy loss under ``name`` (the value of
-    ``actor_rollout_ref.actor.policy_loss.loss_mode``)."""
-    return register_into(POLICY_LOSS_REGISTRY, name, "policy loss")
+    ``actor_rollout_ref.actor.policy_loss.loss_mode``).
+
+    Raises:
+        UnknownAlgorithmError (a ValueError): another function is already registered under ``name``.
+    """
+    return POLICY_LOSSES.register(name)
 
 
 def get_policy_loss_fn(name: str) -> Callable:
@@ -49,7 +57,7 @@ def get_policy_loss_fn(name: str) -> Callable:
     Raises:
         UnknownAlgorithmError: no loss has that name (the message lists the known ones).
     """
-    return lookup(POLICY_LOSS_REGISTRY, name, "policy loss", "actor_rollout_ref.actor.policy_loss.loss_mode")
+    return POLICY_LOSSES.get(name)
 
 
 # Keys of the ``actor_rollout_ref.actor.policy_loss`` section that PolicyLossConfig holds

@@ -18,11 +18,13 @@ Extending::
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from typing import Any, Callable
 
+from hybridrl.registry import Registry, RegistryError
+
 __all__ = [
+    "SCORERS",
     "UnknownDataSourceError",
     "ScorerRegistrationError",
     "register_scorer",
@@ -53,16 +55,23 @@ _BUILTIN_SCORERS: dict[str, str] = {
     **dict.fromkeys(("humaneval", "openai_humaneval", "openai/openai_humaneval"),
                     "hybridrl.rewards.code:compute_score"),
 }
-# Scorers registered by users; they take precedence over the built-in table.
-_REGISTERED_SCORERS: dict[str, Callable[..., Any]] = {}
 
 
-class UnknownDataSourceError(ValueError):
-    """No scorer is registered for a data_source."""
+class UnknownDataSourceError(RegistryError):
+    """No scorer is registered for a data_source (a ValueError)."""
 
 
 class ScorerRegistrationError(ValueError):
     """register_scorer was called without valid data_source names."""
+
+
+# Registered scorers take precedence over the built-in table; a later registration of a
+# data_source replaces the earlier one (documented, hence replace=True).
+SCORERS = Registry(
+    "data_source with a reward scorer", "data_source", error=UnknownDataSourceError, replace=True,
+    builtins=_BUILTIN_SCORERS,
+    hint="set custom_reward_function.path/name to your own compute_score file, or register one with "
+         "@hybridrl.rewards.register_scorer")
 
 
 def register_scorer(*data_sources: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -81,7 +90,7 @@ def register_scorer(*data_sources: str) -> Callable[[Callable[..., Any]], Callab
 
     def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
         for source in data_sources:
-            _REGISTERED_SCORERS[source] = fn
+            SCORERS.register(source, fn)
         return fn
 
     return decorator
@@ -89,7 +98,7 @@ def register_scorer(*data_sources: str) -> Callable[[Callable[..., Any]], Callab
 
 def known_data_sources() -> list[str]:
     """Sorted list of every data_source that has a scorer (built-in or registered)."""
-    return sorted(set(_BUILTIN_SCORERS) | set(_REGISTERED_SCORERS))
+    return SCORERS.names()
 
 
 def get_scorer(data_source: str) -> Callable[..., Any]:
@@ -98,21 +107,7 @@ def get_scorer(data_source: str) -> Callable[..., Any]:
     Raises:
         UnknownDataSourceError: no scorer is known for ``data_source``.
     """
-    fn = _REGISTERED_SCORERS.get(data_source)
-    if fn is not None:
-        return fn
-    target = _BUILTIN_SCORERS.get(data_source)
-    if target is None:
-        raise UnknownDataSourceError(
-            f"no reward scorer for data_source={data_source!r}; known data sources: "
-            f"{known_data_sources()}. Set custom_reward_function.path/name to your own "
-            "compute_score file, or register one with @hybridrl.rewards.register_scorer"
-            f"({data_source!r})"
-        )
-    module_name, fn_name = target.split(":")
-    fn = getattr(importlib.import_module(module_name), fn_name)
-    _REGISTERED_SCORERS.setdefault(data_source, fn)  # cache the import
-    return fn
+    return SCORERS.get(data_source)
 
 
 def _accepts_extra_info(fn: Callable[..., Any]) -> bool:

@@ -17,17 +17,26 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
+from hybridrl.registry import Registry, RegistryError
 from hybridrl.rewards import default_compute_score, known_data_sources
 from hybridrl.rewards.custom import RewardConfigError, load_custom_reward_fn
 from hybridrl.rewards.settings import cfg_get, to_plain_dict
 from hybridrl.rewards.pool import RewardPool, ScoreTimeoutError, serial_calls
 
-__all__ = ["RewardFunctionError", "RewardInputError", "register_reward_manager", "get_reward_manager_cls",
-           "NaiveRewardManager", "load_reward_manager"]
+__all__ = ["RewardFunctionError", "RewardInputError", "RewardManagerNameError", "REWARD_MANAGERS",
+           "register_reward_manager", "get_reward_manager_cls", "NaiveRewardManager", "load_reward_manager"]
 
 logger = logging.getLogger(__name__)
 
-_REWARD_MANAGERS: dict[str, type] = {}
+
+class RewardManagerNameError(RewardConfigError, RegistryError):
+    """``reward_model.reward_manager`` names no registered manager, or a second class takes a name."""
+
+
+REWARD_MANAGERS = Registry("reward manager", "reward_model.reward_manager", error=RewardManagerNameError,
+                           hint="pick one of them or register yours with @register_reward_manager")
+_REWARD_MANAGERS: dict[str, type] = REWARD_MANAGERS.table  # read by hybridrl.config.schema
+
 # What a failing or late scoring call does: stop the run; score 0; score 0 and train nothing on
 # the sample (the driver masks it); score 0 and drop its prompt group; try again, then stop.
 ON_ERROR_POLICIES = ("raise", "zero", "mask_sample", "drop_group", "retry")
@@ -72,32 +81,19 @@ def register_reward_manager(name: str) -> Callable[[type], type]:
     ``manager(data: DataProto, return_dict=False)``.
 
     Raises:
-        RewardConfigError: another class is registered under ``name`` already.
+        RewardManagerNameError (a RewardConfigError): another class is registered under ``name`` already.
     """
-
-    def decorator(cls: type) -> type:
-        old = _REWARD_MANAGERS.get(name)
-        if old is not None and old is not cls:
-            raise RewardConfigError(f"reward manager {name!r} is already registered to {old.__module__}."
-                                    f"{old.__qualname__}; pick another name for {cls.__qualname__}")
-        _REWARD_MANAGERS[name] = cls
-        return cls
-
-    return decorator
+    return REWARD_MANAGERS.register(name)
 
 
 def get_reward_manager_cls(name: str) -> type:
     """Return the reward manager class registered as ``name``.
 
     Raises:
-        RewardConfigError: ``name`` is not registered.
+        RewardManagerNameError (a RewardConfigError): ``name`` is not registered (the message lists
+            the known ones and suggests the closest).
     """
-    if name not in _REWARD_MANAGERS:
-        raise RewardConfigError(
-            f"reward_model.reward_manager={name!r} is unknown; known: {sorted(_REWARD_MANAGERS)}. "
-            "Pick one of them or register yours with @register_reward_manager"
-        )
-    return _REWARD_MANAGERS[name]
+    return REWARD_MANAGERS.get(name)
 
 
 def _split_result(result: Any) -> tuple[float, dict]:

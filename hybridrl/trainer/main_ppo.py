@@ -175,12 +175,14 @@ def user_error_types() -> tuple[type[BaseException], ...]:
     from hybridrl.trainer.tracking import TrackingError
     from hybridrl.agents.retrieval import RetrieverError
     from hybridrl.controller.ray import ResourceError, WorkerUserError
+    from hybridrl.registry import RegistryError
     from hybridrl.workers.rollout.base import RolloutEngineError
 
     return (ConfigError, DataError, ModelPathError, ModelDependencyError, ModelConfigError,
             UnknownDataSourceError, RewardConfigError, RewardFunctionError, RewardPoolError,
             UnknownAlgorithmError, AlgorithmConfigError, AlgorithmInputError, NonFiniteError, CheckpointError,
-            TrackingError, FileNotFoundError, RetrieverError, ResourceError, WorkerUserError, RolloutEngineError)
+            TrackingError, FileNotFoundError, RetrieverError, ResourceError, WorkerUserError, RolloutEngineError,
+            RegistryError)
 
 
 def run_cli(run: Callable[[Any], Any], config_name: str, argv: list[str] | None = None) -> int:

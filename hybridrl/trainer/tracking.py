@@ -15,9 +15,9 @@ import math
 import os
 import sys
 import textwrap
-from typing import Any, Callable
+from typing import Any
 
-_LOGGERS: dict[str, Callable[..., Any]] = {}
+from hybridrl.registry import Registry, RegistryError
 
 # A metrics dict may carry validation samples under this key (a list of dicts with input,
 # output, score, ground_truth, step; see rollout_dump.ValidationDump): `Tracking.log` hands
@@ -33,28 +33,25 @@ class MissingLoggerPackage(TrackingError, ImportError):
     """A logger's optional package (tensorboard, wandb) is not installed."""
 
 
+class LoggerNameError(TrackingError, RegistryError):
+    """``trainer.logger`` names no registered logger, or a second class takes a name."""
+
+
+LOGGERS = Registry("logger", "trainer.logger", error=LoggerNameError, hint="register your own with @register_logger")
+
+
 def register_logger(name: str):
     """Class decorator: make a logger available as `trainer.logger=[..., name]`.
 
     Raises:
-        TrackingError: another logger is already registered under `name`.
+        LoggerNameError (a TrackingError): another logger is already registered under `name`.
     """
-
-    def decorator(cls):
-        if name in _LOGGERS and _LOGGERS[name] is not cls:
-            raise TrackingError(
-                f"register_logger: a logger named {name!r} is already registered "
-                f"({_LOGGERS[name].__qualname__}); pick another name"
-            )
-        _LOGGERS[name] = cls
-        return cls
-
-    return decorator
+    return LOGGERS.register(name)
 
 
 def available_loggers() -> list[str]:
     """Names accepted in `trainer.logger`, sorted."""
-    return sorted(_LOGGERS)
+    return LOGGERS.names()
 
 
 def _plain(value):
@@ -80,7 +77,7 @@ class Tracking:
         total_steps: number of training steps, for the console progress bar.
 
     Raises:
-        TrackingError: an unknown logger name (listing the known ones), or a logger that
+        TrackingError: an unknown logger name (LoggerNameError, listing the known ones), or a logger that
             needs `local_dir` without one. MissingLoggerPackage: tensorboard/wandb not installed.
     """
 
@@ -96,16 +93,11 @@ class Tracking:
         if isinstance(default_backend, str):
             default_backend = [default_backend]
         names = list(dict.fromkeys(default_backend or []))  # drop repeats, keep order
-        unknown = [n for n in names if n not in _LOGGERS]
-        if unknown:
-            raise TrackingError(
-                f"trainer.logger: unknown logger(s) {unknown}; "
-                f"known loggers are {available_loggers()}"
-            )
+        classes = [LOGGERS.get(name) for name in names]  # an unknown name fails before any is built
         self.loggers: dict[str, Any] = {}
         try:
-            for name in names:
-                self.loggers[name] = _LOGGERS[name](
+            for name, cls in zip(names, classes):
+                self.loggers[name] = cls(
                     project_name=project_name,
                     experiment_name=experiment_name,
                     config=config,

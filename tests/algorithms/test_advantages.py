@@ -158,8 +158,7 @@ def test_register_needs_group_for_user_estimators():
         register_adv_est("_test_grouped")(grouped)
         assert "_test_grouped" not in ADV_ESTIMATOR_NEEDS_GROUP
     finally:
-        ADV_ESTIMATOR_REGISTRY.pop("_test_grouped")
-        ADV_ESTIMATOR_NEEDS_GROUP.discard("_test_grouped")
+        ADV_ESTIMATOR_REGISTRY.pop("_test_grouped")  # ADV_ESTIMATOR_NEEDS_GROUP follows it
 
 
 def test_gae_missing_values_says_what_to_do():

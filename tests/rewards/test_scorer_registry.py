@@ -18,7 +18,7 @@ from hybridrl.rewards import (
 
 @pytest.fixture(autouse=True)
 def _restore_registry(monkeypatch):
-    monkeypatch.setattr(rewards, "_REGISTERED_SCORERS", dict(rewards._REGISTERED_SCORERS))
+    monkeypatch.setattr(rewards.SCORERS, "table", dict(rewards.SCORERS.table))
 
 
 def test_builtin_sources_are_known_and_dispatch():

@@ -102,7 +102,7 @@ def test_unknown_logger_lists_known_ones():
 
 
 def test_register_custom_logger(monkeypatch):
-    monkeypatch.setattr(T, "_LOGGERS", dict(T._LOGGERS))
+    monkeypatch.setattr(T.LOGGERS, "table", dict(T.LOGGERS.table))
     seen = []
 
     @register_logger("memory")
@@ -204,7 +204,7 @@ SAMPLES = [{"input": "system\nQ: 2+3?\nassistant\n", "output": "\n\n\n", "score"
 
 
 def test_val_generations_go_to_log_generations_not_to_metrics(monkeypatch, tmp_path):
-    monkeypatch.setattr(T, "_LOGGERS", dict(T._LOGGERS))
+    monkeypatch.setattr(T.LOGGERS, "table", dict(T.LOGGERS.table))
     seen = []
 
     @register_logger("samples")

@@ -12,20 +12,21 @@ goes to :meth:`BaseInteraction.start_interaction`. The config file
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 from uuid import uuid4
 
-from hybridrl.agents.errors import AgentConfigError
-from hybridrl.agents.tools.base import read_yaml_list
+from hybridrl.agents.errors import AgentConfigError, AgentNameError
+from hybridrl.agents.tools.base import read_yaml_list, resolve_class
+from hybridrl.registry import Registry
 
-__all__ = ["BaseInteraction", "register_interaction", "load_interactions"]
+__all__ = ["BaseInteraction", "INTERACTIONS", "register_interaction", "load_interactions"]
 
 _VERL_ALIASES = {
     "verl.interactions.gsm8k_interaction.Gsm8kInteraction": "hybridrl.agents.interactions.gsm8k.Gsm8kInteraction",
 }
-_BUILTIN = {"gsm8k": "hybridrl.agents.interactions.gsm8k.Gsm8kInteraction"}
-_REGISTERED: dict[str, type["BaseInteraction"]] = {}
+# ``class_name`` values of an interaction config; the built-in ones are imported on first use.
+INTERACTIONS = Registry("interaction", "class_name", error=AgentNameError,
+                        builtins={"gsm8k": "hybridrl.agents.interactions.gsm8k:Gsm8kInteraction"})
 
 
 class BaseInteraction:
@@ -61,28 +62,16 @@ class BaseInteraction:
 
 
 def register_interaction(name: str):
-    """Class decorator: ``class_name: <name>`` in an interaction config means this class."""
+    """Class decorator: ``class_name: <name>`` in an interaction config means this class.
 
-    def decorator(cls):
-        _REGISTERED[name] = cls
-        return cls
-
-    return decorator
+    Raises:
+        AgentNameError: another class is registered under ``name``.
+    """
+    return INTERACTIONS.register(name)
 
 
 def _interaction_class(class_name: str, where: str) -> type[BaseInteraction]:
-    if class_name in _REGISTERED:
-        return _REGISTERED[class_name]
-    path = _BUILTIN.get(class_name) or _VERL_ALIASES.get(class_name) or class_name
-    module_name, _, attr = path.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module_name), attr) if module_name else None
-    except (ImportError, AttributeError):
-        cls = None
-    if not (isinstance(cls, type) and issubclass(cls, BaseInteraction)):
-        raise AgentConfigError(f"{where}: class_name={class_name!r} is not a BaseInteraction subclass that can be "
-                               f"imported; use a dotted path or one of {', '.join(sorted(set(_BUILTIN) | set(_REGISTERED)))}")
-    return cls
+    return resolve_class(INTERACTIONS, class_name, _VERL_ALIASES, BaseInteraction, where)
 
 
 def load_interactions(path: str, config_key: str = "actor_rollout_ref.rollout.multi_turn.interaction_config_path"

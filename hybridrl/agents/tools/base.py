@@ -27,13 +27,15 @@ from uuid import uuid4
 
 from pydantic import BaseModel, ValidationError
 
-from hybridrl.agents.errors import AgentConfigError
+from hybridrl.agents.errors import AgentConfigError, AgentNameError
+from hybridrl.registry import Registry, RegistryError
 
 __all__ = [
     "OpenAIFunctionParameters",
     "OpenAIFunction",
     "OpenAIFunctionToolSchema",
     "BaseTool",
+    "TOOLS",
     "register_tool",
     "load_tools",
 ]
@@ -44,12 +46,12 @@ _VERL_ALIASES = {
     "verl.tools.gsm8k_tool.Gsm8kTool": "hybridrl.agents.tools.gsm8k.Gsm8kTool",
     "verl.tools.search_tool.SearchTool": "hybridrl.agents.tools.search.SearchTool",
 }
-_BUILTIN_TOOLS = {  # registered names of the built-in tools, imported on first use
-    "calc_gsm8k_reward": "hybridrl.agents.tools.gsm8k.Gsm8kTool",
-    "calculator": "hybridrl.agents.tools.gsm8k.CalculatorTool",
-    "search": "hybridrl.agents.tools.search.SearchTool",
-}
-_REGISTERED_TOOLS: dict[str, type["BaseTool"]] = {}
+# ``class_name`` values of a tool config; the built-in tools are imported on first use.
+TOOLS = Registry("tool", "class_name", error=AgentNameError, builtins={
+    "calc_gsm8k_reward": "hybridrl.agents.tools.gsm8k:Gsm8kTool",
+    "calculator": "hybridrl.agents.tools.gsm8k:CalculatorTool",
+    "search": "hybridrl.agents.tools.search:SearchTool",
+})
 
 
 class OpenAIFunctionParameters(BaseModel):
@@ -123,29 +125,39 @@ class BaseTool:
 
 
 def register_tool(name: str):
-    """Class decorator: ``class_name: <name>`` in a tool config means this class."""
+    """Class decorator: ``class_name: <name>`` in a tool config means this class.
 
-    def decorator(cls):
-        _REGISTERED_TOOLS[name] = cls
-        return cls
+    Raises:
+        AgentNameError: another class is registered under ``name``.
+    """
+    return TOOLS.register(name)
 
-    return decorator
+
+def resolve_class(registry: Registry, class_name: Any, aliases: dict[str, str], base: type, where: str,
+                  example: str = "") -> type:
+    """The class a config's ``class_name`` means: a name in ``registry``, a verl dotted path in
+    ``aliases``, or any dotted path to a ``base`` subclass.
+
+    Raises:
+        AgentConfigError: it cannot be imported or is not a ``base`` subclass (one line, ``where`` first).
+    """
+    try:
+        if class_name in registry:
+            cls = registry.get(class_name)
+        else:
+            module_name, _, attr = (aliases.get(class_name) or class_name).rpartition(".")
+            cls = getattr(importlib.import_module(module_name), attr) if module_name else None
+    except (ImportError, AttributeError, TypeError, RegistryError):
+        cls = None
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise AgentConfigError(
+            f"{where}: class_name={class_name!r} is not a {base.__name__} subclass that can be imported; use a "
+            f"dotted path{example} or one of {', '.join(registry.names())}")
+    return cls
 
 
 def _tool_class(class_name: str, where: str) -> type[BaseTool]:
-    if class_name in _REGISTERED_TOOLS:
-        return _REGISTERED_TOOLS[class_name]
-    path = _BUILTIN_TOOLS.get(class_name) or _VERL_ALIASES.get(class_name) or class_name
-    module_name, _, attr = path.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module_name), attr) if module_name else None
-    except (ImportError, AttributeError):
-        cls = None
-    if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
-        raise AgentConfigError(
-            f"{where}: class_name={class_name!r} is not a BaseTool subclass that can be imported; use a dotted "
-            f"path (my_pkg.my_tools.MyTool) or one of {', '.join(sorted(set(_BUILTIN_TOOLS) | set(_REGISTERED_TOOLS)))}")
-    return cls
+    return resolve_class(TOOLS, class_name, _VERL_ALIASES, BaseTool, where, " (my_pkg.my_tools.MyTool)")
 
 
 def read_yaml_list(path: str, key: str, config_key: str) -> list:

@@ -12,8 +12,7 @@ import torch
 
 from hybridrl.config.key_tables import OPTIONAL_ENGINES
 from hybridrl.protocol import DataProto
-
-ROLLOUT_REGISTRY: dict[str, type["BaseRollout"]] = {}
+from hybridrl.registry import Registry, RegistryError
 
 
 class RolloutEngineError(RuntimeError):
@@ -21,7 +20,17 @@ class RolloutEngineError(RuntimeError):
     setting, a prompt longer than the engine allows): printed as one line."""
 
 
-ASYNC_ROLLOUT_REGISTRY: dict[str, type["BaseRollout"]] = {}
+class RolloutNameError(RegistryError):
+    """``actor_rollout_ref.rollout.name`` names no engine, or a second class takes a name (a ValueError)."""
+
+
+_HINT = (f"also accepted, generating with the HF engine: {', '.join(sorted(OPTIONAL_ENGINES))}; "
+         "register your own with @register_rollout")
+ROLLOUTS = Registry("rollout engine", "actor_rollout_ref.rollout.name", error=RolloutNameError, hint=_HINT)
+ASYNC_ROLLOUTS = Registry("async rollout engine", "actor_rollout_ref.rollout.name", error=RolloutNameError,
+                          hint="register your own with @register_rollout(name, mode='async')")
+ROLLOUT_REGISTRY: dict[str, type["BaseRollout"]] = ROLLOUTS.table  # live dicts, read by the config check
+ASYNC_ROLLOUT_REGISTRY: dict[str, type["BaseRollout"]] = ASYNC_ROLLOUTS.table
 
 
 class SampledIds(list):
@@ -41,14 +50,12 @@ class SampledIds(list):
 
 
 def register_rollout(name: str, mode: str = "sync"):
-    """Class decorator: the engine of ``rollout.name=name`` in ``rollout.mode=mode`` (sync | async)."""
-    registry = ASYNC_ROLLOUT_REGISTRY if mode == "async" else ROLLOUT_REGISTRY
+    """Class decorator: the engine of ``rollout.name=name`` in ``rollout.mode=mode`` (sync | async).
 
-    def decorator(cls):
-        registry[name] = cls
-        return cls
-
-    return decorator
+    Raises:
+        RolloutNameError: another class is registered under ``name`` in that mode.
+    """
+    return (ASYNC_ROLLOUTS if mode == "async" else ROLLOUTS).register(name)
 
 
 def get_rollout_cls(name: str, mode: str = "sync") -> type["BaseRollout"]:
@@ -60,22 +67,17 @@ def get_rollout_cls(name: str, mode: str = "sync") -> type["BaseRollout"]:
 
     Raises:
         RolloutEngineError: ``mode=async`` for an engine that has no async server mode.
-        ValueError: an unknown engine name.
+        RolloutNameError (a ValueError): an unknown engine name.
     """
     if mode == "async":
-        if name in ASYNC_ROLLOUT_REGISTRY:
-            return ASYNC_ROLLOUT_REGISTRY[name]
+        if name in ASYNC_ROLLOUTS:
+            return ASYNC_ROLLOUTS.get(name)
         raise RolloutEngineError(
             f"actor_rollout_ref.rollout.mode=async: the {name!r} engine has no async server mode "
-            f"(engines with one: {', '.join(sorted(ASYNC_ROLLOUT_REGISTRY))}); set rollout.name=vllm or rollout.mode=sync")
-    if name in ROLLOUT_REGISTRY:
-        return ROLLOUT_REGISTRY[name]
-    if name in OPTIONAL_ENGINES:
-        return ROLLOUT_REGISTRY["hf"]
-    raise ValueError(
-        f"actor_rollout_ref.rollout.name={name!r} is not a known rollout engine; "
-        f"choose one of {sorted(set(ROLLOUT_REGISTRY) | set(OPTIONAL_ENGINES))}"
-    )
+            f"(engines with one: {', '.join(ASYNC_ROLLOUTS.names())}); set rollout.name=vllm or rollout.mode=sync")
+    if name in OPTIONAL_ENGINES and name not in ROLLOUTS:
+        return ROLLOUTS.get("hf")
+    return ROLLOUTS.get(name)
 
 
 class BaseRollout(abc.ABC):
