@@ -256,13 +256,17 @@ class RayWorkerGroup(WorkerGroup):
         ray_cls_with_init: the worker class and its arguments, or a :class:`ColocatedWorkers`.
         cpu_threads_per_worker: torch/OpenMP threads in each process (CPU runs).
         name_prefix: Ray actor name prefix (for the dashboard).
+        max_concurrency: calls a process runs at once, each in a thread of its own (Ray's
+            threaded actors); 1 runs them one after the other. One-step-off-policy training uses 2,
+            so that a prefetching generation runs beside the training calls.
 
     Raises:
         WorkerError: a worker's constructor failed on some rank.
     """
 
     def __init__(self, resource_pool: RayResourcePool, ray_cls_with_init, cpu_threads_per_worker: int = 1,
-                 name_prefix: str = "hybridrl", _hosts: list | None = None, _role: str | None = None) -> None:
+                 name_prefix: str = "hybridrl", max_concurrency: int = 1, _hosts: list | None = None,
+                 _role: str | None = None) -> None:
         import ray
 
         self.resource_pool = resource_pool
@@ -275,7 +279,7 @@ class RayWorkerGroup(WorkerGroup):
         if _hosts is not None:  # a spawned view of another group's processes
             self._hosts = _hosts
             return
-        self._hosts = self._start_hosts(resource_pool, cpu_threads_per_worker, name_prefix)
+        self._hosts = self._start_hosts(resource_pool, cpu_threads_per_worker, name_prefix, max_concurrency)
         try:
             host0_addr, port = ray.get(self._hosts[0].master_address.remote())
             rendezvous = {"MASTER_ADDR": host0_addr, "MASTER_PORT": str(port)}
@@ -287,7 +291,7 @@ class RayWorkerGroup(WorkerGroup):
             raise
 
     @staticmethod
-    def _start_hosts(pool: RayResourcePool, threads: int, name_prefix: str) -> list:
+    def _start_hosts(pool: RayResourcePool, threads: int, name_prefix: str, max_concurrency: int = 1) -> list:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         host_cls = _host_actor_cls()
@@ -303,7 +307,7 @@ class RayWorkerGroup(WorkerGroup):
                     num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0),
                     scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=local_rank),
                     name=f"{name_prefix}_{pool.name_prefix}_rank{rank}_{uuid.uuid4().hex[:8]}",
-                    runtime_env={"env_vars": env},
+                    runtime_env={"env_vars": env}, max_concurrency=int(max_concurrency),
                 )
                 hosts.append(host_cls.options(**options).remote(env))
                 rank += 1

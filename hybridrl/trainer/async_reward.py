@@ -13,8 +13,6 @@ notes it. A reward model's ``rm_scores`` are computed before the thread starts, 
 from __future__ import annotations
 
 import math
-import threading
-import time
 from typing import Any, Callable
 
 import torch
@@ -22,6 +20,7 @@ import torch
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.manager import DEFAULT_RETRIES, DEFAULT_SCORE_TIMEOUT_S, RewardFunctionError
 from hybridrl.rewards.pool import START_TIMEOUT_S, check_num_workers
+from hybridrl.trainer.background import BackgroundCall
 
 __all__ = ["PendingReward", "reward_deadline_s", "scores_async"]
 
@@ -43,7 +42,7 @@ def reward_deadline_s(config, n_samples: int) -> float:
     return attempts * timeout_s * math.ceil(n_samples / workers) + START_TIMEOUT_S
 
 
-class PendingReward:
+class PendingReward(BackgroundCall):
     """The reward of one batch, being computed in a daemon thread.
 
     Args:
@@ -57,20 +56,13 @@ class PendingReward:
     def __init__(self, batch: DataProto, reward_fn: Callable[..., Any], deadline_s: float) -> None:
         snapshot = DataProto(batch=batch.batch.clone(False), non_tensor_batch=dict(batch.non_tensor_batch),
                              meta_info=dict(batch.meta_info))
-        self.n_samples, self.deadline_s = len(batch), float(deadline_s)
-        self._box: dict[str, Any] = {}
-        self._done = threading.Event()
-        self._started = time.monotonic()
-        threading.Thread(target=self._run, args=(snapshot, reward_fn), name="reward-async", daemon=True).start()
+        self.n_samples = len(batch)
 
-    def _run(self, batch: DataProto, reward_fn: Callable[..., Any]) -> None:
-        try:
-            result = reward_fn(batch, return_dict=True)
-            self._box["result"] = (result["reward_tensor"], result.get("reward_extra_info", {}))
-        except BaseException as exc:  # noqa: BLE001 - re-raised by result() in the driver's thread
-            self._box["error"] = exc
-        finally:
-            self._done.set()
+        def score() -> tuple[torch.Tensor, dict]:
+            result = reward_fn(snapshot, return_dict=True)
+            return result["reward_tensor"], result.get("reward_extra_info", {})
+
+        super().__init__(score, "reward-async", deadline_s)
 
     def result(self) -> tuple[torch.Tensor, dict]:
         """Waits for the scores: ``(token_level_scores (bs, response_length), reward_extra_info)``.
@@ -79,12 +71,7 @@ class PendingReward:
             RewardFunctionError: no result within ``deadline_s`` of the start (the thread runs on
                 unwatched), or what the reward manager raised, re-raised as it was.
         """
-        remaining = self.deadline_s - (time.monotonic() - self._started)
-        if not self._done.wait(max(0.0, remaining)):
-            raise RewardFunctionError(
-                f"reward_model.launch_reward_fn_async: the scores of the batch ({self.n_samples} samples) were not "
-                f"ready {self.deadline_s:g} s after scoring started (every call at reward_model.timeout_s, "
-                "reward.num_workers at a time); a reward manager that ignores reward_model.timeout_s may hang")
-        if "error" in self._box:
-            raise self._box["error"]
-        return self._box["result"]
+        return super().result(lambda: RewardFunctionError(
+            f"reward_model.launch_reward_fn_async: the scores of the batch ({self.n_samples} samples) were not "
+            f"ready {self.deadline_s:g} s after scoring started (every call at reward_model.timeout_s, "
+            "reward.num_workers at a time); a reward manager that ignores reward_model.timeout_s may hang"))

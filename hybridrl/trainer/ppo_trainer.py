@@ -9,6 +9,7 @@ import logging
 import os
 import uuid
 from collections import defaultdict
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -29,6 +30,7 @@ from hybridrl.trainer.metrics import (
     marked_timer,
     reduce_metrics,
 )
+from hybridrl.trainer.prefetch import VERSION_KEY, OneStepOffRollout, engine_deadline_s, staleness_metrics
 from hybridrl.trainer.rollout_correction import (apply_bypass_mode, compute_rollout_correction_and_add_to_batch,
                                                  rollout_correction_config)
 from hybridrl.trainer.rollout_dump import ValidationDump, dump_rollouts
@@ -72,19 +74,34 @@ class PPOTrainer:
         self._reward_extra_keys: dict[str, None] = {}  # the reward function's extra outputs seen so far
         self.global_steps = 0
         self._resumed_batches = None  # the rest of the epoch a checkpoint stopped in
+        self.prefetch: OneStepOffRollout | None = None  # trainer.one_step_off_policy: set by fit()
 
     # ---------------------------------------------------------------- one training step
-    def rollout(self, batch_dict: dict, metrics: dict, timing_raw: dict) -> DataProto:
-        """Samples ``rollout.n`` responses per prompt of a dataloader batch, with the group ids
-        (``uid``) and, with a reward model, its ``rm_scores`` (the reward manager reads them)."""
-        cfg = self.config
+    def generate(self, batch_dict: dict) -> tuple[DataProto, DataProto, DataProto]:
+        """``(rows, prompts, responses)`` of a dataloader batch: its rows with their group ids
+        (``uid``), the generation input (left padding trimmed) and ``rollout.n`` responses per
+        prompt, each tagged with its ``param_version``. Runs in a driver thread with one-step-off."""
         batch = DataProto.from_single_dict(batch_dict)
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
-        n = cfg.actor_rollout_ref.rollout.n
         prompts = trim_left_padding(batch.pop(batch_keys=GEN_BATCH_KEYS))
         prompts.non_tensor_batch.update(batch.non_tensor_batch)  # row fields for agent loops (agent_name, ...)
-        with marked_timer("gen", timing_raw):
-            gen_output = self.actor_rollout_wg.generate_sequences(prompts.repeat(n, interleave=True))
+        n = self.config.actor_rollout_ref.rollout.n
+        return batch, prompts, self.actor_rollout_wg.generate_sequences(prompts.repeat(n, interleave=True))
+
+    def rollout(self, batch_dict: dict, metrics: dict, timing_raw: dict) -> DataProto:
+        """Samples ``rollout.n`` responses per prompt of a dataloader batch, with the group ids
+        (``uid``) and, with a reward model, its ``rm_scores`` (the reward manager reads them).
+        With ``trainer.one_step_off_policy`` the batch was generated during the previous step
+        (:mod:`hybridrl.trainer.prefetch`) and the next one starts generating here."""
+        cfg = self.config
+        if self.prefetch is not None:
+            is_last = self.global_steps >= self.total_training_steps
+            (batch, prompts, gen_output), version = self.prefetch.take(self.global_steps, is_last, metrics, timing_raw)
+            metrics.update(staleness_metrics(gen_output.non_tensor_batch[VERSION_KEY], version))
+        else:
+            with marked_timer("gen", timing_raw):
+                batch, prompts, gen_output = self.generate(batch_dict)
+        n = cfg.actor_rollout_ref.rollout.n
         if cfg.algorithm.adv_estimator == "remax":
             with marked_timer("gen_max", timing_raw):
                 batch.batch["reward_baselines"] = self.greedy_reward_baselines(batch, prompts)
@@ -144,6 +161,7 @@ class PPOTrainer:
             batch.meta_info["global_steps"] = self.global_steps
             batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
             batch.meta_info["max_prompt_length"] = cfg.data.max_prompt_length
+            batch.meta_info["sync_rollout_weights"] = self.prefetch is None  # one-step-off: at the next step
             pending = (PendingReward(batch, self.reward_fn, reward_deadline_s(cfg, len(batch)))
                        if self.reward_async else None)
 
@@ -216,6 +234,8 @@ class PPOTrainer:
         dump_rollouts(cfg.trainer, batch, self.tokenizer, self.global_steps, reward_extra_info)
         metrics.update(compute_timing_metrics(batch, timing_raw))
         metrics.update(compute_throughput_metrics(batch, timing_raw, n_devices=self.n_workers))
+        if self.prefetch is not None:  # verl's name: the share of the step spent waiting for generation
+            metrics["fully_async/trainer/idle_ratio"] = timing_raw["gen"] / timing_raw["step"]
         return metrics
 
     def greedy_reward_baselines(self, batch: DataProto, prompts: DataProto) -> torch.Tensor:
@@ -243,6 +263,7 @@ class PPOTrainer:
         """
         val_kwargs = self.config.actor_rollout_ref.rollout.val_kwargs
         n = val_kwargs.get("n", 1)
+        self.actor_rollout_wg.sync_rollout_weights()  # one-step-off: the engine still has the weights of a step ago
         scores_by_source: dict[str, list[float]] = defaultdict(list)
         dump = ValidationDump(self.config.trainer, self.tokenizer, self.global_steps)
         for batch_dict in self.val_dataloader:
@@ -277,9 +298,11 @@ class PPOTrainer:
                 self.critic_wg.save_checkpoint(os.path.join(folder, "critic"), self.global_steps)
 
         keep = trainer_cfg.get("max_actor_ckpt_to_keep")
+        # One-step-off: the position before the next batch was drawn; a resumed run generates it again.
+        dataloader_state = self.prefetch.dataloader_state() if self.prefetch else self.train_dataloader.state_dict()
         return checkpoint.save_checkpoint(
             trainer_cfg.default_local_dir, self.global_steps, write_workers,
-            self.train_dataloader.state_dict(), max_to_keep=keep,
+            dataloader_state, max_to_keep=keep,
             trainer_state={"kl_coef_in_reward": self.kl_ctrl_in_reward.value},
         )
 
@@ -324,23 +347,47 @@ class PPOTrainer:
         if trainer_cfg.get("val_only", False):
             return
         self.global_steps += 1
-        while self.global_steps <= self.total_training_steps:
-            batches, self._resumed_batches = self._resumed_batches or iter(self.train_dataloader), None
-            for batch_dict in batches:
-                metrics = self.step(batch_dict)
-                if metrics is None:  # dynamic sampling: more groups to collect first
-                    continue
-                is_last = self.global_steps >= self.total_training_steps
-                timing: dict = {}
-                if self.val_dataloader is not None and self._due(trainer_cfg.test_freq, is_last):
-                    with marked_timer("testing", timing):
-                        metrics.update(self.validate())
-                if self._due(trainer_cfg.save_freq, is_last):
-                    with marked_timer("save_checkpoint", timing):
-                        self.save_checkpoint()
-                metrics.update({f"timing_s/{name}": seconds for name, seconds in timing.items()})
-                metrics["perf/time_per_step"] += sum(timing.values())  # the step's wall time, as verl counts it
-                tracker.log(metrics, step=self.global_steps)
-                if is_last:
-                    return
-                self.global_steps += 1
+        batches = self._train_batches()
+        if trainer_cfg.one_step_off_policy:  # the batches are drawn and generated a step early
+            batches = self.prefetch = OneStepOffRollout(
+                batches, self.generate, lambda: self.actor_rollout_wg.sync_rollout_weights()[0],
+                self.train_dataloader.state_dict, engine_deadline_s(self.config))
+        for batch_dict in batches:
+            metrics = self.step(batch_dict)
+            if metrics is None:  # dynamic sampling: more groups to collect first
+                continue
+            is_last = self.global_steps >= self.total_training_steps
+            timing: dict = {}
+            validating = self.val_dataloader is not None and self._due(trainer_cfg.test_freq, is_last)
+            saving = self._due(trainer_cfg.save_freq, is_last)
+            if self.prefetch is not None and (validating or saving):
+                # Validation and checkpoints run with the engine idle: wait for the next batch's
+                # generation (kept for the next step) instead of launching it after them, so that
+                # batch is one update old like every other.
+                with marked_timer("gen_next", timing):
+                    self.prefetch.settle("validation" if validating else "a checkpoint")
+            if validating:
+                with marked_timer("testing", timing):
+                    metrics.update(self.validate())
+            if saving:
+                with marked_timer("save_checkpoint", timing):
+                    self.save_checkpoint()
+            metrics.update({f"timing_s/{name}": seconds for name, seconds in timing.items()})
+            metrics["perf/time_per_step"] += sum(timing.values())  # the step's wall time, as verl counts it
+            tracker.log(metrics, step=self.global_steps)
+            if is_last:
+                return
+            self.global_steps += 1
+
+    def _train_batches(self) -> Iterator[dict]:
+        """Dataloader batches epoch after epoch, starting with the rest of a resumed epoch; ends
+        only when an epoch yields nothing (an empty dataloader)."""
+        resumed, self._resumed_batches = self._resumed_batches, None
+        yield from resumed or ()
+        while True:
+            drawn = False
+            for batch_dict in iter(self.train_dataloader):
+                drawn = True
+                yield batch_dict
+            if not drawn:
+                return

@@ -27,7 +27,7 @@ from hybridrl.config.errors import ConfigError
 from hybridrl.trainer.tracking import VAL_GENERATIONS_KEY
 
 _STEP_FILE = re.compile(r"^(?:step_)?(\d+)\.jsonl$")
-_BASE_KEYS = ("input", "output", "score", "ground_truth", "step", "data_source", "uid")
+_BASE_KEYS = ("input", "output", "score", "ground_truth", "step", "data_source", "uid", "param_version")
 
 
 class SampleDumpError(ValueError):
@@ -92,7 +92,7 @@ def sample_records(batch, tokenizer, step: int, scores=None, reward_extra_info: 
             "ground_truth": _to_json(reward_model.get("ground_truth")) if isinstance(reward_model, dict) else None,
             "step": int(step),
         }
-        for key in ("data_source", "uid"):
+        for key in ("data_source", "uid", "param_version"):
             if key in columns:
                 record[key] = _to_json(columns[key][i])
         record.update({k: _to_json(v[i]) for k, v in extra.items()})

@@ -112,8 +112,11 @@ def _build_ray_groups(config, roles: dict, world_size: int, device: str) -> Work
     worker_device = "cuda" if use_gpu else "cpu"
     class_dict = {name: RayClassWithInitArgs(cls, *args, device=worker_device, **kwargs)
                   for name, (cls, args, kwargs) in roles.items()}
+    # One-step-off: a prefetching generate call (from a driver thread) runs beside the training
+    # calls in each process; the worker's engine lock keeps weight syncs out of generations.
+    concurrency = 2 if trainer_cfg.one_step_off_policy else 1
     colocated = RayWorkerGroup(pools.get_resource_pool(Role.ActorRolloutRef), create_colocated_worker_cls(class_dict),
-                               cpu_threads_per_worker=threads)
+                               cpu_threads_per_worker=threads, max_concurrency=concurrency)
     groups = colocated.spawn(class_dict.keys())
     result = WorkerGroups(world_size=world_size, backend="ray", **groups)
     result._cleanups.append(colocated.shutdown)

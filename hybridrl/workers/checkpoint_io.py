@@ -98,8 +98,12 @@ def _model_and_optim_state(module, optimizer, options) -> tuple[dict, dict]:
     return model_state, optim_state
 
 
-def save_worker_state(local_path, module, optimizer, lr_scheduler, rank, world_size, tokenizer=None) -> None:
-    """Writes this rank's part of the checkpoint; a collective for a sharded module (every rank calls it)."""
+def save_worker_state(local_path, module, optimizer, lr_scheduler, rank, world_size, tokenizer=None,
+                      worker_state: dict | None = None) -> None:
+    """Writes this rank's part of the checkpoint; a collective for a sharded module (every rank calls it).
+
+    ``worker_state``: small plain values of the worker's own (e.g. the actor's ``param_version``),
+    kept in the extra state file and returned by :func:`load_worker_state`."""
     import torch.distributed.checkpoint as dcp
 
     from hybridrl.models.lora import is_lora_model, save_lora_adapter
@@ -110,7 +114,7 @@ def save_worker_state(local_path, module, optimizer, lr_scheduler, rank, world_s
              no_dist=not _distributed())
     if is_lora_model(module):
         save_lora_adapter(module, local_path, rank)
-    torch.save({"lr_scheduler": lr_scheduler.state_dict(), "rng": rng_state()},
+    torch.save({"lr_scheduler": lr_scheduler.state_dict(), "rng": rng_state(), "worker": dict(worker_state or {})},
                _extra_state_path(local_path, rank, world_size))
     if rank == 0:
         hf_dir = os.path.join(local_path, HF_DIR)
@@ -146,8 +150,9 @@ def _check_lora_rank(local_path: str, module) -> None:
             "resume with the same lora_rank, or start over with trainer.resume_mode=disable")
 
 
-def load_worker_state(local_path, module, optimizer, lr_scheduler, rank, world_size) -> None:
-    """Loads model and optimizer (re-sharded to this worker group) and the lr schedule.
+def load_worker_state(local_path, module, optimizer, lr_scheduler, rank, world_size) -> dict:
+    """Loads model and optimizer (re-sharded to this worker group) and the lr schedule; returns
+    the ``worker_state`` saved with them (``{}`` for a checkpoint written without one).
 
     RNG state is restored when the number of workers is unchanged; with another number the
     ranks do not correspond, so each rank keeps its own generator (sampling continues
@@ -172,3 +177,4 @@ def load_worker_state(local_path, module, optimizer, lr_scheduler, rank, world_s
     lr_scheduler.load_state_dict(extra["lr_scheduler"])
     if saved_world == world_size:
         set_rng_state(extra["rng"])
+    return dict(extra.get("worker") or {})

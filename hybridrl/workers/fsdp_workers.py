@@ -11,6 +11,7 @@ import copy
 import importlib
 import logging
 
+import numpy as np
 
 from hybridrl.config import normalize_batch_sizes
 from hybridrl.controller.decorator import Dispatch, register
@@ -125,9 +126,26 @@ class ActorRolloutRefWorker(Worker):
         rollout_cls = get_rollout_cls(self.config.rollout.name, self.config.rollout.get("mode", "sync"))
         self.rollout = rollout_cls(rollout_module, self.config.rollout, self.tokenizer,
                                    getattr(module, "generation_config", None))
+        self._start_engine_bookkeeping()
         self.agent_loop_manager = None  # multi-turn agent loops (hybridrl.agents)
         if (self.config.rollout.get("multi_turn") or {}).get("enable", False):
             self._agent_loops(force=True)  # at start-up, so a bad tool/interaction file fails early
+
+    def _start_engine_bookkeeping(self) -> None:
+        """The engine lock and the policy versions (verl's ``param_version``): ``param_version``
+        counts the actor updates applied to the actor's weights, ``rollout_param_version`` those
+        in the engine's weights (they differ between an update and the next weight sync)."""
+        from hybridrl.workers.engine_lock import DEFAULT_ENGINE_TIMEOUT_S, EngineLock
+
+        self.engine_lock = EngineLock(float(self.config.rollout.get("engine_timeout_s") or DEFAULT_ENGINE_TIMEOUT_S))
+        self.param_version = 0
+        self.rollout_param_version = 0
+
+    def _sync_engine(self) -> None:
+        """Pushes the actor's weights into the engine, never during a generation (:class:`EngineLock`)."""
+        with self.engine_lock.hold("a weight sync"):
+            self.rollout.sync_weights(self.actor.actor_module)
+            self.rollout_param_version = self.param_version
 
     def _agent_loops(self, prompts: DataProto | None = None, force: bool = False):
         """The AgentLoopManager when multi_turn.enable is set or the rows have an agent_name; else None."""
@@ -155,8 +173,32 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Responses in the :class:`~hybridrl.workers.rollout.base.BaseRollout` layout, plus the
+        non-tensor column ``param_version`` (int per row): the actor updates in the weights
+        that generated the row. Waits for a weight sync in progress (:class:`EngineLock`).
+
+        Raises:
+            RolloutEngineError: the engine failed, or stayed busy past ``rollout.engine_timeout_s``.
+        """
         prompts = prompts.to(self.device)
-        return (self._agent_loops(prompts) or self.rollout).generate_sequences(prompts).to("cpu")
+        with self.engine_lock.hold("a generation"):
+            version = self.rollout_param_version
+            output = (self._agent_loops(prompts) or self.rollout).generate_sequences(prompts).to("cpu")
+        output.non_tensor_batch["param_version"] = np.full(len(output), version, dtype=object)
+        return output
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sync_rollout_weights(self) -> int:
+        """Brings the engine up to the actor's weights (nothing to do when it has them) and
+        returns their ``param_version``. A collective for an FSDP-sharded actor. Waits for an
+        in-flight generation to finish first (:class:`EngineLock`).
+
+        Raises:
+            RolloutEngineError: a generation held the engine past ``rollout.engine_timeout_s``.
+        """
+        if self.rollout_param_version != self.param_version:
+            self._sync_engine()
+        return self.param_version
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
@@ -191,7 +233,9 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_actor(self, data: DataProto) -> DataProto:
-        """One PPO update on the batch; the rollout engine gets the new weights after it.
+        """One PPO update on the batch; the rollout engine gets the new weights after it, unless
+        ``data.meta_info["sync_rollout_weights"]`` is False (one-step-off-policy training: the
+        driver calls :meth:`sync_rollout_weights` when the engine is free).
 
         Returns the metrics in ``meta_info``; for an on-policy batch (no ``old_log_probs``: the
         pass was skipped) also ``old_log_probs`` ``(bs, response_length)``, the update's own."""
@@ -203,7 +247,9 @@ class ActorRolloutRefWorker(Worker):
             metrics, own_log_probs = self.actor.update_policy(data)
         metrics["actor/lr"] = [self.actor_lr_scheduler.get_last_lr()[0]]
         self.actor_lr_scheduler.step()
-        self.rollout.sync_weights(self.actor.actor_module)
+        self.param_version += 1
+        if data.meta_info.get("sync_rollout_weights", True):
+            self._sync_engine()
         tensors = {"old_log_probs": own_log_probs.cpu()} if own_log_probs is not None else None
         return DataProto.from_dict(tensors=tensors, meta_info={"metrics": metrics})
 
@@ -211,14 +257,15 @@ class ActorRolloutRefWorker(Worker):
     def save_checkpoint(self, local_path: str, global_step: int) -> None:
         save_worker_state(
             local_path, self.actor.actor_module, self.actor_optimizer, self.actor_lr_scheduler,
-            self.rank, self.world_size, tokenizer=self.tokenizer,
+            self.rank, self.world_size, tokenizer=self.tokenizer, worker_state={"param_version": self.param_version},
         )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str) -> None:
-        load_worker_state(local_path, self.actor.actor_module, self.actor_optimizer, self.actor_lr_scheduler,
-                          self.rank, self.world_size)
-        self.rollout.sync_weights(self.actor.actor_module)
+        state = load_worker_state(local_path, self.actor.actor_module, self.actor_optimizer, self.actor_lr_scheduler,
+                                  self.rank, self.world_size)
+        self.param_version = int(state.get("param_version", self.param_version))
+        self._sync_engine()
 
 
 class CriticWorker(Worker):

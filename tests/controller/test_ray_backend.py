@@ -159,6 +159,27 @@ def test_colocated_roles_share_processes(ray_cluster):
         colocated.shutdown()
 
 
+def test_max_concurrency_runs_a_second_call_beside_a_running_one(ray_cluster):
+    """One-step-off-policy training's Ray setting: a call from another driver thread runs while
+    a slow one is still running in the same worker process; with one call at a time it waits."""
+    import threading
+
+    for concurrency, overlaps in ((2, True), (1, False)):
+        wg = RayWorkerGroup(RayResourcePool([1]), RayClassWithInitArgs(ToyWorker), max_concurrency=concurrency)
+        try:
+            wg.env()  # started
+            slow = threading.Thread(target=lambda: wg.slow(3.0).get())
+            slow.start()
+            time.sleep(0.5)  # the slow call is running
+            started = time.monotonic()
+            wg.env()
+            waited = time.monotonic() - started  # one at a time: >= the 2.5 s the slow call still runs
+            assert (waited < 2.0) == overlaps, (concurrency, waited)
+            slow.join(30)
+        finally:
+            wg.shutdown()
+
+
 def test_a_dying_worker_fails_the_call_without_hanging(ray_cluster):
     pool = RayResourcePool([2])
     wg = RayWorkerGroup(pool, RayClassWithInitArgs(ToyWorker))
