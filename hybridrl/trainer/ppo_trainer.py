@@ -193,36 +193,8 @@ class PPOTrainer:
                     entropys, batch.batch["response_mask"], cfg.actor_rollout_ref.actor.loss_agg_mode).item()
 
             with marked_timer("adv", timing_raw):
-                reward_tensor = batch.batch["token_level_scores"]
-                if cfg.algorithm.use_kl_in_reward:
-                    rewards, kl_metrics = apply_kl_penalty(
-                        reward_tensor, batch.batch["old_log_probs"], batch.batch["ref_log_prob"],
-                        batch.batch["response_mask"], self.kl_ctrl_in_reward, cfg.algorithm.kl_penalty,
-                        full_kl=batch.batch.get("full_kl", None),
-                    )
-                    batch.batch["token_level_rewards"] = rewards
-                    metrics.update(kl_metrics)
-                else:
-                    batch.batch["token_level_rewards"] = reward_tensor
-                if self.rollout_correction.corrects and not self.rollout_correction.bypass_mode:
-                    batch, corr_metrics = compute_rollout_correction_and_add_to_batch(batch, self.rollout_correction)
-                    metrics.update(corr_metrics)
-                batch = compute_advantage(
-                    batch, cfg.algorithm.adv_estimator, cfg.algorithm.gamma, cfg.algorithm.lam,
-                    cfg.algorithm.norm_adv_by_std_in_grpo, config=cfg.algorithm,
-                )
-
-            if self.use_critic:
-                with marked_timer("update_critic", timing_raw):
-                    critic_output = self.critic_wg.update_critic(batch)
-                metrics.update(reduce_metrics(critic_output.meta_info["metrics"]))
-
-            if cfg.trainer.critic_warmup <= self.global_steps:
-                with marked_timer("update_actor", timing_raw):
-                    actor_output = self.actor_rollout_wg.update_actor(batch)
-                metrics.update(reduce_metrics(actor_output.meta_info["metrics"]))
-                if actor_output.batch is not None:  # on policy: the update's own log-probs were the old ones
-                    batch.batch["old_log_probs"] = actor_output.batch["old_log_probs"]
+                batch = self.compute_advantages(batch, metrics)
+            batch = self.update(batch, metrics, timing_raw)
             if ("rollout_log_probs" in batch.batch.keys() and "old_log_probs" in batch.batch.keys()
                     and not self.rollout_correction.bypass_mode):  # bypass: the actor reports the gap
                 mismatch = (batch.batch["old_log_probs"], batch.batch["rollout_log_probs"], batch.batch["response_mask"])
@@ -237,6 +209,43 @@ class PPOTrainer:
         if self.prefetch is not None:  # verl's name: the share of the step spent waiting for generation
             metrics["fully_async/trainer/idle_ratio"] = timing_raw["gen"] / timing_raw["step"]
         return metrics
+
+    def compute_advantages(self, batch: DataProto, metrics: dict) -> DataProto:
+        """``token_level_rewards`` (the scores, minus the KL penalty with ``use_kl_in_reward``), the
+        rollout-correction weights in decoupled mode, then ``advantages`` and ``returns``
+        ``(bs, response_length)`` of ``algorithm.adv_estimator``."""
+        algo = self.config.algorithm
+        reward_tensor = batch.batch["token_level_scores"]
+        if algo.use_kl_in_reward:
+            rewards, kl_metrics = apply_kl_penalty(
+                reward_tensor, batch.batch["old_log_probs"], batch.batch["ref_log_prob"],
+                batch.batch["response_mask"], self.kl_ctrl_in_reward, algo.kl_penalty,
+                full_kl=batch.batch.get("full_kl", None),
+            )
+            batch.batch["token_level_rewards"] = rewards
+            metrics.update(kl_metrics)
+        else:
+            batch.batch["token_level_rewards"] = reward_tensor
+        if self.rollout_correction.corrects and not self.rollout_correction.bypass_mode:
+            batch, corr_metrics = compute_rollout_correction_and_add_to_batch(batch, self.rollout_correction)
+            metrics.update(corr_metrics)
+        return compute_advantage(batch, algo.adv_estimator, algo.gamma, algo.lam, algo.norm_adv_by_std_in_grpo,
+                                 config=algo)
+
+    def update(self, batch: DataProto, metrics: dict, timing_raw: dict) -> DataProto:
+        """The critic's update, then the actor's (from ``trainer.critic_warmup`` on). On policy (no
+        old-log-prob pass) the actor's update returns its own log-probs as ``old_log_probs``."""
+        if self.use_critic:
+            with marked_timer("update_critic", timing_raw):
+                critic_output = self.critic_wg.update_critic(batch)
+            metrics.update(reduce_metrics(critic_output.meta_info["metrics"]))
+        if self.config.trainer.critic_warmup <= self.global_steps:
+            with marked_timer("update_actor", timing_raw):
+                actor_output = self.actor_rollout_wg.update_actor(batch)
+            metrics.update(reduce_metrics(actor_output.meta_info["metrics"]))
+            if actor_output.batch is not None:
+                batch.batch["old_log_probs"] = actor_output.batch["old_log_probs"]
+        return batch
 
     def greedy_reward_baselines(self, batch: DataProto, prompts: DataProto) -> torch.Tensor:
         """ReMax's baseline: the reward of each prompt's greedy response, ``(n_prompts,)``.
