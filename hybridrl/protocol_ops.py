@@ -417,3 +417,25 @@ def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:
     if pad_size == 0:
         return data
     return data[:-pad_size]
+
+
+# --------------------------------------------------------------------------- joining generation batches
+_PROMPT_TENSORS = (("prompts", None), ("input_ids", None), ("attention_mask", 0), ("position_ids", 0))  # key, fill (None: pad id)
+
+
+def concat_padded(parts: list[DataProto], pad_token_id: int) -> DataProto:
+    """``DataProto.concat`` after left-padding prompts to the widest part (each generation batch
+    is trimmed to its own longest prompt, :func:`hybridrl.trainer.stages.trim_left_padding`) and filling non-tensor
+    columns a part lacks (e.g. reward outputs) with None."""
+    width = max(part.batch["prompts"].shape[1] for part in parts)
+    keys = list(dict.fromkeys(key for part in parts for key in part.non_tensor_batch))
+    for part in parts:
+        extra = width - part.batch["prompts"].shape[1]
+        for key, fill in _PROMPT_TENSORS if extra else ():
+            tensor = part.batch[key]
+            pad = torch.full((tensor.shape[0], extra), pad_token_id if fill is None else fill, dtype=tensor.dtype)
+            part.batch[key] = torch.cat([pad, tensor], dim=-1)
+        for key in keys:
+            if key not in part.non_tensor_batch:
+                part.non_tensor_batch[key] = np.array([None] * len(part), dtype=object)
+    return DataProto.concat(parts)

@@ -105,8 +105,6 @@ NOT_YET_SUPPORTED: dict[str, str] = {
     "reward.reward_manager.module.path": ("a reward manager class loaded from a file (register yours with "
                                           "@register_reward_manager in a module named by "
                                           "actor_rollout_ref.model.external_lib)"),
-    "trainer.v1.trainer_mode": ("asynchronous training (verl's colocate_async / separate_async; what this build has "
-                                "is one-step-off-policy training: trainer.one_step_off_policy=true, docs/async.md)"),
     "distillation.enabled": "on-policy distillation from a teacher model",
     "data.custom_cls.path": "custom dataset classes",
     "data.sampler.class_path": "custom samplers",

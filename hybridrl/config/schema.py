@@ -18,7 +18,7 @@ from hybridrl.config.errors import ConfigError
 from hybridrl.config.key_tables import (  # noqa: F401  (re-exported: tests and the rollout read them here)
     ACTOR, IGNORED_KEYS, NOT_YET_SUPPORTED, OPTIONAL_ENGINES, REF, ROLLOUT,
 )
-from hybridrl.config.one_step_off import check_one_step_off
+from hybridrl.config.async_modes import check_async_modes
 
 
 
@@ -49,7 +49,7 @@ def validate_ppo_config(config, world_size: int = 1) -> list[str]:
     _check_reward_model(config)
     scoring_notes = _check_reward_scoring(config)
     _check_rollout_engine(config, world_size)
-    async_notes = check_one_step_off(config)
+    async_notes = check_async_modes(config)
     _check_multi_turn(config)
     _check_batch_sizes(config, world_size)
     return scoring_notes + async_notes + ignored_key_notes(config, world_size)

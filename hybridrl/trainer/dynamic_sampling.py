@@ -13,10 +13,10 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-import torch
 
 from hybridrl.algorithms.errors import AlgorithmInputError
 from hybridrl.protocol import DataProto
+from hybridrl.protocol_ops import concat_padded
 
 __all__ = ["DynamicSampler", "DynamicSamplingError", "kept_group_rows", "TENSOR_METRICS"]
 
@@ -26,9 +26,6 @@ SECTION = "algorithm.filter_groups"
 # metrics read from the batch's tensors; any other name is a reward function output (extra info)
 TENSOR_METRICS = {"seq_reward": "token_level_scores", "seq_final_reward": "token_level_scores"}
 _SCORE_NAMES = ("acc", "score")  # fall back to the sequence score when the scorer returned a float
-_PROMPT_TENSORS = (("prompts", None), ("input_ids", None), ("attention_mask", 0), ("position_ids", 0))
-
-
 class DynamicSamplingError(AlgorithmInputError):
     """The batch could not be filled within ``max_num_gen_batches``, or the metric is missing."""
 
@@ -115,27 +112,10 @@ class DynamicSampler:
             logger.info("dynamic sampling: %d of %d groups after %d generation batches", self.num_groups,
                         self.train_batch_size, self.num_gen_batches)
             return None, {}
-        full = _concat_padded(self.parts, self.pad_token_id)
+        full = concat_padded(self.parts, self.pad_token_id)
         first = list(dict.fromkeys(full.non_tensor_batch["uid"]))[: self.train_batch_size]
         chosen = set(first)
         full = full[[i for i, uid in enumerate(full.non_tensor_batch["uid"]) if uid in chosen]]
         metrics = {"train/num_gen_batches": float(self.num_gen_batches)}
         self._reset()
         return full, metrics
-
-
-def _concat_padded(parts: list[DataProto], pad_token_id: int) -> DataProto:
-    """``DataProto.concat`` after left-padding prompts to the widest part (each generation batch
-    is trimmed to its own longest prompt) and filling reward outputs a part lacks with None."""
-    width = max(part.batch["prompts"].shape[1] for part in parts)
-    keys = list(dict.fromkeys(key for part in parts for key in part.non_tensor_batch))
-    for part in parts:
-        extra = width - part.batch["prompts"].shape[1]
-        for key, fill in _PROMPT_TENSORS if extra else ():
-            tensor = part.batch[key]
-            pad = torch.full((tensor.shape[0], extra), pad_token_id if fill is None else fill, dtype=tensor.dtype)
-            part.batch[key] = torch.cat([pad, tensor], dim=-1)
-        for key in keys:
-            if key not in part.non_tensor_batch:
-                part.non_tensor_batch[key] = np.array([None] * len(part), dtype=object)
-    return DataProto.concat(parts)

@@ -30,6 +30,7 @@ from hybridrl.trainer.metrics import (
     marked_timer,
     reduce_metrics,
 )
+from hybridrl.trainer.fully_async import ASYNC_MODES, DataExhausted, StreamingRollout, stream_settings
 from hybridrl.trainer.prefetch import VERSION_KEY, OneStepOffRollout, engine_deadline_s, staleness_metrics
 from hybridrl.trainer.rollout_correction import (apply_bypass_mode, compute_rollout_correction_and_add_to_batch,
                                                  rollout_correction_config)
@@ -75,16 +76,25 @@ class PPOTrainer:
         self.global_steps = 0
         self._resumed_batches = None  # the rest of the epoch a checkpoint stopped in
         self.prefetch: OneStepOffRollout | None = None  # trainer.one_step_off_policy: set by fit()
+        self.streaming: StreamingRollout | None = None  # trainer.v1.trainer_mode=*_async: set by fit()
+        self._stream_done_rows: list[list[int]] | None = None  # from a checkpoint of such a run
 
     # ---------------------------------------------------------------- one training step
-    def generate(self, batch_dict: dict) -> tuple[DataProto, DataProto, DataProto]:
-        """``(rows, prompts, responses)`` of a dataloader batch: its rows with their group ids
-        (``uid``), the generation input (left padding trimmed) and ``rollout.n`` responses per
-        prompt, each tagged with its ``param_version``. Runs in a driver thread with one-step-off."""
+    @staticmethod
+    def prepare_generation(batch_dict: dict) -> tuple[DataProto, DataProto]:
+        """``(rows, prompts)`` of a dataloader batch: its rows with their group ids (``uid``) and
+        the generation input (left padding trimmed, with the rows' non-tensor fields), one row per prompt."""
         batch = DataProto.from_single_dict(batch_dict)
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         prompts = trim_left_padding(batch.pop(batch_keys=GEN_BATCH_KEYS))
         prompts.non_tensor_batch.update(batch.non_tensor_batch)  # row fields for agent loops (agent_name, ...)
+        return batch, prompts
+
+    def generate(self, batch_dict: dict) -> tuple[DataProto, DataProto, DataProto]:
+        """``(rows, prompts, responses)`` of a dataloader batch (:meth:`prepare_generation`) with
+        ``rollout.n`` responses per prompt, each tagged with its ``param_version``. Runs in a
+        driver thread with one-step-off."""
+        batch, prompts = self.prepare_generation(batch_dict)
         n = self.config.actor_rollout_ref.rollout.n
         return batch, prompts, self.actor_rollout_wg.generate_sequences(prompts.repeat(n, interleave=True))
 
@@ -94,6 +104,8 @@ class PPOTrainer:
         With ``trainer.one_step_off_policy`` the batch was generated during the previous step
         (:mod:`hybridrl.trainer.prefetch`) and the next one starts generating here."""
         cfg = self.config
+        if self.streaming is not None:  # fully async: finished groups, already joined with their rows
+            return self._score_with_reward_model(self.streaming.take(metrics, timing_raw), metrics, timing_raw)
         if self.prefetch is not None:
             is_last = self.global_steps >= self.total_training_steps
             (batch, prompts, gen_output), version = self.prefetch.take(self.global_steps, is_last, metrics, timing_raw)
@@ -105,7 +117,9 @@ class PPOTrainer:
         if cfg.algorithm.adv_estimator == "remax":
             with marked_timer("gen_max", timing_raw):
                 batch.batch["reward_baselines"] = self.greedy_reward_baselines(batch, prompts)
-        batch = batch.repeat(n, interleave=True).union(gen_output)
+        return self._score_with_reward_model(batch.repeat(n, interleave=True).union(gen_output), metrics, timing_raw)
+
+    def _score_with_reward_model(self, batch: DataProto, metrics: dict, timing_raw: dict) -> DataProto:
         if self.rm_wg is not None:  # rm_scores first: the reward manager combines them with rule scores
             with marked_timer("reward", timing_raw):
                 batch = batch.union(self.rm_wg.compute_rm_score(batch))
@@ -161,7 +175,8 @@ class PPOTrainer:
             batch.meta_info["global_steps"] = self.global_steps
             batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
             batch.meta_info["max_prompt_length"] = cfg.data.max_prompt_length
-            batch.meta_info["sync_rollout_weights"] = self.prefetch is None  # one-step-off: at the next step
+            # one-step-off: synced at the next step; fully async: by the driver after the update
+            batch.meta_info["sync_rollout_weights"] = self.prefetch is None and self.streaming is None
             pending = (PendingReward(batch, self.reward_fn, reward_deadline_s(cfg, len(batch)))
                        if self.reward_async else None)
 
@@ -206,7 +221,7 @@ class PPOTrainer:
         dump_rollouts(cfg.trainer, batch, self.tokenizer, self.global_steps, reward_extra_info)
         metrics.update(compute_timing_metrics(batch, timing_raw))
         metrics.update(compute_throughput_metrics(batch, timing_raw, n_devices=self.n_workers))
-        if self.prefetch is not None:  # verl's name: the share of the step spent waiting for generation
+        if self.prefetch is not None or self.streaming is not None:  # verl's name: the share of the step spent waiting for generation
             metrics["fully_async/trainer/idle_ratio"] = timing_raw["gen"] / timing_raw["step"]
         return metrics
 
@@ -245,6 +260,8 @@ class PPOTrainer:
             metrics.update(reduce_metrics(actor_output.meta_info["metrics"]))
             if actor_output.batch is not None:
                 batch.batch["old_log_probs"] = actor_output.batch["old_log_probs"]
+        if self.streaming is not None:  # the samples in flight continue on the new weights
+            self.streaming.sync_weights(timing_raw)
         return batch
 
     def greedy_reward_baselines(self, batch: DataProto, prompts: DataProto) -> torch.Tensor:
@@ -309,10 +326,12 @@ class PPOTrainer:
         keep = trainer_cfg.get("max_actor_ckpt_to_keep")
         # One-step-off: the position before the next batch was drawn; a resumed run generates it again.
         dataloader_state = self.prefetch.dataloader_state() if self.prefetch else self.train_dataloader.state_dict()
+        trainer_state = {"kl_coef_in_reward": self.kl_ctrl_in_reward.value}
+        if self.streaming is not None:  # fully async: a resumed run regenerates the groups not trained yet
+            dataloader_state, trainer_state["stream_done_rows"] = self.streaming.checkpoint_state()
         return checkpoint.save_checkpoint(
             trainer_cfg.default_local_dir, self.global_steps, write_workers,
-            dataloader_state, max_to_keep=keep,
-            trainer_state={"kl_coef_in_reward": self.kl_ctrl_in_reward.value},
+            dataloader_state, max_to_keep=keep, trainer_state=trainer_state,
         )
 
     def load_checkpoint(self) -> None:
@@ -331,6 +350,7 @@ class PPOTrainer:
         trainer_state, dataloader_state = checkpoint.read_checkpoint(path)
         global_step = trainer_state["global_step"]
         self.kl_ctrl_in_reward.value = trainer_state.get("kl_coef_in_reward", self.kl_ctrl_in_reward.value)
+        self._stream_done_rows = trainer_state.get("stream_done_rows")
         if dataloader_state is not None:
             self.train_dataloader.load_state_dict(dataloader_state)
         # Starting an epoch's iterator draws a seed from the global RNG; do it before the workers
@@ -361,8 +381,28 @@ class PPOTrainer:
             batches = self.prefetch = OneStepOffRollout(
                 batches, self.generate, lambda: self.actor_rollout_wg.sync_rollout_weights()[0],
                 self.train_dataloader.state_dict, engine_deadline_s(self.config))
+        elif trainer_cfg.v1.trainer_mode in ASYNC_MODES:  # groups stream in while the trainer trains
+            batches = self.streaming = self._start_streaming(batches)
+        try:
+            self._train(tracker, batches)
+        finally:
+            if self.streaming is not None:
+                self.streaming.close()
+
+    def _start_streaming(self, batches: Iterator[dict]) -> StreamingRollout:
+        version = self.actor_rollout_wg.sync_rollout_weights()[0]
+        return StreamingRollout(batches, self.prepare_generation, self.actor_rollout_wg,
+                                self.train_dataloader.state_dict, stream_settings(self.config, self.tokenizer.pad_token_id),
+                                self.config.actor_rollout_ref.rollout.n, version, self._stream_done_rows)
+
+    def _train(self, tracker, batches) -> None:
+        trainer_cfg = self.config.trainer
         for batch_dict in batches:
-            metrics = self.step(batch_dict)
+            try:
+                metrics = self.step(batch_dict)
+            except DataExhausted as exc:  # fully async: groups were dropped, the last step cannot fill
+                print(f"hybridrl: stopping at step {self.global_steps}: the data ran out ({exc})", flush=True)
+                return
             if metrics is None:  # dynamic sampling: more groups to collect first
                 continue
             is_last = self.global_steps >= self.total_training_steps

@@ -42,12 +42,12 @@ def reuses_update_log_probs(config) -> bool:
     ``old_log_probs`` before the update, and so do rollout correction's weights and rejection
     (decoupled mode), so they need the pass, as does the optimal token baseline (``sum_pi_squared``
     comes from it). Bypass mode needs it never (see :meth:`PPOTrainer.step`). With
-    ``trainer.one_step_off_policy`` no batch is on policy (its samples are an update old), so
-    the pass always runs.
+    ``trainer.one_step_off_policy`` or an asynchronous ``trainer.v1.trainer_mode`` no batch is on
+    policy (its samples are one or more updates old), so the pass always runs.
     """
     actor = config.actor_rollout_ref.actor
     corrects_before_update = rollout_correction_config(config).corrects  # weights/rejection read old_log_probs
-    if config.trainer.one_step_off_policy:
+    if config.trainer.one_step_off_policy or config.trainer.v1.trainer_mode != "sync":
         return False
     return bool(actor.get("skip_on_policy_old_log_prob", True) and int(actor.ppo_epochs) == 1
                 and int(actor.ppo_mini_batch_size) >= int(config.data.train_batch_size)

@@ -140,6 +140,7 @@ class ActorRolloutRefWorker(Worker):
         self.engine_lock = EngineLock(float(self.config.rollout.get("engine_timeout_s") or DEFAULT_ENGINE_TIMEOUT_S))
         self.param_version = 0
         self.rollout_param_version = 0
+        self.stream = None  # fully async training: the RolloutStream, made by the first stream_submit
 
     def _sync_engine(self) -> None:
         """Pushes the actor's weights into the engine, never during a generation (:class:`EngineLock`)."""
@@ -197,8 +198,52 @@ class ActorRolloutRefWorker(Worker):
             RolloutEngineError: a generation held the engine past ``rollout.engine_timeout_s``.
         """
         if self.rollout_param_version != self.param_version:
+            if self.stream is not None:  # partial rollouts: in-flight samples continue on the new weights
+                self.stream.pause()
             self._sync_engine()
+        if self.stream is not None and self.stream.paused:
+            self.stream.resume(self.rollout_param_version)
         return self.param_version
+
+    # ------------------------------------------------------------------ fully async training
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def stream_submit(self, prompts: DataProto | None) -> int:
+        """Starts sampling ``prompts`` on this rank's engine (:class:`~hybridrl.workers.rollout.stream.RolloutStream`;
+        the rows of a group, same ``uid``, consecutive) and returns the number of groups in flight.
+
+        Raises:
+            RolloutEngineError: a prompt too long for the engine; the engine failed or missed its deadline.
+        """
+        if self.stream is None:
+            from hybridrl.workers.rollout.stream import RolloutStream
+
+            self.stream = RolloutStream(self.rollout, self.rollout_param_version)
+        if prompts is not None and len(prompts):
+            self.stream.submit(prompts.to("cpu"))
+        return len(self.stream.in_flight())
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def stream_collect(self, wait_s: float) -> list[DataProto]:
+        """The groups this rank finished since the last call (waiting up to ``wait_s`` seconds for one).
+
+        Raises:
+            RolloutEngineError: a group failed or the engine missed its deadline.
+        """
+        return self.stream.collect(wait_s) if self.stream is not None else []
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def stream_pause(self) -> None:
+        """Stops this rank's generation until the next :meth:`sync_rollout_weights` (colocated async:
+        the trainer gets the cores while it trains)."""
+        if self.stream is not None:
+            self.stream.pause()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def stream_close(self) -> None:
+        """Cancels the groups in flight; the engine stays up (validation, the next run of the driver)."""
+        if self.stream is not None:
+            self.stream.close()
+            self.stream = None
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:

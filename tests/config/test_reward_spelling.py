@@ -43,7 +43,6 @@ def test_reward_keys_without_machinery_here_are_noted_or_refused():
 
 
 @pytest.mark.parametrize("key, value, message", [
-    ("trainer.v1.trainer_mode", "separate_async", "asynchronous training"),
     ("distillation.enabled", "true", "on-policy distillation"),
 ])
 def test_verl_09_machinery_that_is_not_here_is_refused(key, value, message):

@@ -50,8 +50,7 @@ def test_bad_combinations_are_one_line_at_start_up():
     assert "dynamic sampling" in _error(*vllm, "algorithm.filter_groups.enable=true")
     assert "ReMax" in _error(*vllm, "algorithm.adv_estimator=remax", "actor_rollout_ref.rollout.n=1")
     assert "must be true or false" in _error("trainer.one_step_off_policy=yes")
-    message = _error("trainer.v1.trainer_mode=separate_async")
-    assert "is not in this build" in message and "trainer.one_step_off_policy=true" in message
+    assert "choose one" in _error(*vllm, "trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.mode=async")
 
 
 def test_without_correction_a_note_recommends_verls_setting():

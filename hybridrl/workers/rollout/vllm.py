@@ -274,9 +274,15 @@ class VLLMRollout(BaseRollout):
         rows = zip(prompts.batch["input_ids"].cpu(), prompts.batch["attention_mask"].cpu())
         prompt_ids = [row[mask.bool()].tolist() for row, mask in rows]
         completions = self._run(prompt_ids, resolve_sampling(prompts.meta_info, self.config), response_length)
-        responses = torch.full((len(prompt_ids), response_length), self.pad_token_id, dtype=torch.long)
+        return self.rollout_rows(prompts, [sampled_ids(c) for c in completions], response_length)
+
+    def rollout_rows(self, prompts: DataProto, samples: list[SampledIds], response_length: int) -> DataProto:
+        """The :class:`BaseRollout` layout of one sampled sequence per prompt row: responses
+        ``(bs, response_length)`` padded after each sample (cut at ``response_length``), the
+        response mask up to and including EOS, and ``rollout_log_probs`` (``calculate_log_probs``)."""
+        responses = torch.full((len(samples), response_length), self.pad_token_id, dtype=torch.long)
         log_probs = torch.zeros(responses.shape)
-        samples = [sampled_ids(c).head(response_length) for c in completions]
+        samples = [ids.head(response_length) for ids in samples]
         for i, ids in enumerate(samples):
             responses[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
             if ids.log_probs:

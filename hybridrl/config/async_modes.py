@@ -1,0 +1,132 @@
+"""Start-up checks of the asynchronous trainers (docs/async.md): ``trainer.one_step_off_policy``
+and ``trainer.v1.trainer_mode=colocate_async|separate_async``.
+
+One-step-off-policy training generates batch t+1 while the actor trains on batch t, with the
+weights from before update t; fully asynchronous training streams prompt groups through the
+async engine and trains on them as they finish. Both need an engine holding its own copy of the
+weights, and both refuse the features whose meaning the schedule would change silently.
+"""
+
+from __future__ import annotations
+
+from hybridrl.config.access import _get, _plain
+from hybridrl.config.errors import ConfigError
+from hybridrl.config.key_tables import ACTOR, ROLLOUT
+
+KEY = "trainer.one_step_off_policy"
+MODE_KEY = "trainer.v1.trainer_mode"
+SAMPLER = "trainer.v1.sampler"
+TRAINER_MODES = ("sync", "colocate_async", "separate_async")
+
+
+def check_async_modes(config) -> list[str]:
+    """Checks ``trainer.one_step_off_policy`` and ``trainer.v1.*``; returns the start-up notes.
+
+    Raises:
+        ConfigError: as :func:`check_one_step_off` and :func:`check_trainer_mode`.
+    """
+    return check_one_step_off(config) + check_trainer_mode(config)
+
+
+def check_trainer_mode(config) -> list[str]:
+    """Checks ``trainer.v1.trainer_mode`` and, for the fully asynchronous modes, what they run with.
+
+    Returns:
+        list[str]: a note when nothing corrects for the samples' age.
+
+    Raises:
+        ConfigError: an unknown mode; with an async mode: one-step-off as well, an engine that
+            cannot serve async requests (not ``rollout.name=vllm`` with ``rollout.mode=async``),
+            a staleness bound that is not an integer >= 1, an unknown strategy, a negative
+            ``num_warmup_batches``, a ``parameter_sync_step`` that disagrees with the batch
+            sizes, dynamic sampling, ReMax, or agent loops.
+    """
+    mode = _get(config, MODE_KEY, "sync")
+    if mode not in TRAINER_MODES:
+        raise ConfigError(f"{MODE_KEY}={mode!r} must be one of {', '.join(TRAINER_MODES)}")
+    if mode == "sync":
+        return []
+    if _get(config, KEY, False):
+        raise ConfigError(f"{MODE_KEY}={mode} with {KEY}=true: these are two asynchronous trainers; choose one")
+    name, engine_mode = _get(config, f"{ROLLOUT}.name"), _get(config, f"{ROLLOUT}.mode", "sync")
+    if name != "vllm" or engine_mode != "async":
+        raise ConfigError(
+            f"{MODE_KEY}={mode} with {ROLLOUT}.name={name} {ROLLOUT}.mode={engine_mode}: fully asynchronous training "
+            f"streams prompt groups through an engine that serves async requests and pauses for weight syncs; set "
+            f"{ROLLOUT}.name=vllm {ROLLOUT}.mode=async (pip install -e '.[vllm]')")
+    _check_sampler(config, mode)
+    for key, value, why in (
+            ("algorithm.filter_groups.enable", True, "DAPO's dynamic sampling draws batches until groups pass its "
+             "filter; the stream keeps its own batches in flight"),
+            ("algorithm.adv_estimator", "remax", "ReMax's greedy baselines would come from other weights than its samples"),
+            (f"{ROLLOUT}.multi_turn.enable", True, "agent loops do not stream yet (use trainer.one_step_off_policy=true)")):
+        if _get(config, key, None) == value:
+            raise ConfigError(f"{MODE_KEY}={mode} with {key}={value}: {why}; set {MODE_KEY}=sync or change {key}")
+    return _correction_notes(config, f"{MODE_KEY}={mode}: samples may be several updates old")
+
+
+def _check_sampler(config, mode: str) -> None:
+    threshold = _get(config, f"{SAMPLER}.max_off_policy_threshold", 8)
+    if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
+        raise ConfigError(
+            f"{SAMPLER}.max_off_policy_threshold={threshold!r} must be an integer >= 1: the oldest age (policy "
+            "versions behind, plus 1) a trained prompt group may have; 1 trains only groups started by the current weights")
+    strategy = _get(config, f"{SAMPLER}.max_off_policy_strategy", "drop")
+    if strategy not in ("drop", "wait"):
+        raise ConfigError(f"{SAMPLER}.max_off_policy_strategy={strategy!r} must be drop or wait")
+    warmup = _get(config, f"trainer.v1.{mode}.num_warmup_batches", 1)
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ConfigError(f"trainer.v1.{mode}.num_warmup_batches={warmup!r} must be an integer >= 0: dataloader "
+                          "batches kept in flight beyond the step's")
+    sync_step = _get(config, "trainer.v1.separate_async.parameter_sync_step", None)
+    if mode == "separate_async" and sync_step is not None:
+        batch, mini = _get(config, "data.train_batch_size"), _get(config, f"{ACTOR}.ppo_mini_batch_size")
+        if sync_step * mini != batch:
+            raise ConfigError(
+                f"trainer.v1.separate_async.parameter_sync_step={sync_step!r}: the weights are synced once per step, "
+                f"after data.train_batch_size={batch} prompts in mini-batches of {ACTOR}.ppo_mini_batch_size={mini}, "
+                f"so it must be {batch // mini if mini else '?'} (verl asserts the same); or leave it null")
+
+
+def check_one_step_off(config) -> list[str]:
+    """Checks ``trainer.one_step_off_policy`` and what it runs with.
+
+    Returns:
+        list[str]: a note when nothing corrects for the samples' age (no rollout correction).
+
+    Raises:
+        ConfigError: not a bool; an engine that generates with the actor's own module (``hf``,
+            and the engines that fall back to it); DAPO's dynamic sampling; ReMax.
+    """
+    value = _get(config, KEY, False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{KEY}={value!r} must be true or false")
+    if not value:
+        return []
+    name = _get(config, f"{ROLLOUT}.name")
+    if name != "vllm":
+        raise ConfigError(
+            f"{KEY}=true with {ROLLOUT}.name={name}: the next batch is generated while the actor trains, so the "
+            f"engine needs its own copy of the weights, and the HF engine generates with the actor's module; set "
+            f"{ROLLOUT}.name=vllm (sync or async mode; pip install -e '.[vllm]') or {KEY}=false")
+    if _get(config, "algorithm.filter_groups.enable", False):
+        raise ConfigError(
+            f"{KEY}=true with algorithm.filter_groups.enable=true: DAPO's dynamic sampling generates a varying "
+            "number of batches per step, and this schedule prefetches exactly one; set one of them to false")
+    if _get(config, "algorithm.adv_estimator") == "remax":
+        raise ConfigError(
+            f"{KEY}=true with algorithm.adv_estimator=remax: ReMax's greedy baselines would come from weights one "
+            "update newer than its samples; use grpo, rloo or reinforce_plus_plus, or set "
+            f"{KEY}=false")
+    return _correction_notes(config, f"{KEY}=true: every batch after the first was sampled by weights one update old")
+
+
+def _correction_notes(config, what: str) -> list[str]:
+    from hybridrl.algorithms.rollout_corr import SECTION, RolloutCorrectionConfig
+
+    corr = RolloutCorrectionConfig.from_section(_plain(_get(config, SECTION, None)))
+    if corr.corrects or corr.bypass_mode:
+        return []
+    return [f"{what} and nothing corrects "
+            f"for it; verl's asynchronous recipes set {SECTION}.bypass_mode=true (or add {SECTION}.rollout_is=token "
+            "for decoupled PPO; docs/async.md)"]
