@@ -118,6 +118,7 @@ class StreamingRollout:
         self._exhausted = False
         self._dropped = 0  # since the last step's metrics
         self._next_rank = 0
+        self._last_take: tuple[float, float] | None = None  # (time, the engines' idle seconds) at the last take
 
     def __iter__(self) -> "StreamingRollout":
         return self
@@ -148,7 +149,19 @@ class StreamingRollout:
             self._finish(group)
         self._top_up()  # the engine's work while the trainer trains
         metrics.update(self._metrics(batch))
+        metrics.update(self._engine_idle())
         return batch
+
+    def _engine_idle(self) -> dict[str, float]:
+        """verl's ``fully_async/rollouter/{version_time,idle_ratio}``: the time since the previous
+        step took its groups, and the share of it the engines (mean over workers) had no request."""
+        now, idle = time.monotonic(), float(np.mean(self.wg.stream_idle_s()))
+        last, self._last_take = self._last_take, (now, idle)
+        if last is None:
+            return {}
+        version_time = now - last[0]
+        return {"fully_async/rollouter/version_time": version_time,
+                "fully_async/rollouter/idle_ratio": min(1.0, max(0.0, (idle - last[1]) / version_time))}
 
     def sync_weights(self, timing_raw: dict) -> int:
         """After an update: the engine gets the new weights; samples in flight continue on them."""

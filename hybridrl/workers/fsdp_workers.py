@@ -232,6 +232,11 @@ class ActorRolloutRefWorker(Worker):
         return self.stream.collect(wait_s) if self.stream is not None else []
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def stream_idle_s(self) -> float:
+        """Seconds this rank's engine has had no streamed request since the stream started."""
+        return self.stream.idle_s() if self.stream is not None else 0.0
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def stream_pause(self) -> None:
         """Stops this rank's generation until the next :meth:`sync_rollout_weights` (colocated async:
         the trainer gets the cores while it trains)."""

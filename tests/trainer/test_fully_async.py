@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import functools
 import importlib.util
 import json
 import os
@@ -98,6 +99,9 @@ class ScriptedWorkers:
 
     def stream_pause(self):
         self.paused += 1
+
+    def stream_idle_s(self):
+        return [0.0]
 
     def sync_rollout_weights(self):
         self.version += 1
@@ -224,6 +228,7 @@ def test_partial_rollouts_keep_each_tokens_log_prob_under_the_policy_that_sample
     engine = AsyncVLLMRollout(copy.deepcopy(vllm_model), engine_config(
         mode="async", max_model_len=300, response_length=R, ignore_eos=True), tokenizer, vllm_model.generation_config)
     try:
+        started = time.monotonic()
         stream = RolloutStream(engine, version=0)
         prompts = make_prompts(tokenizer, ["The capital of France is", "1 + 1 =", "Once upon"], n=2)
         prompts.non_tensor_batch["uid"] = np.array(["a", "a", "b", "b", "c", "c"], dtype=object)
@@ -250,6 +255,7 @@ def test_partial_rollouts_keep_each_tokens_log_prob_under_the_policy_that_sample
     for row in range(6):  # a prefix by the old policy, the rest by the new, nothing by neither
         k = int(first_new[row]) if by_new[row].any() else R
         assert by_old[row, :k].all() and by_new[row, k:].all(), row
+    assert 0 < stream.idle_s() < time.monotonic() - started  # idle before the submit and since the last group
     resumed = np.asarray(out.non_tensor_batch["rollout_resumes"], dtype=int)
     assert resumed.sum() >= 1 and (np.asarray(out.non_tensor_batch["param_version_end"]) == 1).all()
     assert all(out.non_tensor_batch["param_version"][i] == (0 if by_old[i, 0] else 1) for i in range(6))
@@ -301,7 +307,8 @@ def test_three_steps_then_a_resume_that_trains_nothing_twice(mode, small_data, v
     assert all(r["fully_async/staleness/max"] <= 1 and r["actor/grad_norm"] > 0 for r in rows)
     assert [r["fully_async/count/current_param_version"] for r in rows] == [0, 1, 2]
     for key in ("timing_s/gen", "timing_s/sync_rollout_weights", "fully_async/queue_size", "fully_async/in_flight",
-                "fully_async/dropped", "fully_async/partial/partial_ratio", "fully_async/trainer/idle_ratio"):
+                "fully_async/dropped", "fully_async/partial/partial_ratio", "fully_async/trainer/idle_ratio",
+                "fully_async/rollouter/idle_ratio"):
         assert key in rows[-1], key
     assert "timing_s/old_log_prob" not in rows[-1]  # bypass mode: the rollout log-probs are the old ones
     # resume from step 2's checkpoint: its groups in flight are generated again, nothing trains twice
@@ -313,6 +320,35 @@ def test_three_steps_then_a_resume_that_trains_nothing_twice(mode, small_data, v
     later = _prompts_trained(out, (3, 4))
     assert not set(later) & set(trained_before)
     assert set(collections.Counter(later + trained_before).values()) == {2}  # rollout.n samples, in one step only
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_a_killed_engine_stops_the_run_with_one_line(small_data, vllm_model_dir, tmp_path, monkeypatch, capsys):
+    """The engine process dies while groups stream: the step's wait ends with the engine's one-line
+    error (not a hang, not a traceback)."""
+    from hybridrl.trainer.main_ppo import main
+    from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker
+
+    submit, calls = ActorRolloutRefWorker.stream_submit, []
+
+    @functools.wraps(submit)  # keeps its @register dispatch
+    def kill_at_the_fourth(worker, prompts):  # steps 1 and 2 (two batches, then a top-up), then step 3's
+        calls.append(prompts)
+        if len(calls) == 4:
+            process = worker.rollout.llm.engine_core.resources.engine_manager.processes[0]
+            process.kill()
+            process.join(30)
+        return submit(worker, prompts)
+
+    monkeypatch.setattr(ActorRolloutRefWorker, "stream_submit", kill_at_the_fourth)
+    out = tmp_path / "run"
+    args = _args(small_data, vllm_model_dir, out, tmp_path, "separate_async", "trainer.save_freq=-1",
+                 "actor_rollout_ref.rollout.engine_timeout_s=60")
+    assert main(args) == 2
+    error = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hybridrl: error:")]
+    assert len(error) == 1 and "vLLM async engine: its process died" in error[0], error
+    assert len(_rows(out)) < 3
 
 
 @pytest.mark.slow

@@ -22,12 +22,14 @@ the weights that were in the engine when it was submitted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 import uuid
 
 import numpy as np
 
 from hybridrl.protocol import DataProto
-from hybridrl.workers.rollout.base import SampledIds, resolve_sampling
+from hybridrl.workers.rollout.base import RolloutEngineError, SampledIds, resolve_sampling
 from hybridrl.workers.rollout.vllm import sampled_ids
 
 __all__ = ["RolloutStream", "START_VERSION_KEY", "END_VERSION_KEY", "RESUMES_KEY"]
@@ -71,6 +73,8 @@ class RolloutStream:
         self._groups: dict[str, asyncio.Task] = {}  # uid -> the task sampling that group
         self._finished: list[DataProto] = []
         self._news: asyncio.Event | None = None  # set when a group finished or failed
+        self._requests = 0  # requests in the engine now
+        self._idle_s, self._idle_from = 0.0, time.monotonic()  # the engine's time with no request
         self.paused = False
         engine._wake_up()
         engine.sleep_mode = False  # its requests live across calls: the engine must not sleep between them
@@ -113,6 +117,11 @@ class RolloutStream:
         self.engine._call(self._resume(int(version)), "the engine to resume the rollout stream")
         self.paused = False
 
+    def idle_s(self) -> float:
+        """Seconds since the start during which the engine had no request of this stream (nothing
+        in flight, or paused for a weight sync)."""
+        return self._idle_s + (time.monotonic() - self._idle_from if self._requests == 0 else 0.0)
+
     def in_flight(self) -> list[str]:
         """The ``uid`` of every group not finished yet."""
         return [uid for uid, task in self._groups.items() if not task.done()]
@@ -151,15 +160,11 @@ class RolloutStream:
         while True:
             await self._open.wait()
             version, left = self.version, response_length - len(sample.ids)
-            request_id = uuid.uuid4().hex
-            self._submitting += 1
+            self._count_request(+1)
             try:
-                collector = await self.engine.llm.add_request(
-                    request_id, {"prompt_token_ids": sample.prompt_ids + sample.ids},
-                    self.engine._sampling_params(sampling, left))
+                output = await self._request(sample.prompt_ids + sample.ids, self.engine._sampling_params(sampling, left))
             finally:
-                self._submitting -= 1
-            output = await self._final(collector, request_id)
+                self._count_request(-1)
             completion = output.outputs[0]
             piece = sampled_ids(completion)
             sample.extend(piece, version)
@@ -168,11 +173,24 @@ class RolloutStream:
                     sample.versions.append(version)
                 return sample
 
-    async def _final(self, collector, request_id: str):
-        """The request's final output (``RequestOutputKind.FINAL_ONLY``: there is one)."""
+    def _count_request(self, delta: int) -> None:
+        if self._requests == 0:
+            self._idle_s += time.monotonic() - self._idle_from
+        self._requests += delta
+        if self._requests == 0:
+            self._idle_from = time.monotonic()
+
+    async def _request(self, prompt_ids: list[int], params):
+        """The final output of one request (``RequestOutputKind.FINAL_ONLY``: there is one)."""
         from vllm.v1.engine.exceptions import EngineDeadError
 
+        request_id = uuid.uuid4().hex
         try:
+            self._submitting += 1  # a pause waits until the request is in the engine
+            try:
+                collector = await self.engine.llm.add_request(request_id, {"prompt_token_ids": prompt_ids}, params)
+            finally:
+                self._submitting -= 1
             while True:
                 output = collector.get_nowait() or await collector.get()
                 if output.finished:
@@ -201,13 +219,22 @@ class RolloutStream:
         self._open.clear()
         while self._submitting:  # requests on their way in would run on the next weights
             await asyncio.sleep(0.001)
-        await self.engine.llm.pause_generation(mode="abort", clear_cache=True)
+        await self._engine(self.engine.llm.pause_generation(mode="abort", clear_cache=True), "pausing for a weight sync")
 
     async def _resume(self, version: int) -> None:
         self.version = version
         if self.paused:
-            await self.engine.llm.resume_generation()
+            await self._engine(self.engine.llm.resume_generation(), "resuming after a weight sync")
         self._open.set()
+
+    async def _engine(self, call, what: str):
+        """Awaits an engine call; a dead engine process is its one-line error."""
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        try:
+            return await call
+        except EngineDeadError as exc:
+            raise self.engine._dead(exc, what) from None
 
     async def _close(self) -> None:
         tasks = list(self._groups.values())
@@ -215,4 +242,5 @@ class RolloutStream:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await self._resume(self.version)
+        with contextlib.suppress(RolloutEngineError):  # a dead engine has nothing left to resume
+            await self._resume(self.version)
