@@ -39,11 +39,14 @@ def check_trainer_mode(config) -> list[str]:
             cannot serve async requests (not ``rollout.name=vllm`` with ``rollout.mode=async``),
             a staleness bound that is not an integer >= 1, an unknown strategy, a negative
             ``num_warmup_batches``, a ``parameter_sync_step`` that disagrees with the batch
-            sizes, dynamic sampling, ReMax, or agent loops.
+            sizes, dynamic sampling, ReMax, or agent loops; a rollout pool of its own
+            (``rollout.nnodes`` > 0) outside ``separate_async``, without workers, or on the
+            local backend.
     """
     mode = _get(config, MODE_KEY, "sync")
     if mode not in TRAINER_MODES:
         raise ConfigError(f"{MODE_KEY}={mode!r} must be one of {', '.join(TRAINER_MODES)}")
+    check_rollout_pool_without_async(config)
     if mode == "sync":
         return []
     if _get(config, KEY, False):
@@ -55,6 +58,7 @@ def check_trainer_mode(config) -> list[str]:
             f"streams prompt groups through an engine that serves async requests and pauses for weight syncs; set "
             f"{ROLLOUT}.name=vllm {ROLLOUT}.mode=async (pip install -e '.[vllm]')")
     _check_sampler(config, mode)
+    _check_rollout_pool(config, mode)
     for key, value, why in (
             ("algorithm.filter_groups.enable", True, "DAPO's dynamic sampling draws batches until groups pass its "
              "filter; the stream keeps its own batches in flight"),
@@ -63,6 +67,34 @@ def check_trainer_mode(config) -> list[str]:
         if _get(config, key, None) == value:
             raise ConfigError(f"{MODE_KEY}={mode} with {key}={value}: {why}; set {MODE_KEY}=sync or change {key}")
     return _correction_notes(config, f"{MODE_KEY}={mode}: samples may be several updates old")
+
+
+def check_rollout_pool_without_async(config) -> None:
+    """A rollout pool of its own (``rollout.nnodes`` > 0) is for ``separate_async`` only.
+
+    Raises:
+        ConfigError: ``rollout.nnodes`` set with another trainer mode.
+    """
+    nnodes = _get(config, f"{ROLLOUT}.nnodes", 0)
+    if nnodes and _get(config, MODE_KEY, "sync") != "separate_async":
+        raise ConfigError(f"{ROLLOUT}.nnodes={nnodes}: a rollout pool of its own generates while the trainer trains, "
+                          f"which only {MODE_KEY}=separate_async does; set that, or {ROLLOUT}.nnodes=0")
+
+
+def _check_rollout_pool(config, mode: str) -> None:
+    nnodes, per_node = _get(config, f"{ROLLOUT}.nnodes", 0), _get(config, f"{ROLLOUT}.n_gpus_per_node", 1)
+    for key, value in (("nnodes", nnodes), ("n_gpus_per_node", per_node)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{ROLLOUT}.{key}={value!r} must be an integer >= 0")
+    if not nnodes:
+        return
+    if per_node < 1:
+        raise ConfigError(f"{ROLLOUT}.nnodes={nnodes} with {ROLLOUT}.n_gpus_per_node={per_node} leaves the rollout "
+                          f"pool no workers; set n_gpus_per_node >= 1, or {ROLLOUT}.nnodes=0 to generate in the "
+                          "trainer's workers")
+    if _get(config, "trainer.backend", "auto") == "local":
+        raise ConfigError(f"{ROLLOUT}.nnodes={nnodes}: a rollout pool of its own runs on Ray workers; set "
+                          f"trainer.backend=ray (or auto), or {ROLLOUT}.nnodes=0")
 
 
 def _check_sampler(config, mode: str) -> None:

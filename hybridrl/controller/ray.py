@@ -51,6 +51,7 @@ class Role(enum.Enum):
     """What a worker group does; ResourcePoolManager maps each role to a resource pool."""
 
     ActorRollout = "actor_rollout"
+    Rollout = "rollout"  # a rollout pool of its own (engines without an actor)
     ActorRolloutRef = "actor_rollout_ref"
     RefPolicy = "ref"
     Critic = "critic"

@@ -27,6 +27,7 @@ as verl's v1 trainer (``verl/trainer/ppo/v1``) does over its replay buffer:
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -39,6 +40,8 @@ from hybridrl.trainer.metrics import marked_timer
 from hybridrl.workers.rollout.base import RolloutEngineError
 
 __all__ = ["ASYNC_MODES", "DataExhausted", "StreamingRollout", "StreamSettings", "stream_settings"]
+
+logger = logging.getLogger(__name__)
 
 ASYNC_MODES = ("colocate_async", "separate_async")
 _POLL_S = 0.5  # the longest one collection waits on the workers before the driver looks again
@@ -71,16 +74,18 @@ class StreamSettings:
     pad_token_id: int
 
 
-@dataclass
+@dataclass(eq=False)
 class _Drawn:
-    """One dataloader batch: the position before it was drawn, and its rows trained or dropped."""
+    """One dataloader batch: its draw number, the position before it was drawn, and its rows
+    trained or dropped."""
 
+    number: int
     state_before: dict
     size: int
     done: set[int] = field(default_factory=set)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Group:
     uid: str
     drawn: _Drawn
@@ -97,8 +102,11 @@ class StreamingRollout:
         batches: dataloader batches, across epochs (a resumed run: from the checkpoint's position).
         prepare: ``prepare(batch_dict) -> (rows, prompts)``: the rows with their ``uid`` and the
             generation input, one row per prompt (:meth:`PPOTrainer.prepare_generation`).
-        worker_group: the actor/rollout worker group (``stream_submit``, ``stream_collect``,
-            ``stream_pause``, ``sync_rollout_weights``).
+        worker_group: the workers that run the engines (``stream_submit``, ``stream_collect``,
+            ``stream_idle_s``, ``stream_pause``, ``stream_close``): the actor/rollout group, or a
+            rollout pool of its own.
+        sync_weights: ``sync_weights() -> int``: brings the engines up to the actor's weights and
+            returns their ``param_version``.
         dataloader_state: the dataloader's ``state_dict``.
         settings: :class:`StreamSettings`.
         n: ``rollout.n``, responses per prompt.
@@ -108,9 +116,9 @@ class StreamingRollout:
     """
 
     def __init__(self, batches: Iterator[dict], prepare: Callable[[dict], tuple[DataProto, DataProto]],
-                 worker_group, dataloader_state: Callable[[], dict], settings: StreamSettings, n: int,
-                 version: int, done_rows: list[list[int]] | None = None) -> None:
-        self._batches, self._prepare, self.wg = batches, prepare, worker_group
+                 worker_group, sync_weights: Callable[[], int], dataloader_state: Callable[[], dict],
+                 settings: StreamSettings, n: int, version: int, done_rows: list[list[int]] | None = None) -> None:
+        self._batches, self._prepare, self.wg, self._sync = batches, prepare, worker_group, sync_weights
         self._dataloader_state, self.settings, self.n, self.version = dataloader_state, settings, int(n), int(version)
         self._done_rows = [set(rows) for rows in done_rows or []]
         self._drawn: list[_Drawn] = []  # every batch with rows not done yet, in draw order
@@ -118,6 +126,7 @@ class StreamingRollout:
         self._exhausted = False
         self._dropped = 0  # since the last step's metrics
         self._next_rank = 0
+        self._draws = 0
         self._last_take: tuple[float, float] | None = None  # (time, the engines' idle seconds) at the last take
 
     def __iter__(self) -> "StreamingRollout":
@@ -166,13 +175,19 @@ class StreamingRollout:
     def sync_weights(self, timing_raw: dict) -> int:
         """After an update: the engine gets the new weights; samples in flight continue on them."""
         with marked_timer("sync_rollout_weights", timing_raw):
-            self.version = int(self.wg.sync_rollout_weights()[0])
+            self.version = int(self._sync())
         return self.version
 
-    def close(self) -> None:
-        """Cancels the groups in flight (the end of training)."""
-        self.wg.stream_close()
+    def close(self, quiet: bool = False) -> None:
+        """Cancels the groups in flight (the end of training); ``quiet``: after an error, whatever
+        goes wrong here (e.g. the worker that caused it is gone) is only logged."""
         self._groups.clear()
+        try:
+            self.wg.stream_close()
+        except Exception as exc:
+            if not quiet:
+                raise
+            logger.warning("closing the rollout stream after an error failed too: %s", exc)
 
     # ------------------------------------------------------------------ waiting
     def _wait_for_batch(self) -> list[_Group]:
@@ -213,7 +228,7 @@ class StreamingRollout:
         return self.version - group.version + 1
 
     def _age_order(self, group: _Group):
-        return group.version, self._drawn.index(group.drawn), group.row
+        return group.version, group.drawn.number, group.row
 
     def _drop_over_bound(self) -> None:
         for group in [g for g in self._groups.values() if g.output is not None and self._age(g) > self.settings.threshold]:
@@ -241,7 +256,8 @@ class StreamingRollout:
             self._exhausted = True
             return
         rows, prompts = self._prepare(batch_dict)
-        drawn = _Drawn(state_before, len(rows), self._done_rows.pop(0) if self._done_rows else set())
+        self._draws += 1
+        drawn = _Drawn(self._draws, state_before, len(rows), self._done_rows.pop(0) if self._done_rows else set())
         self._drawn.append(drawn)
         keep = [i for i in range(len(rows)) if i not in drawn.done]
         uids = rows.non_tensor_batch["uid"]

@@ -115,7 +115,7 @@ def run_ppo(config) -> None:
         trainer = PPOTrainer(
             config, tokenizer, groups.actor_rollout, groups.critic, reward_fn, val_reward_fn,
             train_dataloader, val_dataloader, total_steps, n_workers=groups.world_size,
-            rm_wg=groups.reward_model,
+            rm_wg=groups.reward_model, rollout_wg=groups.rollout,
         )
         trainer_cfg = config.trainer
         save_run_config(config, trainer_cfg.default_local_dir)

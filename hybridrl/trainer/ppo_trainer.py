@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import uuid
 from collections import defaultdict
 from typing import Iterator
@@ -45,8 +46,11 @@ class PPOTrainer:
     """Runs ``fit()``: validation, then ``step()`` per batch, checkpoints and logging."""
 
     def __init__(self, config, tokenizer, actor_rollout_wg, critic_wg, reward_fn, val_reward_fn,
-                 train_dataloader, val_dataloader, total_training_steps: int, n_workers: int = 1, rm_wg=None):
+                 train_dataloader, val_dataloader, total_training_steps: int, n_workers: int = 1, rm_wg=None,
+                 rollout_wg=None):
         self.config = config
+        # the engines: in the actor's workers, or (rollout.nnodes > 0) in a rollout pool of their own
+        self.rollout_wg = rollout_wg if rollout_wg is not None else actor_rollout_wg
         self.rm_wg = rm_wg  # reward-model worker group (reward_model.enable) or None
         self.tokenizer = tokenizer
         self.actor_rollout_wg = actor_rollout_wg
@@ -273,7 +277,7 @@ class PPOTrainer:
         """
         prompts = DataProto(batch=prompts.batch, non_tensor_batch=dict(prompts.non_tensor_batch),
                             meta_info={**prompts.meta_info, "do_sample": False})
-        greedy = self.actor_rollout_wg.generate_sequences(prompts)
+        greedy = self.rollout_wg.generate_sequences(prompts)
         scored = DataProto(batch=batch.batch.clone(False), non_tensor_batch=dict(batch.non_tensor_batch),
                            meta_info=dict(batch.meta_info)).union(greedy)
         reward_tensor, _ = compute_reward(scored, self.reward_fn)
@@ -289,7 +293,8 @@ class PPOTrainer:
         """
         val_kwargs = self.config.actor_rollout_ref.rollout.val_kwargs
         n = val_kwargs.get("n", 1)
-        self.actor_rollout_wg.sync_rollout_weights()  # one-step-off: the engine still has the weights of a step ago
+        if self.rollout_wg is self.actor_rollout_wg:  # one-step-off: the engine still has the weights of a step ago
+            self.actor_rollout_wg.sync_rollout_weights()
         scores_by_source: dict[str, list[float]] = defaultdict(list)
         dump = ValidationDump(self.config.trainer, self.tokenizer, self.global_steps)
         for batch_dict in self.val_dataloader:
@@ -303,7 +308,7 @@ class PPOTrainer:
                 "top_k": val_kwargs.get("top_k", -1),
                 "validate": True,
             }
-            batch = batch.repeat(n, interleave=True).union(self.actor_rollout_wg.generate_sequences(gen_batch))
+            batch = batch.repeat(n, interleave=True).union(self.rollout_wg.generate_sequences(gen_batch))
             if self.rm_wg is not None:
                 batch = batch.union(self.rm_wg.compute_rm_score(batch))
             reward_tensor, reward_extra_info = compute_reward(batch, self.val_reward_fn)
@@ -386,14 +391,21 @@ class PPOTrainer:
         try:
             self._train(tracker, batches)
         finally:
-            if self.streaming is not None:
-                self.streaming.close()
+            if self.streaming is not None:  # after an error, closing must not replace it
+                self.streaming.close(quiet=sys.exc_info()[0] is not None)
 
     def _start_streaming(self, batches: Iterator[dict]) -> StreamingRollout:
-        version = self.actor_rollout_wg.sync_rollout_weights()[0]
-        return StreamingRollout(batches, self.prepare_generation, self.actor_rollout_wg,
+        sync = self._sync_engines
+        return StreamingRollout(batches, self.prepare_generation, self.rollout_wg, sync,
                                 self.train_dataloader.state_dict, stream_settings(self.config, self.tokenizer.pad_token_id),
-                                self.config.actor_rollout_ref.rollout.n, version, self._stream_done_rows)
+                                self.config.actor_rollout_ref.rollout.n, sync(), self._stream_done_rows)
+
+    def _sync_engines(self) -> int:
+        """Brings the engines up to the actor's weights; returns their ``param_version``."""
+        if self.rollout_wg is self.actor_rollout_wg:
+            return self.actor_rollout_wg.sync_rollout_weights()[0]
+        state, version = self.actor_rollout_wg.engine_weights()[0]  # rank 0 holds the gathered weights
+        return self.rollout_wg.update_weights(state, version)[0]
 
     def _train(self, tracker, batches) -> None:
         trainer_cfg = self.config.trainer

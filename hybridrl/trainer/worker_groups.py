@@ -26,6 +26,7 @@ class WorkerGroups:
     actor_rollout: Any
     critic: Any = None
     reward_model: Any = None
+    rollout: Any = None  # a rollout pool of its own (actor_rollout_ref.rollout.nnodes > 0); else None
     world_size: int = 1
     backend: str = "local"
     _cleanups: list[Callable[[], None]] = field(default_factory=list)
@@ -53,7 +54,7 @@ def resolve_backend(config) -> tuple[str, int]:
     world_size = nnodes * per_node
     backend = trainer_cfg.get("backend", "auto")
     if backend == "auto":
-        backend = "ray" if world_size > 1 else "local"
+        backend = "ray" if world_size > 1 or rollout_pool_spec(config) else "local"
     if backend == "local" and world_size > 1:
         raise ConfigError(
             f"trainer.backend=local runs one worker in this process, but trainer.nnodes x trainer.n_gpus_per_node "
@@ -61,12 +62,20 @@ def resolve_backend(config) -> tuple[str, int]:
     return backend, world_size
 
 
+def rollout_pool_spec(config) -> list[int]:
+    """Workers per node of a rollout pool of its own (``actor_rollout_ref.rollout.nnodes`` x
+    ``n_gpus_per_node``); empty when the engines live in the trainer's workers."""
+    rollout = (config.get("actor_rollout_ref") or {}).get("rollout") or {}  # SFT / RM configs have none
+    return [int(rollout.get("n_gpus_per_node") or 1)] * int(rollout.get("nnodes") or 0)
+
+
 def _roles(config, use_critic: bool, use_reference: bool, use_reward_model: bool) -> dict[str, tuple]:
-    """role name -> (worker class, args, kwargs); ``device`` is filled in by the caller."""
+    """role name -> (worker class, args, kwargs) of the trainer's pool; ``device`` is filled in by the caller."""
     from hybridrl.workers import fsdp_workers
 
-    roles = {"actor_rollout": (fsdp_workers.ActorRolloutRefWorker, (config.actor_rollout_ref,),
-                               {"role": "actor_rollout_ref" if use_reference else "actor_rollout"})}
+    role = ("actor_rollout_ref" if use_reference else "actor_rollout").replace(
+        "_rollout", "" if rollout_pool_spec(config) else "_rollout")  # with a rollout pool: no engine here
+    roles = {"actor_rollout": (fsdp_workers.ActorRolloutRefWorker, (config.actor_rollout_ref,), {"role": role})}
     if use_critic:
         roles["critic"] = (fsdp_workers.CriticWorker, (config.critic,), {})
     if use_reward_model:
@@ -90,6 +99,8 @@ def build_worker_groups(config, use_critic: bool, use_reference: bool, use_rewar
         result = _build_ray_groups(config, roles, world_size, device)
     for name in roles:  # the actor first: its model load warms the cache the others read
         getattr(result, name).init_model()
+    if result.rollout is not None:
+        result.rollout.init_model()
     return result
 
 
@@ -102,12 +113,13 @@ def _build_ray_groups(config, roles: dict, world_size: int, device: str) -> Work
     trainer_cfg = config.trainer
     threads = int(trainer_cfg.get("cpu_threads_per_worker", 1) or 1)
     os.environ.setdefault("HYBRIDRL_DIST_TIMEOUT_S", str(trainer_cfg.get("dist_timeout_s", 600)))
-    started_ray = init_ray(config, world_size * threads)
+    started_ray = init_ray(config, (world_size + sum(rollout_pool_spec(config))) * threads)
     use_gpu = device == "cuda" or (device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
-    pools = ResourcePoolManager({"global_pool": [int(trainer_cfg.n_gpus_per_node)] * int(trainer_cfg.nnodes)},
-                                mapping={Role.ActorRolloutRef: "global_pool", Role.Critic: "global_pool",
-                                         Role.RewardModel: "global_pool"},
-                                use_gpu=use_gpu, cpus_per_worker=threads)
+    spec, mapping = {"global_pool": [int(trainer_cfg.n_gpus_per_node)] * int(trainer_cfg.nnodes)}, {
+        Role.ActorRolloutRef: "global_pool", Role.Critic: "global_pool", Role.RewardModel: "global_pool"}
+    if rollout_pool_spec(config):  # verl's standalone rollout: the engines on workers of their own
+        spec["rollout_pool"], mapping[Role.Rollout] = rollout_pool_spec(config), "rollout_pool"
+    pools = ResourcePoolManager(spec, mapping=mapping, use_gpu=use_gpu, cpus_per_worker=threads)
     pools.create_resource_pool()
     worker_device = "cuda" if use_gpu else "cpu"
     class_dict = {name: RayClassWithInitArgs(cls, *args, device=worker_device, **kwargs)
@@ -120,6 +132,14 @@ def _build_ray_groups(config, roles: dict, world_size: int, device: str) -> Work
     groups = colocated.spawn(class_dict.keys())
     result = WorkerGroups(world_size=world_size, backend="ray", **groups)
     result._cleanups.append(colocated.shutdown)
+    if rollout_pool_spec(config):
+        from hybridrl.workers.rollout_worker import RolloutWorker
+
+        rollout = RayWorkerGroup(pools.get_resource_pool(Role.Rollout),
+                                 RayClassWithInitArgs(RolloutWorker, config.actor_rollout_ref, device=worker_device),
+                                 cpu_threads_per_worker=threads)
+        result.rollout = rollout
+        result._cleanups.insert(0, rollout.shutdown)
     if started_ray:
         result._cleanups.append(ray.shutdown)
     return result

@@ -20,6 +20,7 @@ from hybridrl.protocol import DataProto
 from hybridrl.workers.checkpoint_io import load_worker_state, save_worker_state
 from hybridrl.workers.optim import build_lr_scheduler, build_optimizer
 from hybridrl.workers.sharding import optimizer_on_device
+from hybridrl.workers.stream_methods import StreamingMethods
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +53,9 @@ def _with_normalized_batch_sizes(section, rollout_n: int, world_size: int):
     return section
 
 
-class ActorRolloutRefWorker(Worker):
-    """Policy worker. ``role`` is ``actor_rollout``, ``actor_rollout_ref`` or ``ref``.
+class ActorRolloutRefWorker(StreamingMethods, Worker):
+    """Policy worker. ``role`` is ``actor_rollout``, ``actor_rollout_ref`` or ``ref``; ``actor`` and
+    ``actor_ref`` leave the engine out (it runs in a rollout pool of its own, :mod:`.rollout_worker`).
 
     Args:
         config: the ``actor_rollout_ref`` section (with ``actor.optim.total_training_steps``
@@ -64,13 +66,14 @@ class ActorRolloutRefWorker(Worker):
 
     def __init__(self, config, role: str = "actor_rollout_ref", device: str = "auto") -> None:
         super().__init__()
-        if role not in ("actor_rollout", "actor_rollout_ref", "ref"):
+        if role not in ("actor_rollout", "actor_rollout_ref", "ref", "actor", "actor_ref"):
             raise ValueError(f"ActorRolloutRefWorker: unknown role {role!r}")
         self.config = config
         self.role = role
         self.device = resolve_device(device)
         self._is_actor = role != "ref"
-        self._is_ref = role in ("ref", "actor_rollout_ref")
+        self._is_ref = role in ("ref", "actor_rollout_ref", "actor_ref")
+        self._is_rollout = role.startswith("actor_rollout")
         self.init_distributed(self.device)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -101,7 +104,7 @@ class ActorRolloutRefWorker(Worker):
         # refreshed from the gathered actor after every update (generation is not lock-step
         # across ranks, so it cannot run on the sharded module). With LoRA it is a plain copy
         # of the base model that receives the merged weights.
-        rollout_module = copy.deepcopy(module) if (sharded or lora) and self._is_actor else module
+        rollout_module = copy.deepcopy(module) if (sharded or lora) and self._is_rollout else module
         if lora:  # before sharding: FSDP2 then shards the adapted layers like any other
             module = apply_lora(module, **lora, config_key="actor_rollout_ref.model", seed=0)
         if self._is_ref:
@@ -123,10 +126,12 @@ class ActorRolloutRefWorker(Worker):
         self.actor_lr_scheduler = build_lr_scheduler(self.actor_optimizer, actor_sizes.optim, total_steps)
         ref_module = self.ref_policy.actor_module if self._is_ref else None
         self.actor = PPOActor(actor_sizes, module, self.actor_optimizer, ref_module=ref_module)
+        self._start_engine_bookkeeping()
+        if not self._is_rollout:
+            return
         rollout_cls = get_rollout_cls(self.config.rollout.name, self.config.rollout.get("mode", "sync"))
         self.rollout = rollout_cls(rollout_module, self.config.rollout, self.tokenizer,
                                    getattr(module, "generation_config", None))
-        self._start_engine_bookkeeping()
         self.agent_loop_manager = None  # multi-turn agent loops (hybridrl.agents)
         if (self.config.rollout.get("multi_turn") or {}).get("enable", False):
             self._agent_loops(force=True)  # at start-up, so a bad tool/interaction file fails early
@@ -205,50 +210,14 @@ class ActorRolloutRefWorker(Worker):
             self.stream.resume(self.rollout_param_version)
         return self.param_version
 
-    # ------------------------------------------------------------------ fully async training
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
-    def stream_submit(self, prompts: DataProto | None) -> int:
-        """Starts sampling ``prompts`` on this rank's engine (:class:`~hybridrl.workers.rollout.stream.RolloutStream`;
-        the rows of a group, same ``uid``, consecutive) and returns the number of groups in flight.
-
-        Raises:
-            RolloutEngineError: a prompt too long for the engine; the engine failed or missed its deadline.
-        """
-        if self.stream is None:
-            from hybridrl.workers.rollout.stream import RolloutStream
-
-            self.stream = RolloutStream(self.rollout, self.rollout_param_version)
-        if prompts is not None and len(prompts):
-            self.stream.submit(prompts.to("cpu"))
-        return len(self.stream.in_flight())
-
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def stream_collect(self, wait_s: float) -> list[DataProto]:
-        """The groups this rank finished since the last call (waiting up to ``wait_s`` seconds for one).
+    def engine_weights(self) -> tuple[dict | None, int]:
+        """``(weights, param_version)`` for a rollout pool of its own: the weights an engine needs
+        (``actor_weights``: gathered, a collective when sharded) on rank 0, None on the others."""
+        from hybridrl.workers.rollout.vllm import actor_weights
 
-        Raises:
-            RolloutEngineError: a group failed or the engine missed its deadline.
-        """
-        return self.stream.collect(wait_s) if self.stream is not None else []
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def stream_idle_s(self) -> float:
-        """Seconds this rank's engine has had no streamed request since the stream started."""
-        return self.stream.idle_s() if self.stream is not None else 0.0
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def stream_pause(self) -> None:
-        """Stops this rank's generation until the next :meth:`sync_rollout_weights` (colocated async:
-        the trainer gets the cores while it trains)."""
-        if self.stream is not None:
-            self.stream.pause()
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def stream_close(self) -> None:
-        """Cancels the groups in flight; the engine stays up (validation, the next run of the driver)."""
-        if self.stream is not None:
-            self.stream.close()
-            self.stream = None
+        state = actor_weights(self.actor.actor_module)
+        return ({k: v.detach().cpu() for k, v in state.items()} if self.rank == 0 else None), self.param_version
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
@@ -298,7 +267,7 @@ class ActorRolloutRefWorker(Worker):
         metrics["actor/lr"] = [self.actor_lr_scheduler.get_last_lr()[0]]
         self.actor_lr_scheduler.step()
         self.param_version += 1
-        if data.meta_info.get("sync_rollout_weights", True):
+        if self._is_rollout and data.meta_info.get("sync_rollout_weights", True):
             self._sync_engine()
         tensors = {"old_log_probs": own_log_probs.cpu()} if own_log_probs is not None else None
         return DataProto.from_dict(tensors=tensors, meta_info={"metrics": metrics})
@@ -315,7 +284,8 @@ class ActorRolloutRefWorker(Worker):
         state = load_worker_state(local_path, self.actor.actor_module, self.actor_optimizer, self.actor_lr_scheduler,
                                   self.rank, self.world_size)
         self.param_version = int(state.get("param_version", self.param_version))
-        self._sync_engine()
+        if self._is_rollout:
+            self._sync_engine()
 
 
 class CriticWorker(Worker):

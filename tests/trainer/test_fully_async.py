@@ -4,7 +4,8 @@ Start-up checks (one line each); the driver's stream bookkeeping against a scrip
 (the staleness bound with drop and wait, oldest groups first, checkpoint state that regenerates
 the untrained groups and never trains one twice, a deadline); partial rollouts on the real async
 engine (every token's log-prob is under the policy that sampled it); and the tiny model end to
-end: three steps on the local backend in both modes, resume, and the Ray backend.
+end: separate_async for three steps and a resume, colocate_async until its engine is killed, two
+simulated Ray nodes streaming their shares, a rollout pool of its own, and a killed rollout worker.
 """
 
 from __future__ import annotations
@@ -134,7 +135,8 @@ def _stream(workers, n_batches, threshold=2, strategy="drop", warmup=1, done_row
     batches, prepare, state = _dataloader(n_batches)
     settings = StreamSettings("separate_async", groups_per_step=4, threshold=threshold, strategy=strategy,
                               warmup_batches=warmup, deadline_s=deadline_s, pad_token_id=0)
-    return StreamingRollout(batches, prepare, workers, state, settings, n=2, version=workers.version, done_rows=done_rows)
+    return StreamingRollout(batches, prepare, workers, lambda: workers.sync_rollout_weights()[0], state, settings,
+                            n=2, version=workers.version, done_rows=done_rows)
 
 
 def _step(stream, workers, release=None):
@@ -294,12 +296,11 @@ def _prompts_trained(out, steps):
 
 @pytest.mark.slow
 @needs_vllm
-@pytest.mark.parametrize("mode", ["separate_async", "colocate_async"])
-def test_three_steps_then_a_resume_that_trains_nothing_twice(mode, small_data, vllm_model_dir, tmp_path):
+def test_three_steps_then_a_resume_that_trains_nothing_twice(small_data, vllm_model_dir, tmp_path):
     from hybridrl.trainer.main_ppo import main
 
     out = tmp_path / "run"
-    args = _args(small_data, vllm_model_dir, out, tmp_path, mode, "trainer.save_freq=2",
+    args = _args(small_data, vllm_model_dir, out, tmp_path, "separate_async", "trainer.save_freq=2",
                  "trainer.v1.sampler.max_off_policy_threshold=2")
     assert main(args) == 0
     rows = _rows(out)
@@ -324,9 +325,11 @@ def test_three_steps_then_a_resume_that_trains_nothing_twice(mode, small_data, v
 
 @pytest.mark.slow
 @needs_vllm
-def test_a_killed_engine_stops_the_run_with_one_line(small_data, vllm_model_dir, tmp_path, monkeypatch, capsys):
-    """The engine process dies while groups stream: the step's wait ends with the engine's one-line
-    error (not a hang, not a traceback)."""
+def test_colocated_two_steps_then_a_killed_engine_stops_the_run_with_one_line(small_data, vllm_model_dir, tmp_path,
+                                                                             monkeypatch, capsys):
+    """colocate_async (generation paused while the trainer trains) runs its steps; then the engine
+    process dies while groups stream: the step's wait ends with the engine's one-line error (not a
+    hang, not a traceback)."""
     from hybridrl.trainer.main_ppo import main
     from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker
 
@@ -343,12 +346,13 @@ def test_a_killed_engine_stops_the_run_with_one_line(small_data, vllm_model_dir,
 
     monkeypatch.setattr(ActorRolloutRefWorker, "stream_submit", kill_at_the_fourth)
     out = tmp_path / "run"
-    args = _args(small_data, vllm_model_dir, out, tmp_path, "separate_async", "trainer.save_freq=-1",
+    args = _args(small_data, vllm_model_dir, out, tmp_path, "colocate_async", "trainer.save_freq=-1",
                  "actor_rollout_ref.rollout.engine_timeout_s=60")
     assert main(args) == 2
     error = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hybridrl: error:")]
     assert len(error) == 1 and "vLLM async engine: its process died" in error[0], error
-    assert len(_rows(out)) < 3
+    rows = _rows(out)
+    assert 1 <= len(rows) < 3 and all(r["actor/grad_norm"] > 0 and "fully_async/queue_size" in r for r in rows)
 
 
 @pytest.mark.slow
@@ -367,3 +371,64 @@ def test_on_two_simulated_ray_nodes_each_worker_streams_its_share(ray_cluster, s
     assert all(r["actor/grad_norm"] > 0 and r["fully_async/staleness/max"] <= 1 for r in rows)
     trained = _prompts_trained(out, (1, 2, 3))
     assert set(collections.Counter(trained).values()) == {2}
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_a_rollout_pool_of_its_own_generates_while_the_trainer_trains(ray_cluster, small_data, vllm_model_dir, tmp_path):
+    """actor_rollout_ref.rollout.nnodes=1: one trainer worker without an engine, one rollout worker
+    with one (verl's standalone rollout), each on a simulated node of its own; the actor's weights
+    reach the rollout worker after every update (bypass mode: in fp32 the first step's rollout
+    log-probs are the actor's), and validation generates on the rollout pool."""
+    from hybridrl.trainer.main_ppo import main
+
+    out = tmp_path / "run"
+    args = _args(small_data, vllm_model_dir, out, tmp_path, "separate_async", "trainer.backend=ray",
+                 "trainer.nnodes=1", "trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.nnodes=1",
+                 "actor_rollout_ref.rollout.n_gpus_per_node=1", "trainer.v1.sampler.max_off_policy_threshold=1",
+                 "trainer.test_freq=3")
+    assert main(args) == 0
+    rows = _rows(out)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    # threshold 1: only groups the current weights started are trained, so every step's samples
+    # are on policy and the pushed weights must be the actor's (else ppo_kl would move off 0)
+    assert all(r["fully_async/staleness/max"] == 0 for r in rows)
+    assert all(abs(r["actor/ppo_kl"]) < 1e-4 for r in rows), [r["actor/ppo_kl"] for r in rows]
+    assert "val-core/openai/gsm8k/reward/mean@1" in rows[-1]
+
+
+def test_a_rollout_pool_needs_separate_async_ray_and_workers():
+    pool = ["actor_rollout_ref.rollout.nnodes=1"]
+    assert "only trainer.v1.trainer_mode=separate_async does" in _error(*pool)
+    assert "leaves the rollout pool no workers" in _error(*ASYNC, *pool, "actor_rollout_ref.rollout.n_gpus_per_node=0")
+    assert "runs on Ray workers" in _error(*ASYNC, *pool, "trainer.backend=local")
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_a_killed_rollout_worker_is_a_worker_error_naming_it(ray_cluster, small_data, vllm_model_dir, tmp_path,
+                                                              monkeypatch):
+    """The rollout pool's worker process dies after step 1: the next call on it fails at once with
+    a WorkerError naming the RolloutWorker, instead of a wait for groups that never come."""
+    import ray
+
+    from hybridrl.controller.ray import WorkerError
+    from hybridrl.trainer.main_ppo import main
+
+    sync = StreamingRollout.sync_weights
+
+    def kill_after_the_first_update(stream, timing_raw):
+        version = sync(stream, timing_raw)
+        if version == 1:
+            ray.kill(stream.wg._hosts[0], no_restart=True)
+        return version
+
+    monkeypatch.setattr(StreamingRollout, "sync_weights", kill_after_the_first_update)
+    out = tmp_path / "run"
+    args = _args(small_data, vllm_model_dir, out, tmp_path, "separate_async", "trainer.backend=ray",
+                 "trainer.nnodes=1", "trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.nnodes=1",
+                 "actor_rollout_ref.rollout.n_gpus_per_node=1")
+    started = time.monotonic()
+    with pytest.raises(WorkerError, match=r"^RolloutWorker worker process of rank 0 died"):
+        main(args)
+    assert time.monotonic() - started < 300 and [r["step"] for r in _rows(out)] == [1]

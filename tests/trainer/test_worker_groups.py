@@ -19,6 +19,11 @@ def test_resolve_backend(backend, nnodes, per_node, expected):
     assert resolve_backend(_cfg(backend, nnodes, per_node)) == expected
 
 
+def test_a_rollout_pool_of_its_own_picks_ray():
+    cfg = OmegaConf.merge(_cfg(), {"actor_rollout_ref": {"rollout": {"nnodes": 1, "n_gpus_per_node": 2}}})
+    assert resolve_backend(cfg) == ("ray", 1)
+
+
 def test_local_backend_with_several_workers_is_refused():
     with pytest.raises(ConfigError, match="trainer.backend=local runs one worker") as err:
         resolve_backend(_cfg("local", 1, 2))

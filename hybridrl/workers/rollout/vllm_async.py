@@ -188,7 +188,13 @@ class AsyncVLLMRollout(VLLMRollout):
     def sync_weights(self, actor_module: torch.nn.Module) -> None:
         """Hands the actor's weights to the engine process through the folder in RAM (a collective
         when the actor is FSDP-sharded: every rank calls this) and resets its prefix cache."""
-        self._write_weights(actor_weights(actor_module))
+        self.load_weights(actor_weights(actor_module))
+
+    @torch.no_grad()
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """Loads ``state`` (parameter name -> tensor, all or some of the model's) into the engine
+        process through the folder in RAM and resets its prefix cache."""
+        self._write_weights(state)
         self._wake_up()
         self._call(self._reload(), "the engine to reload the weights")
 
