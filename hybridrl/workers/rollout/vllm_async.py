@@ -112,6 +112,7 @@ class AsyncVLLMRollout(VLLMRollout):
         self._thread.start()
         try:
             self._call(self._astart(), "the vLLM engine process to start")
+            self._drop_weights_file()
         except (ValueError, RuntimeError, TypeError, NotImplementedError) as exc:
             if isinstance(exc, RolloutEngineError):
                 raise
@@ -197,6 +198,14 @@ class AsyncVLLMRollout(VLLMRollout):
         self._write_weights(state)
         self._wake_up()
         self._call(self._reload(), "the engine to reload the weights")
+        self._drop_weights_file()
+
+    def _drop_weights_file(self) -> None:
+        """The engine has read the weights: their file leaves RAM at once. (The folder goes when
+        the rollout is shut down or collected; a process killed before that leaves only the
+        small config files behind, not a copy of the model in /dev/shm.)"""
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(self._folder.name, WEIGHTS_FILE))
 
     async def _reload(self) -> None:
         from vllm.v1.engine.exceptions import EngineDeadError
