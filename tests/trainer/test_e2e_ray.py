@@ -95,9 +95,13 @@ def test_dapo_with_rollout_correction_on_two_workers(ray_cluster, gsm8k_parquet,
     reward = tmp_path / "reward.py"
     reward.write_text(REWARD_FILE)
     for mode, extra in (("decoupled", ["algorithm.rollout_correction.rollout_is=token"]),
+                        # bypass mode weighs each micro batch against the current policy: after one
+                        # mini-batch update the next one's weights drift from 1 (0.99-1.04 measured);
+                        # one mini batch per step keeps every weight at the sampling policy (1 +- 1e-6)
                         ("bypass", ["algorithm.rollout_correction.bypass_mode=true",
                                     "algorithm.rollout_correction.rollout_is=sequence",
-                                    "algorithm.rollout_correction.loss_type=reinforce"])):
+                                    "algorithm.rollout_correction.loss_type=reinforce",
+                                    "actor_rollout_ref.actor.ppo_mini_batch_size=4"])):
         out = tmp_path / mode
         args = _overrides(gsm8k_parquet, tiny_model_dir, out, reward, "algorithm.adv_estimator=grpo",
                           "actor_rollout_ref.actor.use_kl_loss=False", "trainer.backend=ray", "trainer.nnodes=1",
@@ -106,7 +110,7 @@ def test_dapo_with_rollout_correction_on_two_workers(ray_cluster, gsm8k_parquet,
                           "algorithm.filter_groups.metric=seq_reward", "data.gen_batch_size=2",
                           "reward_model.reward_manager=dapo",
                           # fp32: the weights' mean is 1 up to kernel noise; bf16's noise, summed over a
-                          # sequence (rollout_is=sequence), moved it by 0.06 in one run of the suite
+                          # sequence (rollout_is=sequence), is larger
                           "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
                           "actor_rollout_ref.rollout.dtype=fp32", *extra)
         assert main(args) == 0, mode
@@ -114,4 +118,4 @@ def test_dapo_with_rollout_correction_on_two_workers(ray_cluster, gsm8k_parquet,
         assert [r["step"] for r in rows] == [1, 2]
         for row in rows:
             assert row["train/num_gen_batches"] >= 2  # 2 prompts per generation batch, 4 per step
-            assert row["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=0.05) and row["actor/grad_norm"] > 0
+            assert row["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-3) and row["actor/grad_norm"] > 0
