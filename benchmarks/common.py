@@ -170,7 +170,8 @@ def build_hybridrl_grpo(settings: GRPOSettings, parquet_dir: str, steps: int, ex
     """
     from omegaconf import open_dict
 
-    from hybridrl.config import load_config, validate_ppo_config
+    from hybridrl.config import load_config
+    from hybridrl.trainer.config_check import validate_ppo_config
     from hybridrl.data import RLHFDataset, create_rl_dataloader
     from hybridrl.models import load_tokenizer, resolve_model_path
     from hybridrl.rewards.manager import load_reward_manager

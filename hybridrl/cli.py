@@ -2,13 +2,18 @@
 
 Each subcommand is one row of :data:`COMMANDS`: the module whose ``main(argv) -> int`` runs it
 and a one-line description. Modules are imported only when their command runs, so ``hybridrl
---help`` stays fast and light.
+--help`` stays fast and light. The config-driven commands (train, sft, rm, generate, eval) share
+:func:`run_cli`. Whatever the command, a :class:`~hybridrl.errors.UserError` prints as one
+``hybridrl: error: ...`` line with exit code 2; ``HYBRIDRL_DEBUG=1`` keeps its traceback.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+from typing import Any, Callable
+
+from hybridrl.errors import keeps_traceback
 
 # name -> (module with main(argv) -> int, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -36,6 +41,59 @@ def usage() -> str:
             "docs: README.md, docs/config.md, docs/algorithms.md, docs/rollout.md, docs/agents.md, docs/performance.md\n")
 
 
+_CONFIG_COMMANDS = {"ppo_trainer": "train", "sft_trainer": "sft", "rm_trainer": "rm", "generation": "generate",
+                    "evaluation": "eval"}
+
+
+def command_help(config_name: str) -> str:
+    """``hybridrl <command> --help``: how the command takes its settings and where to start."""
+    command = _CONFIG_COMMANDS.get(config_name, config_name)
+    return "\n".join([
+        f"usage: hybridrl {command} key=value ...",
+        "",
+        f"Settings are verl's config keys as key=value overrides of the packaged {config_name}.yaml.",
+        f"  all keys with their defaults:  hybridrl config --show --name {config_name}",
+        f"  check a command line:          hybridrl config --check --name {config_name} key=value ...",
+        "  the main job (GRPO on CPU, ~10 min):  bash examples/run_arithmetic_grpo.sh",
+        "  docs: README.md, docs/config.md (keys), docs/algorithms.md, docs/rollout.md, docs/agents.md",
+    ])
+
+
+def run_cli(run: Callable[[Any], Any], config_name: str, argv: list[str] | None = None) -> int:
+    """The body of every config-driven command (``hybridrl train|sft|rm|generate|eval``):
+    loads ``config_name`` with the ``key=value`` overrides in ``argv``, resolves ``auto``
+    dtypes for the device (printed once) and calls ``run(config)``.
+
+    Returns 0 on success, 2 after printing one ``hybridrl: error: ...`` line for a
+    :class:`~hybridrl.errors.UserError` or a missing file. Any other exception, or any error with
+    ``HYBRIDRL_DEBUG=1``, propagates with its traceback.
+    """
+    from hybridrl.config import load_config
+    from hybridrl.config.precision import resolve_precision
+
+    argv = sys.argv[1:] if argv is None else argv
+    if any(arg in ("-h", "--help", "help") for arg in argv):
+        print(command_help(config_name))
+        return 0
+    try:
+        config = load_config(argv, config_name=config_name, resolve_auto_dtypes=False)
+        line = resolve_precision(config)
+        if line:
+            print(f"hybridrl: {line}", flush=True)
+        run(config)
+    except Exception as exc:  # noqa: BLE001 - a user error becomes one readable line below
+        return _one_line(exc)
+    return 0
+
+
+def _one_line(exc: Exception) -> int:
+    """Prints a user error as one line (exit code 2); re-raises anything else."""
+    if keeps_traceback(exc):
+        raise exc
+    print(f"hybridrl: error: {exc}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -46,7 +104,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hybridrl: error: unknown command {command!r}\n{usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[command][0])
-    return int(module.main(rest) or 0)
+    try:
+        return int(module.main(rest) or 0)
+    except Exception as exc:  # noqa: BLE001 - merge, preprocess, plot, ... get the same one-line errors
+        return _one_line(exc)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ Row operations (index, slice, chunk, split, repeat, concat, reorder) act on ``ba
 ``non_tensor_batch`` together and carry ``meta_info`` along. Everything is picklable, so the
 Ray backend can ship it as is. Reshaping (``fold_batch_dim``, ``unfold_column_chunks``),
 mini-batch iteration, save / load and padding to a divisor live in :mod:`hybridrl.protocol_ops`
-(the DataProto methods and the names ``fold_batch_dim``, ``unfold_batch_dim``,
-``pad_dataproto_to_divisor``, ``unpad_dataproto`` here call into it); value comparison and the
+(the DataProto methods call into it; ``fold_batch_dim``, ``unfold_batch_dim``,
+``pad_dataproto_to_divisor`` and ``unpad_dataproto`` are importable from here too); value comparison and the
 ``meta_info`` merge of ``concat`` in :mod:`hybridrl.protocol_meta`; the errors in
 :mod:`hybridrl.protocol_errors`.
 """
@@ -35,7 +35,14 @@ from hybridrl.protocol_errors import (  # noqa: F401 (re-exported: every DataPro
     MissingKeyError,
     UnionConflictError,
 )
+from hybridrl import protocol_ops
 from hybridrl.protocol_meta import arrays_equal, merge_meta_info, values_equal
+from hybridrl.protocol_ops import (  # noqa: F401 (re-exported, as verl's protocol module has them)
+    fold_batch_dim,
+    pad_dataproto_to_divisor,
+    unfold_batch_dim,
+    unpad_dataproto,
+)
 
 
 def _as_object_array(key: str, value: Any) -> np.ndarray:
@@ -424,8 +431,6 @@ class DataProto:
         e.g. ``[3, 1, 2]`` on rows ``[a, b, c]`` gives ``[a, a, a, b, c, c]`` (0 drops a row).
         Raises :class:`BatchSizeMismatchError` for a wrong length, DataProtoError otherwise.
         """
-        from hybridrl import protocol_ops
-
         return protocol_ops.sample_level_repeat(self, repeat_times)
 
     def unfold_column_chunks(
@@ -436,8 +441,6 @@ class DataProto:
         ``(n, c, ...)`` becomes ``(n * n_split, c // n_split, ...)``; see
         :func:`hybridrl.protocol_ops.unfold_column_chunks` for non-tensors and errors.
         """
-        from hybridrl import protocol_ops
-
         return protocol_ops.unfold_column_chunks(self, n_split, split_keys)
 
     def make_iterator(
@@ -453,8 +456,6 @@ class DataProto:
         ``{"shuffle": True}``; ``seed`` seeds its generator). Each item is a DataProto with
         ``self``'s meta_info; see :func:`hybridrl.protocol_ops.make_iterator`.
         """
-        from hybridrl import protocol_ops
-
         return protocol_ops.make_iterator(self, mini_batch_size, epochs, seed, dataloader_kwargs)
 
     def save_to_disk(self, filepath) -> None:
@@ -463,16 +464,12 @@ class DataProto:
         No pickled code: values must be tensors, ndarrays, numbers, strings, None or
         lists / tuples / dicts of them (see :func:`hybridrl.protocol_ops.save_to_disk`).
         """
-        from hybridrl import protocol_ops
-
         protocol_ops.save_to_disk(self, filepath)
 
     @classmethod
     def load_from_disk(cls, filepath) -> "DataProto":
         """Read a file of :meth:`save_to_disk` with ``torch.load(weights_only=True)``: a file
         that would run code on load is refused (see :func:`hybridrl.protocol_ops.load_from_disk`)."""
-        from hybridrl import protocol_ops
-
         return protocol_ops.load_from_disk(filepath, cls)
 
     def reorder(self, indices: torch.Tensor | np.ndarray | Sequence[int]) -> None:
@@ -487,16 +484,3 @@ class DataProto:
         if self.batch is not None:
             self.batch = self.batch.to(device)
         return self
-
-
-_OPS_NAMES = ("fold_batch_dim", "unfold_batch_dim", "pad_dataproto_to_divisor", "unpad_dataproto")
-
-
-def __getattr__(name: str):
-    """``from hybridrl.protocol import fold_batch_dim`` (as in verl) and the padding helpers: they
-    live in protocol_ops, imported on first use so that this module stays cheap and cycle-free."""
-    if name in _OPS_NAMES:
-        from hybridrl import protocol_ops
-
-        return getattr(protocol_ops, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,19 +14,16 @@ import os
 import pickle
 import re
 import warnings
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 import torch
 from tensordict import TensorDict
 
-from hybridrl.protocol import (
-    BatchSizeMismatchError,
-    ChunkSizeError,
-    DataProto,
-    DataProtoError,
-    MissingKeyError,
-)
+from hybridrl.protocol_errors import BatchSizeMismatchError, ChunkSizeError, DataProtoError, MissingKeyError
+
+if TYPE_CHECKING:  # the functions build results with type(data), so DataProto subclasses keep their class
+    from hybridrl.protocol import DataProto
 
 _FILE_FORMAT = "hybridrl.DataProto"
 _FILE_VERSION = 1
@@ -356,7 +353,7 @@ def _refusal(err: Exception) -> str:
     return first_line.split(". ")[0][:160]
 
 
-def load_from_disk(filepath: str | os.PathLike, cls: type = DataProto) -> DataProto:
+def load_from_disk(filepath: str | os.PathLike, cls: type[DataProto]) -> DataProto:
     """Read a file written by :func:`save_to_disk` into a ``cls`` (tensors on CPU).
 
     Uses ``torch.load(weights_only=True)``, allowing only numpy's array / scalar / dtype
@@ -409,7 +406,7 @@ def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataPr
         take = min(left, n)
         parts.append(data[:take])
         left -= take
-    return DataProto.concat(parts), pad_size
+    return type(data).concat(parts), pad_size
 
 
 def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:
@@ -438,4 +435,4 @@ def concat_padded(parts: list[DataProto], pad_token_id: int) -> DataProto:
         for key in keys:
             if key not in part.non_tensor_batch:
                 part.non_tensor_batch[key] = np.array([None] * len(part), dtype=object)
-    return DataProto.concat(parts)
+    return type(parts[0]).concat(parts)

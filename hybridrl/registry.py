@@ -25,10 +25,12 @@ from collections.abc import Set
 from enum import Enum
 from typing import Any, Iterator, Optional
 
+from hybridrl.errors import UserError
+
 __all__ = ["Registry", "RegistryError"]
 
 
-class RegistryError(ValueError):
+class RegistryError(UserError, ValueError):
     """A registry name is unknown, already taken, or points at nothing; the message is one line."""
 
 

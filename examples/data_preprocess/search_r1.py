@@ -1,5 +1,5 @@
-"""QA (NQ-open, FlashRAG) -> verl RL parquet for a search agent; see hybridrl/data/preprocess/search_r1.py."""
-from hybridrl.data.preprocess.search_r1 import main
+"""QA (NQ-open, FlashRAG) -> verl RL parquet for a search agent; see hybridrl/agents/search_r1_data.py."""
+from hybridrl.agents.search_r1_data import main
 
 if __name__ == "__main__":
     main()

@@ -1,13 +1,13 @@
 """Errors of the agent loops, tools and interactions.
 
-:class:`AgentConfigError` is a :class:`~hybridrl.config.errors.ConfigError`, so the command line
+:class:`AgentConfigError` is a :class:`~hybridrl.errors.ConfigError`, so the command line
 prints it as one line: a bad tool/interaction YAML, an unknown agent name, a row that asks for
 a tool or interaction the config does not define.
 """
 
 from __future__ import annotations
 
-from hybridrl.config.errors import ConfigError
+from hybridrl.errors import ConfigError
 from hybridrl.registry import RegistryError
 
 

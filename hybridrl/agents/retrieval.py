@@ -23,8 +23,9 @@ import shutil
 import tempfile
 from typing import Any
 
-from hybridrl.config.errors import ConfigError
+from hybridrl.errors import ConfigError
 from hybridrl.data.errors import DataError
+from hybridrl.errors import UserError
 
 __all__ = [
     "RetrieverError",
@@ -47,7 +48,7 @@ _TOKENIZER = {"lower": True, "stopwords": "en", "stemmer": None}
 _INSTALL_HINT = "pip install 'hybridrl[agents]'"
 
 
-class RetrieverError(RuntimeError):
+class RetrieverError(UserError, RuntimeError):
     """The retriever is down, too slow, answered badly, or cannot run here; one-line message."""
 
 

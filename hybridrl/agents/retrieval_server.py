@@ -16,7 +16,7 @@ import sys
 import time
 
 from hybridrl.agents.retrieval import BM25Index, RetrieverError, load_or_build_index
-from hybridrl.config.errors import ConfigError
+from hybridrl.errors import ConfigError
 from hybridrl.data.errors import DataError
 
 __all__ = ["create_app", "main"]

@@ -13,7 +13,7 @@ from .advantages import (
     get_adv_estimator_fn,
     register_adv_est,
 )
-from .group_advantages import (
+from .advantages import (
     GroupStats,
     compute_gpg_outcome_advantage,
     compute_group_stats,
@@ -54,7 +54,7 @@ from .policy_loss import (
     get_policy_loss_fn,
     register_policy_loss,
 )
-from .policy_losses import (
+from .policy_loss import (
     compute_policy_loss_cispo,
     compute_policy_loss_clip_cov,
     compute_policy_loss_geo_mean,
@@ -62,14 +62,14 @@ from .policy_losses import (
     compute_policy_loss_gspo,
     compute_policy_loss_kl_cov,
 )
-from .bypass_loss import compute_policy_loss_bypass_mode, compute_policy_loss_reinforce
+from .policy_loss import compute_policy_loss_bypass_mode, compute_policy_loss_reinforce
 from .rollout_corr import (
     compute_offpolicy_metrics,
     compute_rollout_correction_and_rejection_mask,
     compute_rollout_correction_weights,
     compute_rollout_rejection_mask,
 )
-from .trust_region_losses import (
+from .policy_loss import (
     compute_policy_loss_dppo_kl,
     compute_policy_loss_dppo_tv,
     compute_policy_loss_dro,

@@ -6,6 +6,7 @@ or argument, and what to do.
 
 from typing import Optional
 
+from hybridrl.errors import UserError
 from hybridrl.registry import RegistryError
 
 
@@ -14,15 +15,15 @@ class UnknownAlgorithmError(RegistryError):
     or a second function under a taken name."""
 
 
-class AlgorithmConfigError(ValueError):
+class AlgorithmConfigError(UserError, ValueError):
     """An algorithm hyper-parameter has a value the algorithm cannot work with."""
 
 
-class AlgorithmInputError(ValueError):
+class AlgorithmInputError(UserError, ValueError):
     """A tensor or array handed to an algorithm function has the wrong shape or content."""
 
 
-class NonFiniteError(ArithmeticError):
+class NonFiniteError(UserError, ArithmeticError):
     """A loss or advantage tensor holds NaN or inf: training stops rather than corrupt the weights."""
 
 

@@ -4,11 +4,17 @@ Masks are 0/1 tensors (bool, int or float) broadcastable to ``values``; 1 marks 
 element. Masked-out elements never influence a result, even when they hold NaN or inf.
 """
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
-from .errors import AlgorithmInputError
+from .errors import AlgorithmConfigError, AlgorithmInputError, UnknownAlgorithmError
+
+Number = Union[int, float, torch.Tensor]
+
+# actor_rollout_ref.actor.loss_agg_mode values, for the policy losses, the critic and the entropy/KL terms
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+_ACTOR = "actor_rollout_ref.actor"
 
 # Rows of logits processed at once by the logit helpers: bounds the fp32 temporaries to about
 # this many elements (e.g. 2**24 floats = 64 MiB) whatever the batch and vocabulary sizes.
@@ -168,3 +174,78 @@ def clip_by_value(x: torch.Tensor, tensor_min, tensor_max) -> torch.Tensor:
     upper = torch.as_tensor(tensor_max, dtype=x.dtype, device=x.device)
     lower = torch.as_tensor(tensor_min, dtype=x.dtype, device=x.device)
     return torch.maximum(torch.minimum(x, upper), lower)
+
+
+def _unknown_agg_mode(loss_agg_mode: str) -> UnknownAlgorithmError:
+    return UnknownAlgorithmError(
+        f"unknown loss_agg_mode {loss_agg_mode!r} (config key "
+        f"`{_ACTOR}.loss_agg_mode`); use one of: {', '.join(LOSS_AGG_MODES)}"
+    )
+
+
+def _check_positive(key: str, value: Optional[Number]) -> None:
+    if value is not None and not float(value) > 0:
+        raise AlgorithmConfigError(
+            f"agg_loss: {key}={float(value)} must be > 0; pass the global batch's count or None"
+        )
+
+
+def _global_count(key: str, value: Optional[Number], local: torch.Tensor, dp_size: int) -> Number:
+    """``value`` (a count over all data-parallel ranks), or the local count on one rank."""
+    _check_positive(key, value)
+    if value is not None:
+        return value
+    if dp_size > 1:
+        raise AlgorithmConfigError(f"agg_loss: dp_size={dp_size} needs the global {key} (the count over every "
+                                   "rank's share of the mini batch); pass it")
+    return local
+
+
+def agg_loss(
+    loss_mat: torch.Tensor,
+    loss_mask: torch.Tensor,
+    loss_agg_mode: str,
+    dp_size: int = 1,
+    batch_num_tokens: Optional[Number] = None,
+    global_batch_size: Optional[Number] = None,
+    loss_scale_factor: Optional[Number] = None,
+) -> torch.Tensor:
+    """Aggregate a per-token loss ``(bs, response_length)`` into a scalar (verl 0.9's arguments).
+
+    Modes (``actor_rollout_ref.actor.loss_agg_mode``), with ``m`` the mask:
+      * ``token-mean``: ``sum(m * l) / batch_num_tokens``.
+      * ``token-sum``: ``sum(m * l)`` (no normalisation; the loss scales with the tokens).
+      * ``seq-mean-token-sum``: per-sequence token sum, summed over sequences / ``global_batch_size``.
+      * ``seq-mean-token-mean``: per-sequence token mean, the same sequence mean.
+      * ``seq-mean-token-sum-norm``: ``seq-mean-token-sum`` / ``loss_scale_factor`` (default
+        ``loss_mat.shape[-1]``; Dr. GRPO, arXiv 2503.20783, uses a constant).
+
+    Sequences without a valid token never count. For gradient accumulation and data parallelism
+    pass the counts of the whole mini batch over all ranks (``batch_num_tokens``: valid tokens;
+    ``global_batch_size``: sequences) and ``dp_size``: every rank's loss is multiplied by
+    ``dp_size`` because FSDP averages gradients over the ranks. Then the SUM of the micro-batch
+    losses, averaged over ranks, equals the loss of one pass over the mini batch. Without counts
+    they are this call's own (allowed only with ``dp_size == 1``).
+
+    Raises:
+        UnknownAlgorithmError: unknown ``loss_agg_mode``.
+        AlgorithmConfigError: a count that is not > 0, or ``dp_size > 1`` without the count it needs.
+    """
+    if loss_agg_mode == "token-mean":
+        tokens = _global_count("batch_num_tokens", batch_num_tokens, loss_mask.sum(), dp_size)
+        return masked_sum(loss_mat, loss_mask) / tokens * dp_size
+    if loss_agg_mode == "token-sum":
+        return masked_sum(loss_mat, loss_mask) * dp_size
+    if loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm"):
+        seq_losses = masked_sum(loss_mat, loss_mask, axis=-1)
+    elif loss_agg_mode == "seq-mean-token-mean":
+        seq_losses = masked_mean(loss_mat, loss_mask, axis=-1)
+    else:
+        raise _unknown_agg_mode(loss_agg_mode)
+    has_tokens = loss_mask.to(loss_mat.device).sum(dim=-1) > 0
+    sequences = _global_count("global_batch_size", global_batch_size, has_tokens.sum(), dp_size)
+    loss = torch.where(has_tokens, seq_losses, torch.zeros_like(seq_losses)).sum() / sequences * dp_size
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        _check_positive("loss_scale_factor", loss_scale_factor)
+        loss = loss / (loss_scale_factor if loss_scale_factor is not None else loss_mat.shape[-1])
+    return loss

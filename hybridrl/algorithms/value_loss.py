@@ -6,7 +6,7 @@ import torch
 
 from .errors import AlgorithmConfigError
 from .functional import clip_by_value, masked_mean
-from .policy_loss import Number, agg_loss
+from .functional import Number, agg_loss
 
 
 def compute_value_loss(

@@ -1,11 +1,13 @@
-"""Trainer configs: the packaged Hydra YAML files, the loader and the start-up checks.
+"""Run configs: the packaged Hydra YAML files, the loader, single-key reading and checking, the
+batch-size arithmetic and the ``auto`` precision. The checks of a whole run against the registered
+components (estimators, engines, reward managers, ...) sit above them, in
+:mod:`hybridrl.trainer.config_check`.
 
-Light on import: Hydra and OmegaConf are imported inside the functions.
+Light on import: Hydra, OmegaConf and torch are imported inside the functions.
 """
 
 from hybridrl.config.batch_sizes import normalize_batch_sizes
-from hybridrl.config.errors import ConfigError
 from hybridrl.config.loader import load_config
-from hybridrl.config.schema import validate_ppo_config
+from hybridrl.errors import ConfigError
 
-__all__ = ["ConfigError", "load_config", "normalize_batch_sizes", "validate_ppo_config"]
+__all__ = ["ConfigError", "load_config", "normalize_batch_sizes"]

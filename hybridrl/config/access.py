@@ -3,7 +3,7 @@ start-up checks (:mod:`.schema`) and the batch-size arithmetic (:mod:`.batch_siz
 
 from __future__ import annotations
 
-from hybridrl.config.errors import ConfigError
+from hybridrl.errors import ConfigError
 
 _UNSET = object()  # "no such key", as a returned default
 _REQUIRED = object()  # no default: a missing key is an error

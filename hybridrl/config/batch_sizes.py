@@ -4,7 +4,7 @@ apply (``normalize_batch_sizes``), so the check and the run agree."""
 from __future__ import annotations
 
 from hybridrl.config.access import _UNSET, _get, _int_at_least
-from hybridrl.config.errors import ConfigError
+from hybridrl.errors import ConfigError
 from hybridrl.config.key_tables import ACTOR, REF, ROLLOUT
 
 

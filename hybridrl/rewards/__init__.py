@@ -21,6 +21,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
+from hybridrl.errors import UserError
 from hybridrl.registry import Registry, RegistryError
 
 __all__ = [
@@ -61,7 +62,7 @@ class UnknownDataSourceError(RegistryError):
     """No scorer is registered for a data_source (a ValueError)."""
 
 
-class ScorerRegistrationError(ValueError):
+class ScorerRegistrationError(UserError, ValueError):
     """register_scorer was called without valid data_source names."""
 
 

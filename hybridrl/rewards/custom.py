@@ -14,10 +14,12 @@ import os
 import sys
 from typing import Any, Callable, Mapping
 
+from hybridrl.errors import UserError
+
 __all__ = ["RewardConfigError", "load_custom_reward_fn", "import_reward_file"]
 
 
-class RewardConfigError(ValueError):
+class RewardConfigError(UserError, ValueError):
     """The reward configuration (custom function, manager, on_error, ...) is invalid."""
 
 

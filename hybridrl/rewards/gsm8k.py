@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+from hybridrl.errors import UserError
+
 __all__ = ["extract_solution", "compute_score"]
 
 # verl's patterns: a number after the last "#### " (strict), or any number (flexible).
@@ -17,7 +19,7 @@ _NUMBER_RE = re.compile(r"(\-?[0-9\.\,]+)")
 _METHODS = ("strict", "flexible")
 
 
-class GSM8KMethodError(ValueError):
+class GSM8KMethodError(UserError, ValueError):
     """An unknown extraction method was asked for."""
 
 

@@ -21,6 +21,7 @@ import string
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from hybridrl.errors import UserError
 from hybridrl.rewards.custom import RewardConfigError, import_reward_file
 from hybridrl.rewards.settings import cfg_get, plain
 
@@ -72,7 +73,7 @@ class JudgeParseError(ValueError):
     """The judge's answer holds no usable score (no number, or one outside the scale)."""
 
 
-class JudgePromptError(ValueError):
+class JudgePromptError(UserError, ValueError):
     """The judge's prompt for a row cannot be built (a field the row lacks, too many tokens)."""
 
 

@@ -17,6 +17,7 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
+from hybridrl.errors import UserError
 from hybridrl.registry import Registry, RegistryError
 from hybridrl.rewards import default_compute_score, known_data_sources
 from hybridrl.rewards.custom import RewardConfigError, load_custom_reward_fn
@@ -33,9 +34,10 @@ class RewardManagerNameError(RewardConfigError, RegistryError):
     """``reward_model.reward_manager`` names no registered manager, or a second class takes a name."""
 
 
+# "naive" is defined below; "judge" registers with hybridrl.workers.llm_judge (it needs an engine).
 REWARD_MANAGERS = Registry("reward manager", "reward_model.reward_manager", error=RewardManagerNameError,
-                           hint="pick one of them or register yours with @register_reward_manager")
-_REWARD_MANAGERS: dict[str, type] = REWARD_MANAGERS.table  # read by hybridrl.config.schema
+                           hint="pick one of them or register yours with @register_reward_manager",
+                           builtins={"dapo": "hybridrl.rewards.dapo:DAPORewardManager"})
 
 # What a failing or late scoring call does: stop the run; score 0; score 0 and train nothing on
 # the sample (the driver masks it); score 0 and drop its prompt group; try again, then stop.
@@ -54,7 +56,7 @@ class _Failure(str):
         return failure
 
 
-class RewardFunctionError(RuntimeError):
+class RewardFunctionError(UserError, RuntimeError):
     """The scoring function raised (or returned something that is not a score) on a sample."""
 
 
@@ -471,7 +473,3 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0, pool:
     if getattr(manager, "pool", None) is not None:
         manager.pool.check_started(manager.compute_score)
     return manager
-
-
-# Managers beyond "naive" register themselves on import; kept last so they can import the above.
-from hybridrl.rewards import dapo  # noqa: E402,F401  isort: skip

@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from pebble import ProcessExpired, ProcessPool
 
+from hybridrl.errors import UserError
 from hybridrl.rewards.custom import RewardConfigError
 
 __all__ = ["ScoreTimeoutError", "RewardPoolError", "ScoringProcessDied", "call_with_deadline", "serial_calls",
@@ -51,7 +52,7 @@ class ScoreTimeoutError(TimeoutError):
     """A scoring call did not return within ``reward_model.timeout_s``."""
 
 
-class RewardPoolError(RuntimeError):
+class RewardPoolError(UserError, RuntimeError):
     """The scoring processes did not start, cannot load the reward function, or did not answer
     within the batch's deadline."""
 

@@ -17,8 +17,10 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 
+from hybridrl.errors import UserError
 
-class PlotError(ValueError):
+
+class PlotError(UserError, ValueError):
     """A metrics file is missing, empty or not JSON lines."""
 
 

@@ -12,7 +12,7 @@ import argparse
 import sys
 from importlib import resources
 
-from hybridrl.config import ConfigError
+from hybridrl.errors import ConfigError
 
 
 def packaged_config_names() -> list[str]:
@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(render(args.overrides, args.name, args.config_dir, args.only), end="")
         if args.check:
-            from hybridrl.config import load_config, validate_ppo_config
+            from hybridrl.config import load_config
+            from hybridrl.trainer.config_check import validate_ppo_config
 
             if args.name != "ppo_trainer" and args.config_dir is None:
                 raise ConfigError(f"--check: the start-up checks are for ppo_trainer configs, not {args.name}")

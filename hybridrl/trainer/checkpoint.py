@@ -20,15 +20,12 @@ from typing import Callable
 
 import torch
 
+from hybridrl.errors import CheckpointError
 from hybridrl.workers.checkpoint_io import load_state_file
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 STATE_FILE = "trainer_state.json"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
-
-
-class CheckpointError(ValueError):
-    pass
 
 
 def _atomic_write_text(path: str, text: str) -> None:

@@ -53,7 +53,7 @@ class DataExhausted(Exception):
 
 @dataclass(frozen=True)
 class StreamSettings:
-    """What the driver needs from the config (checked at start-up by ``config/async_modes.py``).
+    """What the driver needs from the config (checked at start-up by :mod:`hybridrl.trainer.async_modes`).
 
     Attributes:
         mode: ``colocate_async`` | ``separate_async``.

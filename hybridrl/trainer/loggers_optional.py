@@ -2,7 +2,7 @@
 
 Each imports its package in its constructor, so `import hybridrl.trainer.tracking` stays
 light, and raises `MissingLoggerPackage` (one line with the pip command) when it is absent.
-Importing `tracking` registers them.
+`tracking`'s registry names them and imports this module on first use.
 """
 
 from __future__ import annotations

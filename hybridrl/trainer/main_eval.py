@@ -173,7 +173,7 @@ def default_output_path(data_files) -> str:
 
 
 def _check_metrics_config(metrics_cfg) -> None:
-    from hybridrl.config import ConfigError
+    from hybridrl.errors import ConfigError
 
     pass_k = metrics_cfg.get("pass_k")
     if pass_k is not None and (isinstance(pass_k, (str, int)) or not all(isinstance(k, int) and k >= 1 for k in pass_k)):
@@ -221,8 +221,8 @@ def run_eval(config) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``hybridrl eval key=value ...`` (see :func:`hybridrl.trainer.main_ppo.run_cli`)."""
-    from hybridrl.trainer.main_ppo import run_cli
+    """``hybridrl eval key=value ...`` (see :func:`hybridrl.cli.run_cli`)."""
+    from hybridrl.cli import run_cli  # the entry point hands over to the command line (see .importlinter)
 
     return run_cli(run_eval, "evaluation", argv)
 

@@ -30,7 +30,7 @@ def check_generation_config(config) -> None:
         ConfigError: a size below 1, no output path, an output path that is an input file, or
             greedy decoding with ``data.n_samples > 1``.
     """
-    from hybridrl.config import ConfigError
+    from hybridrl.errors import ConfigError
 
     data, rollout = config.data, config.rollout
     for key, value in (("data.n_samples", data.n_samples), ("data.batch_size", data.batch_size),
@@ -76,7 +76,7 @@ def open_parts(folder: str, manifest: dict, num_batches: int) -> set[int]:
     Raises:
         ConfigError: ``folder`` holds parts of a run with different settings.
     """
-    from hybridrl.config import ConfigError
+    from hybridrl.errors import ConfigError
 
     manifest_path = os.path.join(folder, _MANIFEST)
     if os.path.isfile(manifest_path):
@@ -170,7 +170,7 @@ def _manifest(config, dataset, model_path: str) -> dict:
 
 
 def _build_rollout(config, model_path: str, tokenizer):
-    from hybridrl.config import ConfigError
+    from hybridrl.errors import ConfigError
     from hybridrl.controller.worker import resolve_device
     from hybridrl.models import load_causal_lm
     from hybridrl.workers.fsdp_workers import import_external_lib
@@ -191,7 +191,7 @@ def run_generation(config) -> str:
     """Runs the generation job with a resolved config; returns the written parquet path.
 
     Raises:
-        ConfigError, DataError, ModelPathError, ...: see ``user_error_types()`` in main_ppo.
+        a :class:`~hybridrl.errors.UserError` (ConfigError, DataError, ModelPathError, ...).
     """
     import torch
 
@@ -229,8 +229,8 @@ def run_generation(config) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``hybridrl generate key=value ...`` (see :func:`hybridrl.trainer.main_ppo.run_cli`)."""
-    from hybridrl.trainer.main_ppo import run_cli
+    """``hybridrl generate key=value ...`` (see :func:`hybridrl.cli.run_cli`)."""
+    from hybridrl.cli import run_cli  # the entry point hands over to the command line (see .importlinter)
 
     return run_cli(run_generation, "generation", argv)
 

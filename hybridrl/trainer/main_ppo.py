@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any, Callable
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +62,7 @@ def run_ppo(config) -> None:
     import torch
     from omegaconf import open_dict
 
-    from hybridrl.config import validate_ppo_config
+    from hybridrl.trainer.config_check import validate_ppo_config
     from hybridrl.models import load_tokenizer, resolve_model_path
     from hybridrl.rewards.manager import load_reward_manager
     from hybridrl.rewards.pool import build_reward_pool
@@ -157,83 +156,11 @@ def run_summary(trainer_cfg, last_step: int) -> str:
     return "\n".join(lines)
 
 
-def user_error_types() -> tuple[type[BaseException], ...]:
-    """Errors about the user's config, data, files or reward function: one line is enough.
-
-    Anything else is a bug (ours or a library's) and keeps its traceback.
-    """
-    from hybridrl.algorithms.errors import (AlgorithmConfigError, AlgorithmInputError, NonFiniteError,
-                                           UnknownAlgorithmError)
-    from hybridrl.config import ConfigError
-    from hybridrl.data.errors import DataError
-    from hybridrl.models import ModelConfigError, ModelDependencyError, ModelPathError
-    from hybridrl.rewards import UnknownDataSourceError
-    from hybridrl.rewards.custom import RewardConfigError
-    from hybridrl.rewards.manager import RewardFunctionError
-    from hybridrl.rewards.pool import RewardPoolError
-    from hybridrl.trainer.checkpoint import CheckpointError
-    from hybridrl.trainer.tracking import TrackingError
-    from hybridrl.agents.retrieval import RetrieverError
-    from hybridrl.controller.ray import ResourceError, WorkerUserError
-    from hybridrl.registry import RegistryError
-    from hybridrl.workers.rollout.base import RolloutEngineError
-
-    return (ConfigError, DataError, ModelPathError, ModelDependencyError, ModelConfigError,
-            UnknownDataSourceError, RewardConfigError, RewardFunctionError, RewardPoolError,
-            UnknownAlgorithmError, AlgorithmConfigError, AlgorithmInputError, NonFiniteError, CheckpointError,
-            TrackingError, FileNotFoundError, RetrieverError, ResourceError, WorkerUserError, RolloutEngineError,
-            RegistryError)
-
-
-def run_cli(run: Callable[[Any], Any], config_name: str, argv: list[str] | None = None) -> int:
-    """The body of every config-driven command (``hybridrl train|sft|rm|generate|eval``):
-    loads ``config_name`` with the ``key=value`` overrides in ``argv`` and calls ``run(config)``.
-
-    Returns 0 on success, 2 after printing one ``hybridrl: error: ...`` line for a user error
-    (:func:`user_error_types`). Any other exception, or any error with ``HYBRIDRL_DEBUG=1``,
-    propagates with its traceback.
-    """
-    from hybridrl.config import load_config
-
-    argv = sys.argv[1:] if argv is None else argv
-    if any(arg in ("-h", "--help", "help") for arg in argv):
-        print(command_help(config_name))
-        return 0
-    try:
-        config = load_config(argv, config_name=config_name, resolve_auto_dtypes=False)
-        resolve_auto_precision(config)
-        run(config)
-    except Exception as exc:  # noqa: BLE001 - turned into one readable line below
-        if os.environ.get("HYBRIDRL_DEBUG") or not isinstance(exc, user_error_types()):
-            raise
-        print(f"hybridrl: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-_COMMANDS = {"ppo_trainer": "train", "sft_trainer": "sft", "rm_trainer": "rm", "generation": "generate",
-             "evaluation": "eval"}
-
-
-def command_help(config_name: str) -> str:
-    """``hybridrl <command> --help``: how the command takes its settings and where to start."""
-    command = _COMMANDS.get(config_name, config_name)
-    return "\n".join([
-        f"usage: hybridrl {command} key=value ...",
-        "",
-        f"Settings are verl's config keys as key=value overrides of the packaged {config_name}.yaml.",
-        f"  all keys with their defaults:  hybridrl config --show --name {config_name}",
-        f"  check a command line:          hybridrl config --check --name {config_name} key=value ...",
-        "  the main job (GRPO on CPU, ~10 min):  bash examples/run_arithmetic_grpo.sh",
-        "  docs: README.md, docs/config.md (keys), docs/algorithms.md, docs/rollout.md, docs/agents.md",
-    ])
-
-
 def _check_train_files(config) -> None:
     """``hybridrl train`` without data: say what to run or set, before any other check."""
     from omegaconf import OmegaConf
 
-    from hybridrl.config import ConfigError
+    from hybridrl.errors import ConfigError
 
     files = OmegaConf.select(config, "data.train_files", default=None)
     if files is None:
@@ -260,18 +187,10 @@ def save_run_config(config, folder: str) -> str:
     return path
 
 
-def resolve_auto_precision(config) -> None:
-    """Every ``auto`` dtype key becomes bf16 or fp32 for ``trainer.device`` (see
-    :mod:`hybridrl.models.precision`), printed once; the run's saved config holds the choice."""
-    from hybridrl.models.precision import resolve_precision
-
-    line = resolve_precision(config)
-    if line:
-        print(f"hybridrl: {line}", flush=True)
-
-
 def main(argv: list[str] | None = None) -> int:
-    """``hybridrl train key=value ...`` (see :func:`run_cli`)."""
+    """``python -m hybridrl.trainer.main_ppo key=value ...``, verl's spelling of ``hybridrl train``."""
+    from hybridrl.cli import run_cli  # the entry point hands over to the command line (see .importlinter)
+
     return run_cli(run_ppo, "ppo_trainer", argv)
 
 

@@ -43,7 +43,7 @@ def validate_rm_config(config) -> None:
     """
     from omegaconf import OmegaConf
 
-    from hybridrl.config import ConfigError
+    from hybridrl.errors import ConfigError
 
     def get(key):
         return OmegaConf.select(config, key)
@@ -257,8 +257,8 @@ def run_rm(config) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``hybridrl rm key=value ...`` (see :func:`hybridrl.trainer.main_ppo.run_cli`)."""
-    from hybridrl.trainer.main_ppo import run_cli
+    """``hybridrl rm key=value ...`` (see :func:`hybridrl.cli.run_cli`)."""
+    from hybridrl.cli import run_cli  # the entry point hands over to the command line (see .importlinter)
 
     return run_cli(run_rm, "rm_trainer", argv)
 

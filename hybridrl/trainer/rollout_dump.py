@@ -23,14 +23,15 @@ import tempfile
 
 import numpy as np
 
-from hybridrl.config.errors import ConfigError
+from hybridrl.errors import ConfigError
+from hybridrl.errors import UserError
 from hybridrl.trainer.tracking import VAL_GENERATIONS_KEY
 
 _STEP_FILE = re.compile(r"^(?:step_)?(\d+)\.jsonl$")
 _BASE_KEYS = ("input", "output", "score", "ground_truth", "step", "data_source", "uid", "param_version")
 
 
-class SampleDumpError(ValueError):
+class SampleDumpError(UserError, ValueError):
     """A batch lacks what a sample dump needs, or a dump file cannot be read."""
 
 

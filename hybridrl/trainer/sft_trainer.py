@@ -53,7 +53,7 @@ def validate_sft_config(config) -> list[str]:
     """
     from omegaconf import OmegaConf
 
-    from hybridrl.config import ConfigError
+    from hybridrl.errors import ConfigError
 
     def get(key):
         return OmegaConf.select(config, key)
@@ -193,7 +193,7 @@ def build_sft_model(config, device: str, weights_path: str | None = None):
 
 
 def _wrap_lora(model, model_cfg):
-    from hybridrl.config import ConfigError
+    from hybridrl.errors import ConfigError
     from hybridrl.models import ModelDependencyError
 
     try:
@@ -365,8 +365,8 @@ def run_sft(config) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``hybridrl sft key=value ...`` (see :func:`hybridrl.trainer.main_ppo.run_cli`)."""
-    from hybridrl.trainer.main_ppo import run_cli
+    """``hybridrl sft key=value ...`` (see :func:`hybridrl.cli.run_cli`)."""
+    from hybridrl.cli import run_cli  # the entry point hands over to the command line (see .importlinter)
 
     return run_cli(run_sft, "sft_trainer", argv)
 

@@ -17,6 +17,7 @@ import sys
 import textwrap
 from typing import Any
 
+from hybridrl.errors import UserError
 from hybridrl.registry import Registry, RegistryError
 
 # A metrics dict may carry validation samples under this key (a list of dicts with input,
@@ -25,7 +26,7 @@ from hybridrl.registry import Registry, RegistryError
 VAL_GENERATIONS_KEY = "val/generations"
 
 
-class TrackingError(ValueError):
+class TrackingError(UserError, ValueError):
     """A logger was asked for that cannot be built (unknown name, missing folder or package)."""
 
 
@@ -37,7 +38,11 @@ class LoggerNameError(TrackingError, RegistryError):
     """``trainer.logger`` names no registered logger, or a second class takes a name."""
 
 
-LOGGERS = Registry("logger", "trainer.logger", error=LoggerNameError, hint="register your own with @register_logger")
+# console and file are defined below; the loggers that need an optional package load on first use.
+LOGGERS = Registry("logger", "trainer.logger", error=LoggerNameError, hint="register your own with @register_logger",
+                   builtins={"tensorboard": "hybridrl.trainer.loggers_optional:TensorboardLogger",
+                             "wandb": "hybridrl.trainer.loggers_optional:WandbLogger",
+                             "mlflow": "hybridrl.trainer.loggers_optional:MlflowLogger"})
 
 
 def register_logger(name: str):
@@ -326,7 +331,3 @@ class FileLogger:
         if self._file is not None:
             self._file.close()
             self._file = None
-
-
-# Registers tensorboard, wandb and mlflow; at the end because it imports the names above.
-from hybridrl.trainer import loggers_optional as _loggers_optional  # noqa: E402,F401

@@ -45,7 +45,7 @@ def resolve_backend(config) -> tuple[str, int]:
     Raises:
         ConfigError: local backend with more than one worker, or fewer than one worker.
     """
-    from hybridrl.config import ConfigError
+    from hybridrl.errors import ConfigError
 
     trainer_cfg = config.trainer
     nnodes, per_node = int(trainer_cfg.nnodes), int(trainer_cfg.n_gpus_per_node)
@@ -153,7 +153,7 @@ def init_ray(config, cpus_needed: int) -> bool:
     Raises:
         ModelDependencyError-like ConfigError: Ray is not installed.
     """
-    from hybridrl.config import ConfigError
+    from hybridrl.errors import ConfigError
 
     try:
         import ray

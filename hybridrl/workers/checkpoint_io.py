@@ -22,6 +22,8 @@ import re
 import numpy as np
 import torch
 
+from hybridrl.errors import CheckpointError
+
 DCP_DIR = "dcp"
 HF_DIR = "huggingface"
 
@@ -50,8 +52,6 @@ def load_state_file(path: str):
         CheckpointError: the file is truncated, damaged, or holds objects beyond those (one line,
             naming the file).
     """
-    from hybridrl.trainer.checkpoint import CheckpointError
-
     try:
         with torch.serialization.safe_globals(list(_SAFE_NUMPY)):
             return torch.load(path, map_location="cpu", weights_only=True)
@@ -126,8 +126,6 @@ def save_worker_state(local_path, module, optimizer, lr_scheduler, rank, world_s
 
 
 def _saved_world_size(local_path: str) -> int:
-    from hybridrl.trainer.checkpoint import CheckpointError
-
     sizes = {int(m.group(1)) for path in glob.glob(os.path.join(local_path, "extra_state_world_size_*_rank_*.pt"))
              if (m := re.search(r"world_size_(\d+)_rank_", os.path.basename(path)))}
     if len(sizes) != 1 or not os.path.isdir(os.path.join(local_path, DCP_DIR)):
@@ -140,8 +138,6 @@ def _saved_world_size(local_path: str) -> int:
 def _check_lora_rank(local_path: str, module) -> None:
     """A checkpoint resumes only into a model with the same LoRA rank (0: full fine-tuning)."""
     from hybridrl.models.lora import ADAPTER, is_lora_model, saved_lora_rank
-    from hybridrl.trainer.checkpoint import CheckpointError
-
     saved = saved_lora_rank(local_path)
     current = int(module.peft_config[ADAPTER].r) if is_lora_model(module) else 0
     if saved != current:

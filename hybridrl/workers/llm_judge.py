@@ -118,7 +118,7 @@ class JudgeEngine:
 def _engine_dtype(value: Any, device: str) -> str:
     """``reward_model.rollout.dtype`` with ``auto`` (or unset) resolved for ``device`` (bf16 where native)."""
     if value in (None, "auto"):
-        from hybridrl.models.precision import resolve_auto_dtype
+        from hybridrl.config.precision import resolve_auto_dtype
 
         return resolve_auto_dtype(device)[0]
     return str(value)

@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from hybridrl.config.errors import ConfigError
+from hybridrl.errors import ConfigError
 from hybridrl.protocol import DataProto
 
 

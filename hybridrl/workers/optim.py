@@ -40,6 +40,6 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg, total_traini
             num_cycles=optim_cfg.get("num_cycles", 0.5),
             min_lr_rate=optim_cfg.get("min_lr_ratio", 0.0) or 0.0,
         )
-    from hybridrl.config import ConfigError
+    from hybridrl.errors import ConfigError
 
     raise ConfigError(f"optim.warmup_style={style!r} is not one of constant, cosine")

@@ -129,7 +129,7 @@ class RewardModel:
 
     def retokenize(self, data: DataProto) -> dict[str, torch.Tensor]:
         """Right-padded reward-model inputs of the batch's chats + decoded responses."""
-        from hybridrl.config import ConfigError
+        from hybridrl.errors import ConfigError
         from hybridrl.data.preference_dataset import encode_rm_inputs, right_pad
 
         if "raw_prompt" not in data.non_tensor_batch:
@@ -163,7 +163,7 @@ def load_reward_model(config, device: str) -> RewardModel:
         ModelPathError / ModelDependencyError: a path that cannot be resolved.
         ConfigError: ``model.path`` holds no trained scalar head (a plain causal LM).
     """
-    from hybridrl.config import ConfigError
+    from hybridrl.errors import ConfigError
     from hybridrl.models import load_tokenizer, load_value_model, resolve_model_path
     from hybridrl.workers.actor import compute_dtype_of
 

@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from hybridrl.config import ConfigError, load_config, validate_ppo_config
+from hybridrl.config import ConfigError, load_config
+from hybridrl.trainer.config_check import validate_ppo_config
 from hybridrl.trainer.main_ppo import main
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "config")
@@ -17,7 +18,7 @@ QA = [("What is the capital of France?", "Paris"), ("What is the capital of Germ
 
 @pytest.fixture(scope="module")
 def search_data(tmp_path_factory, corpus_file):
-    from hybridrl.data.preprocess import search_r1
+    from hybridrl.agents import search_r1_data as search_r1
 
     folder = tmp_path_factory.mktemp("search_data")
     qa = folder / "qa.jsonl"

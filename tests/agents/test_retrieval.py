@@ -19,7 +19,7 @@ from hybridrl.agents.retrieval import (
     make_retriever,
     read_corpus,
 )
-from hybridrl.config.errors import ConfigError
+from hybridrl.errors import ConfigError
 from hybridrl.data.errors import DataError
 
 WIKI_CORPUS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "wiki", "corpus.jsonl")

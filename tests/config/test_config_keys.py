@@ -8,8 +8,10 @@ import types
 import pytest
 from omegaconf import OmegaConf
 
-from hybridrl.config import ConfigError, load_config, validate_ppo_config
-from hybridrl.config import schema
+from hybridrl.config import ConfigError, load_config
+from hybridrl.trainer.config_check import validate_ppo_config
+from hybridrl.config.defaults import packaged_defaults
+from hybridrl.trainer import config_check as schema
 
 A = "actor_rollout_ref.actor"
 R = "actor_rollout_ref.rollout"
@@ -82,13 +84,13 @@ def test_every_logger_entry_is_checked(base_cfg):
 
 def test_choices_come_from_the_modules_that_implement_them(base_cfg, monkeypatch):
     """One list per concept: a mode added to the implementing module is accepted by the check."""
-    import hybridrl.algorithms.policy_loss as policy_loss
+    import hybridrl.algorithms.functional as functional
     import hybridrl.data.rl_dataset as rl_dataset
 
     assert not hasattr(schema, "LOSS_AGG_MODES")
     cfg = with_keys(base_cfg, {f"{A}.loss_agg_mode": "seq-sum", "data.truncation": "head"})
     assert "loss_agg_mode='seq-sum' is not one of" in error_of(cfg)
-    monkeypatch.setattr(policy_loss, "LOSS_AGG_MODES", policy_loss.LOSS_AGG_MODES + ("seq-sum",))
+    monkeypatch.setattr(functional, "LOSS_AGG_MODES", functional.LOSS_AGG_MODES + ("seq-sum",))
     assert "data.truncation='head' is not one of error, left, right, middle" in error_of(cfg)
     monkeypatch.setattr(rl_dataset, "TRUNCATIONS", rl_dataset.TRUNCATIONS + ("head",))
     validate_ppo_config(cfg)
@@ -125,10 +127,10 @@ def test_optional_engine_note_even_when_the_package_is_installed(base_cfg, monke
 
 
 def test_get_rollout_cls_falls_back_for_every_optional_engine(monkeypatch):
-    from hybridrl.workers.rollout import ROLLOUT_REGISTRY, RolloutEngineError, base, get_rollout_cls
+    from hybridrl.workers.rollout import OPTIONAL_ENGINES, ROLLOUT_REGISTRY, RolloutEngineError, base, get_rollout_cls
 
     assert not hasattr(base, "engine_available") and not hasattr(base, "_FALLBACK_TO_HF")
-    for name in schema.OPTIONAL_ENGINES:
+    for name in OPTIONAL_ENGINES:
         assert get_rollout_cls(name) is ROLLOUT_REGISTRY["hf"]
     with pytest.raises(ValueError, match="rollout.name='vllmm' is not a known rollout engine"):
         get_rollout_cls("vllmm")
@@ -190,7 +192,7 @@ def test_every_not_yet_supported_key_is_an_error(base_cfg, key):
 
 
 def test_every_not_yet_supported_key_exists_in_the_packaged_yaml():
-    defaults = schema._packaged_defaults()
+    defaults = packaged_defaults()
     assert [k for k in schema.NOT_YET_SUPPORTED if OmegaConf.select(defaults, k, default="<absent>") == "<absent>"] == []
 
 

@@ -5,8 +5,10 @@ import copy
 import pytest
 from omegaconf import OmegaConf
 
-from hybridrl.config import ConfigError, load_config, normalize_batch_sizes, validate_ppo_config
-from hybridrl.config import schema
+from hybridrl.config import ConfigError, load_config, normalize_batch_sizes
+from hybridrl.trainer.config_check import validate_ppo_config
+from hybridrl.config.defaults import packaged_defaults
+from hybridrl.trainer import config_check as schema
 
 A = "actor_rollout_ref.actor"
 R = "actor_rollout_ref.rollout"
@@ -207,7 +209,7 @@ def test_ignored_key_notes(base_cfg):
 
 
 def test_every_ignored_key_exists_in_the_packaged_yaml():
-    defaults = schema._packaged_defaults()
+    defaults = packaged_defaults()
     absent = [k for k in schema.IGNORED_KEYS if OmegaConf.select(defaults, k, default="<absent>") == "<absent>"]
     assert absent == []
 

@@ -215,17 +215,17 @@ def test_a_pool_larger_than_the_cluster_is_a_clear_error(ray_cluster):
 class BadConfigWorker(Worker):
     def __init__(self) -> None:
         super().__init__()
-        from hybridrl.config import ConfigError
+        from hybridrl.errors import ConfigError
 
         raise ConfigError("actor_rollout_ref.model.path=/nope does not exist; fix the path")
 
 
 def test_a_user_error_inside_a_worker_stays_one_line(ray_cluster):
     from hybridrl.controller.ray import WorkerUserError
-    from hybridrl.trainer.main_ppo import user_error_types
+    from hybridrl.errors import UserError
 
     with pytest.raises(WorkerUserError) as err:
         RayWorkerGroup(RayResourcePool([1]), RayClassWithInitArgs(BadConfigWorker))
     msg = str(err.value)
     assert msg == "actor_rollout_ref.model.path=/nope does not exist; fix the path (in BadConfigWorker.__init__, rank 0)"
-    assert isinstance(err.value, user_error_types())
+    assert isinstance(err.value, UserError)

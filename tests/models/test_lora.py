@@ -10,7 +10,8 @@ from omegaconf import OmegaConf
 
 pytest.importorskip("peft")
 
-from hybridrl.config import ConfigError, load_config, validate_ppo_config  # noqa: E402
+from hybridrl.config import ConfigError, load_config  # noqa: E402
+from hybridrl.trainer.config_check import validate_ppo_config  # noqa: E402
 from hybridrl.models import load_causal_lm  # noqa: E402
 from hybridrl.models.lora import (  # noqa: E402
     AdapterDisabled,

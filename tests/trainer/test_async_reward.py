@@ -8,7 +8,8 @@ import time
 import pytest
 import torch
 
-from hybridrl.config import ConfigError, load_config, validate_ppo_config
+from hybridrl.config import ConfigError, load_config
+from hybridrl.trainer.config_check import validate_ppo_config
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.manager import RewardFunctionError
 from hybridrl.trainer import ppo_trainer

@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 import torch
 
-from hybridrl.config import ConfigError, load_config, validate_ppo_config
+from hybridrl.config import ConfigError, load_config
+from hybridrl.trainer.config_check import validate_ppo_config
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.fully_async import DataExhausted, StreamingRollout, StreamSettings
 from hybridrl.workers.rollout.base import RolloutEngineError

@@ -23,7 +23,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from hybridrl.config import ConfigError, load_config, validate_ppo_config
+from hybridrl.config import ConfigError, load_config
+from hybridrl.trainer.config_check import validate_ppo_config
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.prefetch import OneStepOffRollout, PendingGeneration, staleness_metrics
 from hybridrl.workers.rollout.base import RolloutEngineError

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from hybridrl.config import ConfigError
+from hybridrl.errors import ConfigError
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.rollout_dump import (
     SampleDumpError,

@@ -3,7 +3,7 @@
 import pytest
 from omegaconf import OmegaConf
 
-from hybridrl.config import ConfigError
+from hybridrl.errors import ConfigError
 from hybridrl.trainer.worker_groups import resolve_backend
 
 

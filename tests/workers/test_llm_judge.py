@@ -9,7 +9,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from hybridrl.config import ConfigError, load_config, validate_ppo_config
+from hybridrl.config import ConfigError, load_config
+from hybridrl.trainer.config_check import validate_ppo_config
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.custom import RewardConfigError
 from hybridrl.rewards.manager import RewardFunctionError, load_reward_manager

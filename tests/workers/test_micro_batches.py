@@ -6,7 +6,7 @@ import itertools
 import pytest
 import torch
 
-from hybridrl.config.errors import ConfigError
+from hybridrl.errors import ConfigError
 from hybridrl.protocol import DataProto
 from hybridrl.workers.micro_batches import (
     karmarkar_karp,
@@ -106,7 +106,8 @@ def test_every_rank_runs_the_same_number_of_micro_batches(monkeypatch):
 
 
 def test_startup_check_refuses_a_budget_below_the_longest_row():
-    from hybridrl.config import load_config, validate_ppo_config
+    from hybridrl.config import load_config
+    from hybridrl.trainer.config_check import validate_ppo_config
 
     base = ["data.max_prompt_length=300", "data.max_response_length=200", "data.train_batch_size=8",
             "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.use_dynamic_bsz=true"]

@@ -9,7 +9,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from hybridrl.config import ConfigError, load_config, validate_ppo_config
+from hybridrl.config import ConfigError, load_config
+from hybridrl.trainer.config_check import validate_ppo_config
 from hybridrl.controller.local import LocalWorkerGroup
 from hybridrl.data.preference_dataset import encode_rm_inputs
 from hybridrl.models import build_tiny_model, load_tokenizer, load_value_model

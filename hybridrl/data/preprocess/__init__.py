@@ -1,6 +1,7 @@
 """Scripts that write a data set as verl RL parquet: ``hybridrl preprocess <task> ...``.
 
-Each task is a module here with ``main(argv)``; :data:`TASKS` maps the task name to it.
+Each task is a module with ``main(argv)`` (here, or next to the agent whose prompts it writes);
+:data:`TASKS` maps the task name to it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ TASKS: dict[str, str] = {
     "arithmetic": "hybridrl.data.preprocess.arithmetic",
     "hh_rlhf": "hybridrl.data.preprocess.hh_rlhf",
     "math500": "hybridrl.data.preprocess.math500",
-    "search_r1": "hybridrl.data.preprocess.search_r1",
+    "search_r1": "hybridrl.agents.search_r1_data",  # the search agent's prompts and corpus
     "gsm8k_tool": "hybridrl.data.preprocess.gsm8k_tool",
     "humaneval": "hybridrl.data.preprocess.humaneval",
     "code_tasks": "hybridrl.data.preprocess.code_tasks",

@@ -23,13 +23,14 @@ import argparse
 import random
 
 from hybridrl.data.preprocess import write_split
+from hybridrl.errors import UserError
 
 DATA_SOURCE = "arithmetic"
 PROMPT_TEMPLATE = "{question} Give only the final number, written as: Answer: <number>"
 _OPERATORS = "+-*"
 
 
-class ArithmeticConfigError(ValueError):
+class ArithmeticConfigError(UserError, ValueError):
     """A difficulty knob or split size cannot produce the requested data set."""
 
 

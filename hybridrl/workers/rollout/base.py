@@ -10,12 +10,17 @@ import abc
 
 import torch
 
-from hybridrl.config.key_tables import OPTIONAL_ENGINES
+from hybridrl.errors import UserError
 from hybridrl.protocol import DataProto
 from hybridrl.registry import Registry, RegistryError
 
 
-class RolloutEngineError(RuntimeError):
+# rollout.name -> display name: engines verl users name that run on the HF engine when no
+# engine of that name is registered. Read by get_rollout_cls and by the start-up note.
+OPTIONAL_ENGINES = {"sglang": "SGLang", "sglang_async": "SGLang"}
+
+
+class RolloutEngineError(UserError, RuntimeError):
     """An engine cannot run with this config or install (missing package, unsupported model or
     setting, a prompt longer than the engine allows): printed as one line."""
 
@@ -61,7 +66,7 @@ def register_rollout(name: str, mode: str = "sync"):
 def get_rollout_cls(name: str, mode: str = "sync") -> type["BaseRollout"]:
     """Engine class for ``actor_rollout_ref.rollout.name`` and ``.mode``.
 
-    A name in ``hybridrl.config.key_tables.OPTIONAL_ENGINES`` (sglang, sglang_async) with no
+    A name in :data:`OPTIONAL_ENGINES` (sglang, sglang_async) with no
     engine registered under it falls back to the HF engine; the config check notes it once at
     start-up.
 

@@ -1,29 +1,18 @@
 """Policy losses with a soft or divergence-based trust region instead of PPO's ratio clip:
 ``sapo``, ``dppo_tv``, ``dppo_kl`` and ``dro`` (verl's names, ``policy_loss.loss_mode``).
 
-Same signature and metrics as :func:`~hybridrl.algorithms.policy_loss.compute_policy_loss_vanilla`.
+Same signature and metrics as :func:`~hybridrl.algorithms.policy_loss.vanilla.compute_policy_loss_vanilla`.
 Tensors are ``(bs, response_length)``, log-probs in nats; ``log_prob`` carries the gradient.
-
-Import :mod:`hybridrl.algorithms.policy_loss` (it imports this module) rather than this module.
 """
 
 from typing import Dict, Optional, Tuple
 
 import torch
 
-from .errors import AlgorithmConfigError
-from .functional import masked_mean
-from .policy_loss import (
-    Number,
-    PolicyLossConfig,
-    agg_loss,
-    apply_rollout_is_weights,
-    loss_config,
-    note_fixed_aggregation,
-    pg_metrics,
-    register_policy_loss,
-    token_log_ratio,
-)
+from ..errors import AlgorithmConfigError
+from ..functional import Number, agg_loss, masked_mean
+from .base import (PolicyLossConfig, apply_rollout_is_weights, loss_config, note_fixed_aggregation, pg_metrics,
+                   register_policy_loss, token_log_ratio)
 
 LossOutput = Tuple[torch.Tensor, Dict[str, float]]
 

@@ -3,8 +3,8 @@
 import pytest
 from omegaconf import OmegaConf
 
-from hybridrl.models import precision
-from hybridrl.models.precision import cpu_native_bf16, read_cpu_flags, resolve_auto_dtype, resolve_precision
+from hybridrl.config import precision
+from hybridrl.config.precision import cpu_native_bf16, read_cpu_flags, resolve_auto_dtype, resolve_precision
 
 ZEN3_FLAGS = {"fpu", "sse4_2", "avx", "avx2", "fma"}
 ZEN4_FLAGS = ZEN3_FLAGS | {"avx512f", "avx512bw", "avx512_bf16"}

@@ -2,33 +2,21 @@
 and ``cispo``, registered under verl's names (``actor_rollout_ref.actor.policy_loss.loss_mode``).
 
 All share the signature and metrics of
-:func:`~hybridrl.algorithms.policy_loss.compute_policy_loss_vanilla`, rollout-correction weights
+:func:`~hybridrl.algorithms.policy_loss.vanilla.compute_policy_loss_vanilla`, rollout-correction weights
 (``rollout_is_weights``) included. Tensors are
 ``(bs, response_length)``, log-probs in nats, and ``log_prob`` carries the gradient. Ratios
 are ``exp`` of log-ratios clamped to [-20, 20] (verl does this for ``vanilla``; here it applies
 to every token-ratio loss, so ``exp`` cannot overflow; it changes nothing for
 |log-ratio| <= 20).
-
-Import :mod:`hybridrl.algorithms.policy_loss` (it imports this module) rather than this module.
 """
 
 from typing import Dict, Optional, Tuple
 
 import torch
 
-from .functional import masked_mean
-from .policy_loss import (
-    Number,
-    PolicyLossConfig,
-    agg_loss,
-    apply_rollout_is_weights,
-    clipped_surrogate,
-    loss_config,
-    note_fixed_aggregation,
-    pg_metrics,
-    register_policy_loss,
-    token_log_ratio,
-)
+from ..functional import Number, agg_loss, masked_mean
+from .base import (PolicyLossConfig, apply_rollout_is_weights, clipped_surrogate, loss_config,
+                   note_fixed_aggregation, pg_metrics, register_policy_loss, token_log_ratio)
 
 LossOutput = Tuple[torch.Tensor, Dict[str, float]]
 

@@ -10,7 +10,7 @@ import pytest
 
 from hybridrl.data.errors import DataError
 from hybridrl.data.preprocess import TASKS
-from hybridrl.data.preprocess import search_r1 as prep
+from hybridrl.agents import search_r1_data as prep
 from hybridrl.rewards import default_compute_score
 from hybridrl.rewards.qa_em import normalize_answer
 
@@ -200,4 +200,4 @@ def test_errors(nq_slice, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # as if not installed: no hub access in tests
     with pytest.raises(SystemExit, match="search_r1 preprocess: error: the `datasets` library is not installed"):
         prep.main(["--local_dir", str(tmp_path)])
-    assert TASKS["search_r1"] == "hybridrl.data.preprocess.search_r1"
+    assert TASKS["search_r1"] == "hybridrl.agents.search_r1_data"

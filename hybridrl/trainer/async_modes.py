@@ -10,7 +10,7 @@ weights, and both refuse the features whose meaning the schedule would change si
 from __future__ import annotations
 
 from hybridrl.config.access import _get, _plain
-from hybridrl.config.errors import ConfigError
+from hybridrl.errors import ConfigError
 from hybridrl.config.key_tables import ACTOR, ROLLOUT
 
 KEY = "trainer.one_step_off_policy"

@@ -13,12 +13,13 @@ import re
 from typing import Any
 
 from hybridrl.config.access import _UNSET, _get, _int_at_least, _number_above, _plain
+from hybridrl.config.defaults import packaged_defaults
 from hybridrl.config.batch_sizes import _check_batch_sizes
-from hybridrl.config.errors import ConfigError
+from hybridrl.errors import ConfigError
 from hybridrl.config.key_tables import (  # noqa: F401  (re-exported: tests and the rollout read them here)
-    ACTOR, IGNORED_KEYS, NOT_YET_SUPPORTED, OPTIONAL_ENGINES, REF, ROLLOUT,
+    ACTOR, IGNORED_KEYS, NOT_YET_SUPPORTED, REF, ROLLOUT,
 )
-from hybridrl.config.async_modes import check_async_modes
+from hybridrl.trainer.async_modes import check_async_modes
 
 
 
@@ -57,7 +58,7 @@ def validate_ppo_config(config, world_size: int = 1) -> list[str]:
 
 def _choices(config) -> dict[str, tuple]:
     """key -> allowed values. The algorithm and data modules own their lists (imported here: torch)."""
-    from hybridrl.algorithms.policy_loss import LOSS_AGG_MODES
+    from hybridrl.algorithms.functional import LOSS_AGG_MODES
     from hybridrl.data.rl_dataset import TRUNCATIONS
 
     choices = {
@@ -208,7 +209,7 @@ def _check_gdpo(config) -> None:
 
 
 def _check_not_yet_supported(config) -> None:
-    defaults = _packaged_defaults()
+    defaults = packaged_defaults()
     for key, feature in NOT_YET_SUPPORTED.items():
         value = _get(config, key, _UNSET)
         if value is not _UNSET and _plain(value) != _plain(_get(defaults, key, _UNSET)):
@@ -355,9 +356,9 @@ def _check_registered_names(config) -> None:
     from hybridrl.algorithms.advantages import ADV_ESTIMATOR_NEEDS_GROUP, ADV_ESTIMATOR_REGISTRY
     from hybridrl.algorithms.kl import kl_penalty_names
     from hybridrl.algorithms.policy_loss import POLICY_LOSS_REGISTRY
-    from hybridrl.rewards.manager import _REWARD_MANAGERS
+    from hybridrl.rewards.manager import REWARD_MANAGERS
     from hybridrl.trainer.tracking import available_loggers
-    from hybridrl.workers.rollout import ROLLOUT_REGISTRY
+    from hybridrl.workers.rollout import OPTIONAL_ENGINES, ROLLOUT_REGISTRY
 
     def check(key: str, value, known, register: str, shown: str | None = None) -> None:
         if not isinstance(value, str) or value not in known:
@@ -381,9 +382,9 @@ def _check_registered_names(config) -> None:
               "register_kl_penalty")
     check(f"{ACTOR}.policy_loss.loss_mode", _get(config, f"{ACTOR}.policy_loss.loss_mode"),
           POLICY_LOSS_REGISTRY, "register_policy_loss")
-    check("reward_model.reward_manager", _get(config, "reward_model.reward_manager"), _REWARD_MANAGERS,
+    check("reward_model.reward_manager", _get(config, "reward_model.reward_manager"), REWARD_MANAGERS,
           "register_reward_manager")
-    _check_reward_manager_keys(_REWARD_MANAGERS[_get(config, "reward_model.reward_manager")], config)
+    _check_reward_manager_keys(REWARD_MANAGERS.get(_get(config, "reward_model.reward_manager")), config)
     loggers = _plain(_get(config, "trainer.logger"))
     for name in loggers if isinstance(loggers, list) else [loggers]:  # verl also takes one name
         check("trainer.logger", name, available_loggers(), "register_logger",
@@ -406,8 +407,11 @@ def _check_reward_manager_keys(manager_cls, config) -> None:
 
 def ignored_key_notes(config, world_size: int = 1) -> list[str]:
     """Notes for keys that mean nothing on this build or device and are set to non-defaults, and
-    for a ``rollout.name`` in :data:`OPTIONAL_ENGINES` that has no registered engine (runs on HF)."""
-    defaults = _packaged_defaults()
+    for a ``rollout.name`` in :data:`~hybridrl.workers.rollout.OPTIONAL_ENGINES` that has no registered
+    engine (runs on HF)."""
+    from hybridrl.workers.rollout import OPTIONAL_ENGINES, ROLLOUT_REGISTRY
+
+    defaults = packaged_defaults()
     notes = []
     name = _get(config, f"{ROLLOUT}.name", "hf")
     for key, (reason, when) in IGNORED_KEYS.items():
@@ -422,8 +426,6 @@ def ignored_key_notes(config, world_size: int = 1) -> list[str]:
             continue  # it still copies its source key; that key's own note (if any) says it once
         notes.append(f"{key}={_plain(value)!r} is ignored: {reason}")
     if isinstance(name, str) and name in OPTIONAL_ENGINES:
-        from hybridrl.workers.rollout import ROLLOUT_REGISTRY
-
         if name not in ROLLOUT_REGISTRY:
             notes.append(f"{ROLLOUT}.name={name}: this build has no {OPTIONAL_ENGINES[name]} engine; "
                          "generating with the HF engine")
@@ -432,32 +434,11 @@ def ignored_key_notes(config, world_size: int = 1) -> list[str]:
 
 def _interpolation_source(key: str) -> str | None:
     """The key that ``key`` copies in the packaged yaml (``${a.b}`` or the sibling ``${.b}``), or None."""
-    text = _get(_packaged_defaults(resolved=False), key, None)
+    text = _get(packaged_defaults(resolved=False), key, None)
     match = re.fullmatch(r"\$\{(\.?)([\w.]+)\}", text) if isinstance(text, str) else None
     if match is None:
         return None
     return f"{key.rpartition('.')[0]}.{match.group(2)}" if match.group(1) else match.group(2)
-
-
-_DEFAULTS_CACHE: dict[str, Any] = {}
-
-
-def _packaged_defaults(resolved: bool = True):
-    """The packaged ppo_trainer.yaml (OmegaConf only: it has no Hydra directives).
-
-    ``resolved=False`` gives a plain dict with the ``${...}`` interpolations as written.
-    """
-    if "ppo" not in _DEFAULTS_CACHE:
-        from importlib.resources import files
-
-        from omegaconf import OmegaConf
-
-        text = files("hybridrl.config").joinpath("ppo_trainer.yaml").read_text()
-        cfg = OmegaConf.create(text)
-        _DEFAULTS_CACHE["raw"] = OmegaConf.to_container(cfg, resolve=False)
-        OmegaConf.resolve(cfg)
-        _DEFAULTS_CACHE["ppo"] = cfg
-    return _DEFAULTS_CACHE["ppo" if resolved else "raw"]
 
 
 def _check_run_length(config) -> None:

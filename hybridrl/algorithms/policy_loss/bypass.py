@@ -4,27 +4,17 @@ Registered as ``loss_mode=bypass_mode``; ``algorithm.rollout_correction.loss_typ
 
 Source: "When Speed Kills Stability: Demystifying RL Collapse from the Training-Inference
 Mismatch" (Liu et al., 2025, https://richardli.xyz/rl-collapse), verl's ``bypass_mode``.
-
-Import :mod:`hybridrl.algorithms.policy_loss` (it imports this module) rather than this module.
 """
 
 from typing import Dict, Optional, Tuple
 
 import torch
 
-from .errors import AlgorithmConfigError
-from .functional import masked_mean
-from .policy_loss import (
-    Number,
-    PolicyLossConfig,
-    agg_loss,
-    apply_rollout_is_weights,
-    compute_policy_loss_vanilla,
-    loss_config,
-    pg_metrics,
-    register_policy_loss,
-)
-from .rollout_corr import compute_rollout_correction_and_rejection_mask
+from ..errors import AlgorithmConfigError
+from ..functional import Number, agg_loss, masked_mean
+from ..rollout_corr import compute_rollout_correction_and_rejection_mask
+from .base import PolicyLossConfig, apply_rollout_is_weights, loss_config, pg_metrics, register_policy_loss
+from .vanilla import compute_policy_loss_vanilla
 
 LossOutput = Tuple[torch.Tensor, Dict[str, float]]
 
