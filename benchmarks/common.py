@@ -171,12 +171,12 @@ def build_hybridrl_grpo(settings: GRPOSettings, parquet_dir: str, steps: int, ex
     from omegaconf import open_dict
 
     from hybridrl.config import load_config
-    from hybridrl.trainer.config_check import validate_ppo_config
     from hybridrl.data import RLHFDataset, create_rl_dataloader
     from hybridrl.models import load_tokenizer, resolve_model_path
     from hybridrl.rewards.manager import load_reward_manager
+    from hybridrl.trainer.config_check import validate_ppo_config
     from hybridrl.trainer.ppo_trainer import PPOTrainer
-    from hybridrl.trainer.stages import needs_reference_policy
+    from hybridrl.trainer.step_plan import needs_reference_policy
     from hybridrl.trainer.worker_groups import build_worker_groups
 
     model_path = resolve_model_path(MODEL)

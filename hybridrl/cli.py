@@ -24,10 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "preprocess": ("hybridrl.data.preprocess", "write a data set as verl parquet: hybridrl preprocess <task> ..."),
     "generate": ("hybridrl.trainer.main_generation", "sample N responses per prompt into a parquet (verl's main_generation)"),
     "eval": ("hybridrl.trainer.main_eval", "score generated responses: mean@N, pass@k, maj@N, best@N per data source"),
-    "plot": ("hybridrl.tools.plot", "draw reward, KL, entropy, length and throughput curves: hybridrl plot <run dir> -o curves.png"),
-    "view": ("hybridrl.tools.viewer", "browse sample dumps (trainer.rollout_data_dir) by step and score; --print for a table"),
-    "config": ("hybridrl.tools.show_config", "print the resolved config: hybridrl config --show [--name sft_trainer] [key=value ...]"),
-    "diagnose": ("hybridrl.tools.diagnose", "versions, CPU/GPU devices, Ray status and which optional parts are usable"),
+    "plot": ("hybridrl.inspection.plot", "draw reward, KL, entropy, length and throughput curves: hybridrl plot <run dir> -o curves.png"),
+    "view": ("hybridrl.inspection.viewer", "browse sample dumps (trainer.rollout_data_dir) by step and score; --print for a table"),
+    "config": ("hybridrl.inspection.show_config", "print the resolved config: hybridrl config --show [--name sft_trainer] [key=value ...]"),
+    "diagnose": ("hybridrl.inspection.diagnose", "versions, CPU/GPU devices, Ray status and which optional parts are usable"),
     "retriever": ("hybridrl.agents.retrieval_server", "BM25 retrieval for search agents: hybridrl retriever index|serve --corpus corpus.jsonl [--index_dir DIR]"),
 }
 

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from hybridrl import protocol_ops
 from hybridrl.protocol_errors import (  # noqa: F401 (re-exported: every DataProto error is importable from here)
     BatchSizeMismatchError,
     ChunkSizeError,
@@ -35,7 +36,6 @@ from hybridrl.protocol_errors import (  # noqa: F401 (re-exported: every DataPro
     MissingKeyError,
     UnionConflictError,
 )
-from hybridrl import protocol_ops
 from hybridrl.protocol_meta import arrays_equal, merge_meta_info, values_equal
 from hybridrl.protocol_ops import (  # noqa: F401 (re-exported, as verl's protocol module has them)
     fold_batch_dim,

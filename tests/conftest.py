@@ -51,7 +51,7 @@ def tokenizer(tokenizer_dir):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tokenizer_dir, tmp_path_factory):
     """A random-init 2-layer Llama (hidden 64) with the real SmolLM2 tokenizer, as an HF folder."""
-    from hybridrl.models import build_tiny_model
+    from tiny_models import build_tiny_model
 
     return build_tiny_model(tokenizer_dir, str(tmp_path_factory.mktemp("tiny_model")))
 
@@ -60,7 +60,7 @@ def tiny_model_dir(tokenizer_dir, tmp_path_factory):
 def vllm_model_dir(tokenizer_dir, tmp_path_factory):
     """A random-init 2-layer Llama vLLM's CPU kernels can run (head_dim 64: hidden 128, 2 heads,
     1 KV head), with the real SmolLM2 tokenizer, as an HF folder."""
-    from hybridrl.models import build_tiny_model
+    from tiny_models import build_tiny_model
 
     return build_tiny_model(tokenizer_dir, str(tmp_path_factory.mktemp("tiny_vllm")), hidden_size=128,
                             num_heads=2, num_kv_heads=1, intermediate_size=256)

@@ -23,9 +23,8 @@ import shutil
 import tempfile
 from typing import Any
 
-from hybridrl.errors import ConfigError
 from hybridrl.data.errors import DataError
-from hybridrl.errors import UserError
+from hybridrl.errors import ConfigError, UserError
 
 __all__ = [
     "RetrieverError",

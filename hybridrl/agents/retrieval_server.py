@@ -16,8 +16,8 @@ import sys
 import time
 
 from hybridrl.agents.retrieval import BM25Index, RetrieverError, load_or_build_index
-from hybridrl.errors import ConfigError
 from hybridrl.data.errors import DataError
+from hybridrl.errors import ConfigError
 
 __all__ = ["create_app", "main"]
 

@@ -7,14 +7,8 @@ from .advantages import (
     ADV_ESTIMATOR_NEEDS_GROUP,
     ADV_ESTIMATOR_REGISTRY,
     GROUP_ESTIMATORS,
-    compute_gae_advantage_return,
-    compute_reinforce_plus_plus_outcome_advantage,
-    compute_remax_outcome_advantage,
-    get_adv_estimator_fn,
-    register_adv_est,
-)
-from .advantages import (
     GroupStats,
+    compute_gae_advantage_return,
     compute_gpg_outcome_advantage,
     compute_group_stats,
     compute_grpo_outcome_advantage,
@@ -22,8 +16,12 @@ from .advantages import (
     compute_grpo_vectorized_outcome_advantage,
     compute_opo_outcome_advantage,
     compute_reinforce_plus_plus_baseline_outcome_advantage,
+    compute_reinforce_plus_plus_outcome_advantage,
+    compute_remax_outcome_advantage,
     compute_rloo_outcome_advantage,
     compute_rloo_vectorized_outcome_advantage,
+    get_adv_estimator_fn,
+    register_adv_est,
 )
 from .errors import AlgorithmConfigError, AlgorithmInputError, UnknownAlgorithmError
 from .functional import (
@@ -50,30 +48,27 @@ from .policy_loss import (
     POLICY_LOSS_REGISTRY,
     PolicyLossConfig,
     agg_loss,
-    compute_policy_loss_vanilla,
-    get_policy_loss_fn,
-    register_policy_loss,
-)
-from .policy_loss import (
+    compute_policy_loss_bypass_mode,
     compute_policy_loss_cispo,
     compute_policy_loss_clip_cov,
+    compute_policy_loss_dppo_kl,
+    compute_policy_loss_dppo_tv,
+    compute_policy_loss_dro,
     compute_policy_loss_geo_mean,
     compute_policy_loss_gpg,
     compute_policy_loss_gspo,
     compute_policy_loss_kl_cov,
+    compute_policy_loss_reinforce,
+    compute_policy_loss_sapo,
+    compute_policy_loss_vanilla,
+    get_policy_loss_fn,
+    register_policy_loss,
 )
-from .policy_loss import compute_policy_loss_bypass_mode, compute_policy_loss_reinforce
 from .rollout_corr import (
     compute_offpolicy_metrics,
     compute_rollout_correction_and_rejection_mask,
     compute_rollout_correction_weights,
     compute_rollout_rejection_mask,
-)
-from .policy_loss import (
-    compute_policy_loss_dppo_kl,
-    compute_policy_loss_dppo_tv,
-    compute_policy_loss_dro,
-    compute_policy_loss_sapo,
 )
 from .value_loss import compute_value_loss
 

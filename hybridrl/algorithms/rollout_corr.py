@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -115,7 +115,7 @@ def _check_rollout_is(rollout_is: Optional[str], rollout_is_threshold) -> None:
                                    "(the truncation bound of the weights; 2.0 is usual)")
 
 
-@dataclass(frozen=True)
+@dataclass
 class RolloutCorrectionConfig:
     """``algorithm.rollout_correction`` (verl's keys and defaults).
 
@@ -136,7 +136,7 @@ class RolloutCorrectionConfig:
     rollout_is_threshold: float = 2.0
     rollout_is_batch_normalize: bool = False
     rollout_rs: Optional[str] = None
-    rollout_rs_threshold: object = None
+    rollout_rs_threshold: Any = None
     bypass_mode: bool = False
     loss_type: str = "ppo_clip"
 

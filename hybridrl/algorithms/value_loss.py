@@ -5,8 +5,7 @@ from typing import Optional, Tuple
 import torch
 
 from .errors import AlgorithmConfigError
-from .functional import clip_by_value, masked_mean
-from .functional import Number, agg_loss
+from .functional import Number, agg_loss, clip_by_value, masked_mean
 
 
 def compute_value_loss(

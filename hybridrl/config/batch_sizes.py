@@ -4,12 +4,12 @@ apply (``normalize_batch_sizes``), so the check and the run agree."""
 from __future__ import annotations
 
 from hybridrl.config.access import _UNSET, _get, _int_at_least
-from hybridrl.errors import ConfigError
 from hybridrl.config.key_tables import ACTOR, REF, ROLLOUT
+from hybridrl.errors import ConfigError
 
 
-def _check_batch_sizes(config, dp: int) -> None:
-    """verl's batch-size rules, as its trainer and FSDP workers apply them."""
+def _check_batch_sizes(config, dp: int, use_critic: bool) -> None:
+    """verl's batch-size rules, as its trainer and FSDP workers apply them (the critic's with ``use_critic``)."""
     n = _get(config, f"{ROLLOUT}.n")
     train_bs = _get(config, "data.train_batch_size")
     if (train_bs * n) % dp:
@@ -17,7 +17,7 @@ def _check_batch_sizes(config, dp: int) -> None:
             f"data.train_batch_size={train_bs} x {ROLLOUT}.n={n} = {train_bs * n} responses do not "
             f"split over {dp} workers; make it a multiple of {dp} or change trainer.n_gpus_per_node")
     roles = [(ACTOR, _get(config, ACTOR))]
-    if _get(config, "algorithm.adv_estimator") == "gae":
+    if use_critic:
         roles.append(("critic", _get(config, "critic")))
     for prefix, cfg in roles:
         mini = _int_at_least(config, f"{prefix}.ppo_mini_batch_size", 1)
@@ -33,19 +33,19 @@ def _check_batch_sizes(config, dp: int) -> None:
         normalize_batch_sizes(cfg, n, dp, prefix=prefix)
     for prefix in (ROLLOUT, REF):  # optional: the worker falls back to its own default
         _micro_per_worker(_get(config, prefix), prefix, "log_prob_micro_batch_size", dp, required=False)
-    _check_token_budgets(config)
+    _check_token_budgets(config, use_critic)
     if _get(config, "reward_model.enable", False) and not _get(config, "reward_model.use_dynamic_bsz", False):
         _micro_per_worker(_get(config, "reward_model"), "reward_model", "micro_batch_size", dp, required=True)
 
 
-def _check_token_budgets(config) -> None:
+def _check_token_budgets(config, use_critic: bool) -> None:
     """With ``use_dynamic_bsz`` a micro batch holds whole rows: every token budget in use must
     hold the longest row the data can make."""
     longest = _get(config, "data.max_prompt_length") + _get(config, "data.max_response_length")
     budgets = [(f"{ACTOR}.use_dynamic_bsz", f"{ACTOR}.ppo_max_token_len_per_gpu"),
                (f"{ROLLOUT}.log_prob_use_dynamic_bsz", f"{ROLLOUT}.log_prob_max_token_len_per_gpu"),
                (f"{REF}.log_prob_use_dynamic_bsz", f"{REF}.log_prob_max_token_len_per_gpu")]
-    if _get(config, "algorithm.adv_estimator") == "gae":
+    if use_critic:
         budgets += [("critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu"),
                     ("critic.use_dynamic_bsz", "critic.forward_max_token_len_per_gpu")]
     for switch, key in budgets:

@@ -21,8 +21,8 @@ from hybridrl.errors import UserError
 from hybridrl.registry import Registry, RegistryError
 from hybridrl.rewards import default_compute_score, known_data_sources
 from hybridrl.rewards.custom import RewardConfigError, load_custom_reward_fn
-from hybridrl.rewards.settings import cfg_get, to_plain_dict
 from hybridrl.rewards.pool import RewardPool, ScoreTimeoutError, serial_calls
+from hybridrl.rewards.settings import cfg_get, to_plain_dict
 
 __all__ = ["RewardFunctionError", "RewardInputError", "RewardManagerNameError", "REWARD_MANAGERS",
            "register_reward_manager", "get_reward_manager_cls", "NaiveRewardManager", "load_reward_manager"]

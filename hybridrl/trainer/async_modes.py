@@ -9,9 +9,10 @@ weights, and both refuse the features whose meaning the schedule would change si
 
 from __future__ import annotations
 
+from hybridrl.algorithms.advantages import estimator_needs
 from hybridrl.config.access import _get, _plain
-from hybridrl.errors import ConfigError
 from hybridrl.config.key_tables import ACTOR, ROLLOUT
+from hybridrl.errors import ConfigError
 
 KEY = "trainer.one_step_off_policy"
 MODE_KEY = "trainer.v1.trainer_mode"
@@ -62,10 +63,13 @@ def check_trainer_mode(config) -> list[str]:
     for key, value, why in (
             ("algorithm.filter_groups.enable", True, "DAPO's dynamic sampling draws batches until groups pass its "
              "filter; the stream keeps its own batches in flight"),
-            ("algorithm.adv_estimator", "remax", "ReMax's greedy baselines would come from other weights than its samples"),
             (f"{ROLLOUT}.multi_turn.enable", True, "agent loops do not stream yet (use trainer.one_step_off_policy=true)")):
         if _get(config, key, None) == value:
             raise ConfigError(f"{MODE_KEY}={mode} with {key}={value}: {why}; set {MODE_KEY}=sync or change {key}")
+    estimator = _get(config, "algorithm.adv_estimator", None)
+    if estimator_needs(estimator, "needs_reward_baselines"):
+        raise ConfigError(f"{MODE_KEY}={mode} with algorithm.adv_estimator={estimator}: its greedy baselines would "
+                          f"come from other weights than its samples; set {MODE_KEY}=sync or change algorithm.adv_estimator")
     return _correction_notes(config, f"{MODE_KEY}={mode}: samples may be several updates old")
 
 
@@ -145,9 +149,10 @@ def check_one_step_off(config) -> list[str]:
         raise ConfigError(
             f"{KEY}=true with algorithm.filter_groups.enable=true: DAPO's dynamic sampling generates a varying "
             "number of batches per step, and this schedule prefetches exactly one; set one of them to false")
-    if _get(config, "algorithm.adv_estimator") == "remax":
+    estimator = _get(config, "algorithm.adv_estimator")
+    if estimator_needs(estimator, "needs_reward_baselines"):
         raise ConfigError(
-            f"{KEY}=true with algorithm.adv_estimator=remax: ReMax's greedy baselines would come from weights one "
+            f"{KEY}=true with algorithm.adv_estimator={estimator}: its greedy baselines would come from weights one "
             "update newer than its samples; use grpo, rloo or reinforce_plus_plus, or set "
             f"{KEY}=false")
     return _correction_notes(config, f"{KEY}=true: every batch after the first was sampled by weights one update old")

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import torch
 
+from hybridrl.algorithms.config import algo_config
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.manager import DEFAULT_RETRIES, DEFAULT_SCORE_TIMEOUT_S, RewardFunctionError
 from hybridrl.rewards.pool import START_TIMEOUT_S, check_num_workers
@@ -28,7 +29,7 @@ __all__ = ["PendingReward", "reward_deadline_s", "scores_async"]
 def scores_async(config) -> bool:
     """Whether the trainer scores in a thread: ``launch_reward_fn_async`` without dynamic sampling."""
     launch = bool(config.reward_model.get("launch_reward_fn_async", False))
-    return launch and not (config.algorithm.get("filter_groups") or {}).get("enable", False)
+    return launch and not algo_config(config).filter_groups.enable
 
 
 def reward_deadline_s(config, n_samples: int) -> float:

@@ -10,17 +10,22 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
 
+from hybridrl.algorithms.advantages import estimator_needs
+from hybridrl.algorithms.config import AlgoConfig, algo_config
+from hybridrl.algorithms.errors import AlgorithmConfigError, UnknownAlgorithmError
 from hybridrl.config.access import _UNSET, _get, _int_at_least, _number_above, _plain
-from hybridrl.config.defaults import packaged_defaults
 from hybridrl.config.batch_sizes import _check_batch_sizes
-from hybridrl.errors import ConfigError
+from hybridrl.config.defaults import packaged_defaults
 from hybridrl.config.key_tables import (  # noqa: F401  (re-exported: tests and the rollout read them here)
-    ACTOR, IGNORED_KEYS, NOT_YET_SUPPORTED, REF, ROLLOUT,
+    ACTOR,
+    IGNORED_KEYS,
+    NOT_YET_SUPPORTED,
+    REF,
+    ROLLOUT,
 )
+from hybridrl.errors import ConfigError
 from hybridrl.trainer.async_modes import check_async_modes
-
 
 
 def validate_ppo_config(config, world_size: int = 1) -> list[str]:
@@ -42,6 +47,7 @@ def validate_ppo_config(config, world_size: int = 1) -> list[str]:
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ConfigError(f"world_size={world_size!r} must be an integer >= 1 "
                           "(trainer.nnodes x trainer.n_gpus_per_node)")
+    _algorithm(config)
     _check_values(config)
     _check_sampling(config)
     _check_registered_names(config)
@@ -52,8 +58,22 @@ def validate_ppo_config(config, world_size: int = 1) -> list[str]:
     _check_rollout_engine(config, world_size)
     async_notes = check_async_modes(config)
     _check_multi_turn(config)
-    _check_batch_sizes(config, world_size)
+    _check_batch_sizes(config, world_size, _uses_critic(config))
     return scoring_notes + async_notes + ignored_key_notes(config, world_size)
+
+
+def _algorithm(config) -> AlgoConfig:
+    """The typed ``algorithm`` section; its own rules (ranges, the KL controller, rollout
+    correction's values) fail here as one ConfigError line."""
+    try:
+        return algo_config(config)
+    except (AlgorithmConfigError, UnknownAlgorithmError) as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _uses_critic(config) -> bool:
+    """The estimator needs values (GAE), so the critic's keys are in use."""
+    return estimator_needs(_get(config, "algorithm.adv_estimator", None), "needs_values")
 
 
 def _choices(config) -> dict[str, tuple]:
@@ -64,7 +84,6 @@ def _choices(config) -> dict[str, tuple]:
     choices = {
         "trainer.device": ("cpu", "cuda", "auto"),
         "trainer.backend": ("local", "ray", "auto"),
-        "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
         f"{ACTOR}.loss_agg_mode": LOSS_AGG_MODES,
         f"{ACTOR}.strategy": ("fsdp", "fsdp2"),
         f"{ROLLOUT}.mode": ("sync", "async"),
@@ -74,7 +93,7 @@ def _choices(config) -> dict[str, tuple]:
         f"{ROLLOUT}.multi_turn.format": ("hermes",),
         f"{ROLLOUT}.multi_turn.tool_response_truncate_side": ("left", "middle", "right"),
     }
-    if _get(config, "algorithm.adv_estimator") == "gae":
+    if _uses_critic(config):
         choices.update({"critic.loss_agg_mode": LOSS_AGG_MODES, "critic.strategy": ("fsdp", "fsdp2")})
     return choices
 
@@ -113,7 +132,7 @@ def _check_values(config) -> None:
         if not torch.cuda.is_available():
             raise ConfigError("trainer.device=cuda but no CUDA device is available to torch "
                               f"{torch.__version__}; set trainer.device=cpu or trainer.device=auto")
-    if _get(config, "algorithm.adv_estimator") == "gae":
+    if _uses_critic(config):
         _int_at_least(config, "critic.ppo_epochs", 1)
         value = _get(config, "critic.cliprange_value", None)
         if value is not None and not _number_above(value, 0):
@@ -121,18 +140,12 @@ def _check_values(config) -> None:
 
 
 def _check_policy_loss_knobs(config) -> None:
-    """The loss hyper-parameters (``policy_loss.clip_cov_ratio``, ...) and the in-reward KL
-    controller, built as the actor and the driver will build them."""
+    """The loss hyper-parameters (``policy_loss.clip_cov_ratio``, ...), built as the actor will build them."""
     from hybridrl.algorithms.errors import AlgorithmConfigError
     from hybridrl.workers.actor import build_policy_loss_config
 
-    from hybridrl.algorithms.kl import get_kl_controller
-
     try:
         build_policy_loss_config(_get(config, ACTOR))
-        if _get(config, "algorithm.use_kl_in_reward", False):
-            ctrl = _get(config, "algorithm.kl_ctrl")
-            get_kl_controller(ctrl.type, ctrl.kl_coef, ctrl.get("target_kl"), ctrl.get("horizon"))
     except AlgorithmConfigError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -140,13 +153,9 @@ def _check_policy_loss_knobs(config) -> None:
 def _check_rollout_correction(config) -> None:
     """``algorithm.rollout_correction``: its values, the engine log-probs it needs, and the loss
     bypass mode replaces."""
-    from hybridrl.algorithms.errors import AlgorithmConfigError, UnknownAlgorithmError
-    from hybridrl.algorithms.rollout_corr import SECTION, RolloutCorrectionConfig
+    from hybridrl.algorithms.rollout_corr import SECTION
 
-    try:
-        corr = RolloutCorrectionConfig.from_section(_plain(_get(config, SECTION, None)))
-    except (AlgorithmConfigError, UnknownAlgorithmError) as exc:
-        raise ConfigError(str(exc)) from None
+    corr = _algorithm(config).rollout_correction
     loss_mode = _get(config, f"{ACTOR}.policy_loss.loss_mode", "vanilla")
     if loss_mode == "bypass_mode" and not corr.bypass_mode:
         raise ConfigError(f"{ACTOR}.policy_loss.loss_mode=bypass_mode is chosen by {SECTION}.bypass_mode=true; "
@@ -219,7 +228,7 @@ def _check_not_yet_supported(config) -> None:
 
 def _check_lora(config) -> None:
     """``lora_rank`` / ``lora_alpha`` / ``target_modules`` of the actor (and of the critic with GAE)."""
-    prefixes = ["actor_rollout_ref.model"] + (["critic.model"] if _get(config, "algorithm.adv_estimator") == "gae" else [])
+    prefixes = ["actor_rollout_ref.model"] + (["critic.model"] if _uses_critic(config) else [])
     for prefix in prefixes:
         rank = _get(config, f"{prefix}.lora_rank", 0)
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
@@ -453,7 +462,7 @@ def _check_run_length(config) -> None:
         value = _get(config, key, None)
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{key}={value!r} must be an integer (steps between events; <= 0: never)")
-    optimizers = [f"{ACTOR}.optim"] + (["critic.optim"] if _get(config, "algorithm.adv_estimator") == "gae" else [])
+    optimizers = [f"{ACTOR}.optim"] + (["critic.optim"] if _uses_critic(config) else [])
     for section in optimizers:
         lr = _get(config, f"{section}.lr", None)
         try:  # YAML 1.1 reads "1e-6" as a string; build_optimizer converts it

@@ -170,8 +170,8 @@ def _manifest(config, dataset, model_path: str) -> dict:
 
 
 def _build_rollout(config, model_path: str, tokenizer):
-    from hybridrl.errors import ConfigError
     from hybridrl.controller.worker import resolve_device
+    from hybridrl.errors import ConfigError
     from hybridrl.models import load_causal_lm
     from hybridrl.workers.fsdp_workers import import_external_lib
     from hybridrl.workers.rollout import get_rollout_cls

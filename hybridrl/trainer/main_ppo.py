@@ -15,6 +15,7 @@ logger = logging.getLogger(__name__)
 
 
 def _build_dataloaders(config, tokenizer):
+    from hybridrl.algorithms.config import algo_config
     from hybridrl.data import RLHFDataset, collate_fn, create_rl_dataloader
     from hybridrl.data.dataloader import stateful_dataloader
 
@@ -22,7 +23,7 @@ def _build_dataloaders(config, tokenizer):
     train_dataset = RLHFDataset(data_cfg.train_files, tokenizer, data_cfg, config_key="data.train_files")
     if not config.reward_model.get("enable", False):
         _check_ground_truth_column(train_dataset, "data.train_files")
-    filtering = (config.algorithm.get("filter_groups") or {}).get("enable", False)  # DAPO's dynamic sampling
+    filtering = algo_config(config).filter_groups.enable  # DAPO's dynamic sampling
     train_dataloader = create_rl_dataloader(
         train_dataset, batch_size=(filtering and data_cfg.get("gen_batch_size")) or data_cfg.train_batch_size,
         shuffle=data_cfg.get("shuffle", True),
@@ -62,14 +63,14 @@ def run_ppo(config) -> None:
     import torch
     from omegaconf import open_dict
 
-    from hybridrl.trainer.config_check import validate_ppo_config
     from hybridrl.models import load_tokenizer, resolve_model_path
     from hybridrl.rewards.manager import load_reward_manager
     from hybridrl.rewards.pool import build_reward_pool
     from hybridrl.rewards.sandbox import build_sandbox, set_sandbox
+    from hybridrl.trainer.config_check import validate_ppo_config
     from hybridrl.trainer.ppo_trainer import PPOTrainer
-    from hybridrl.trainer.stages import needs_critic, needs_reference_policy
     from hybridrl.trainer.rollout_correction import share_rollout_correction
+    from hybridrl.trainer.step_plan import needs_critic, needs_reference_policy
     from hybridrl.trainer.tracking import Tracking
     from hybridrl.trainer.worker_groups import build_worker_groups, resolve_backend
     from hybridrl.workers.fsdp_workers import import_external_lib

@@ -15,7 +15,8 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from hybridrl.algorithms.kl import FULL_KL, apply_kl_penalty, get_kl_controller
+from hybridrl.algorithms.config import algo_config
+from hybridrl.algorithms.kl import apply_kl_penalty
 from hybridrl.algorithms.policy_loss import agg_loss
 from hybridrl.algorithms.rollout_corr import compute_offpolicy_metrics
 from hybridrl.protocol import DataProto
@@ -23,6 +24,7 @@ from hybridrl.rewards.manager import RewardFunctionError
 from hybridrl.trainer import checkpoint
 from hybridrl.trainer.async_reward import PendingReward, reward_deadline_s, scores_async
 from hybridrl.trainer.balance import balance_batch
+from hybridrl.trainer.fully_async import ASYNC_MODES, DataExhausted, StreamingRollout, stream_settings
 from hybridrl.trainer.metrics import (
     compute_data_metrics,
     compute_rollout_probs_diff_metrics,
@@ -31,14 +33,19 @@ from hybridrl.trainer.metrics import (
     marked_timer,
     reduce_metrics,
 )
-from hybridrl.trainer.fully_async import ASYNC_MODES, DataExhausted, StreamingRollout, stream_settings
 from hybridrl.trainer.prefetch import VERSION_KEY, OneStepOffRollout, engine_deadline_s, staleness_metrics
-from hybridrl.trainer.rollout_correction import (apply_bypass_mode, compute_rollout_correction_and_add_to_batch,
-                                                 rollout_correction_config)
+from hybridrl.trainer.rollout_correction import apply_bypass_mode, compute_rollout_correction_and_add_to_batch
 from hybridrl.trainer.rollout_dump import ValidationDump, dump_rollouts
-from hybridrl.trainer.stages import (GEN_BATCH_KEYS, apply_reward_failures, build_dynamic_sampler,
-                                     compute_advantage, compute_reward, needs_critic, needs_reference_policy,
-                                     object_array, reuses_update_log_probs, trim_left_padding)
+from hybridrl.trainer.stages import (
+    GEN_BATCH_KEYS,
+    apply_reward_failures,
+    build_dynamic_sampler,
+    compute_advantage,
+    compute_reward,
+    object_array,
+    trim_left_padding,
+)
+from hybridrl.trainer.step_plan import make_step_plan
 
 logger = logging.getLogger(__name__)
 
@@ -61,18 +68,10 @@ class PPOTrainer:
         self.val_dataloader = val_dataloader
         self.total_training_steps = total_training_steps
         self.n_workers = n_workers
-        algo = config.algorithm
-        self.use_critic = needs_critic(config)
-        self.use_reference_policy = needs_reference_policy(config)
-        # kl_loss_type=full reads reference logits inside the update; ref_log_prob would go unused.
-        actor_cfg = config.actor_rollout_ref.actor
-        self.needs_ref_log_prob = bool(algo.use_kl_in_reward or (actor_cfg.use_kl_loss and actor_cfg.kl_loss_type != FULL_KL))
-        self.kl_ctrl_in_reward = get_kl_controller(
-            algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.get("target_kl"), algo.kl_ctrl.get("horizon")
-        )
-        self.full_kl_in_reward = bool(algo.use_kl_in_reward and algo.kl_penalty == FULL_KL)
-        self.reuses_update_log_probs = reuses_update_log_probs(config)
-        self.rollout_correction = rollout_correction_config(config)
+        self.algo = algo_config(config)  # the typed algorithm section
+        self.plan = make_step_plan(config)  # which passes every step runs
+        self.kl_ctrl_in_reward = self.algo.kl_ctrl.controller()
+        self.rollout_correction = self.algo.rollout_correction
         self.dynamic_sampler = build_dynamic_sampler(config, tokenizer)
         self.reward_async = scores_async(config)  # score while the log-prob passes run
         self._pending_metrics, self._pending_timing = {}, {}  # of generation batches not trained on yet
@@ -118,7 +117,7 @@ class PPOTrainer:
             with marked_timer("gen", timing_raw):
                 batch, prompts, gen_output = self.generate(batch_dict)
         n = cfg.actor_rollout_ref.rollout.n
-        if cfg.algorithm.adv_estimator == "remax":
+        if self.plan.reward_baselines:
             with marked_timer("gen_max", timing_raw):
                 batch.batch["reward_baselines"] = self.greedy_reward_baselines(batch, prompts)
         return self._score_with_reward_model(batch.repeat(n, interleave=True).union(gen_output), metrics, timing_raw)
@@ -179,27 +178,23 @@ class PPOTrainer:
             batch.meta_info["global_steps"] = self.global_steps
             batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
             batch.meta_info["max_prompt_length"] = cfg.data.max_prompt_length
-            # one-step-off: synced at the next step; fully async: by the driver after the update
-            batch.meta_info["sync_rollout_weights"] = self.prefetch is None and self.streaming is None
             pending = (PendingReward(batch, self.reward_fn, reward_deadline_s(cfg, len(batch)))
                        if self.reward_async else None)
 
             entropys = None
-            if self.rollout_correction.bypass_mode:  # the rollout log-probs are the old ones
+            if self.plan.old_log_probs == "rollout":  # bypass mode: the rollout log-probs are the old ones
                 apply_bypass_mode(batch)
-            elif not self.reuses_update_log_probs:  # else the update reports actor/entropy
+            elif self.plan.old_log_probs == "compute":  # else ("update") the update reports actor/entropy
                 with marked_timer("old_log_prob", timing_raw):
                     old_log_prob = self.actor_rollout_wg.compute_log_prob(batch)
                     entropys = old_log_prob.batch.pop("entropys")
                     batch = batch.union(old_log_prob)
 
-            if self.needs_ref_log_prob:
+            if self.plan.ref_log_prob:
                 with marked_timer("ref", timing_raw):
-                    batch.meta_info["full_kl"] = self.full_kl_in_reward
-                    batch = batch.union(self.actor_rollout_wg.compute_ref_log_prob(batch))
-                    batch.meta_info.pop("full_kl")
+                    batch = batch.union(self.actor_rollout_wg.compute_ref_log_prob(batch, full_kl=self.plan.ref_full_kl))
 
-            if self.use_critic:
+            if self.plan.use_critic:
                 with marked_timer("values", timing_raw):
                     batch = batch.union(self.critic_wg.compute_values(batch))
 
@@ -221,7 +216,7 @@ class PPOTrainer:
                 if not self.rollout_correction.corrects:  # else logged with the correction
                     metrics.update(compute_offpolicy_metrics(*mismatch))
 
-        metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
+        metrics.update(compute_data_metrics(batch, use_critic=self.plan.use_critic))
         dump_rollouts(cfg.trainer, batch, self.tokenizer, self.global_steps, reward_extra_info)
         metrics.update(compute_timing_metrics(batch, timing_raw))
         metrics.update(compute_throughput_metrics(batch, timing_raw, n_devices=self.n_workers))
@@ -233,7 +228,7 @@ class PPOTrainer:
         """``token_level_rewards`` (the scores, minus the KL penalty with ``use_kl_in_reward``), the
         rollout-correction weights in decoupled mode, then ``advantages`` and ``returns``
         ``(bs, response_length)`` of ``algorithm.adv_estimator``."""
-        algo = self.config.algorithm
+        algo = self.algo
         reward_tensor = batch.batch["token_level_scores"]
         if algo.use_kl_in_reward:
             rewards, kl_metrics = apply_kl_penalty(
@@ -254,13 +249,16 @@ class PPOTrainer:
     def update(self, batch: DataProto, metrics: dict, timing_raw: dict) -> DataProto:
         """The critic's update, then the actor's (from ``trainer.critic_warmup`` on). On policy (no
         old-log-prob pass) the actor's update returns its own log-probs as ``old_log_probs``."""
-        if self.use_critic:
+        if self.plan.use_critic:
             with marked_timer("update_critic", timing_raw):
                 critic_output = self.critic_wg.update_critic(batch)
             metrics.update(reduce_metrics(critic_output.meta_info["metrics"]))
         if self.config.trainer.critic_warmup <= self.global_steps:
             with marked_timer("update_actor", timing_raw):
-                actor_output = self.actor_rollout_wg.update_actor(batch)
+                # one-step-off: the engine gets the weights at the next step; fully async: from the driver below
+                actor_output = self.actor_rollout_wg.update_actor(
+                    batch, on_policy=self.plan.on_policy,
+                    sync_rollout_weights=self.prefetch is None and self.streaming is None)
             metrics.update(reduce_metrics(actor_output.meta_info["metrics"]))
             if actor_output.batch is not None:
                 batch.batch["old_log_probs"] = actor_output.batch["old_log_probs"]
@@ -325,7 +323,7 @@ class PPOTrainer:
 
         def write_workers(folder: str) -> None:
             self.actor_rollout_wg.save_checkpoint(os.path.join(folder, "actor"), self.global_steps)
-            if self.use_critic:
+            if self.plan.use_critic:
                 self.critic_wg.save_checkpoint(os.path.join(folder, "critic"), self.global_steps)
 
         keep = trainer_cfg.get("max_actor_ckpt_to_keep")
@@ -362,7 +360,7 @@ class PPOTrainer:
         # restore the RNG, so the resumed run samples exactly as an uninterrupted one would.
         self._resumed_batches = iter(self.train_dataloader)
         self.actor_rollout_wg.load_checkpoint(os.path.join(path, "actor"))
-        if self.use_critic:
+        if self.plan.use_critic:
             self.critic_wg.load_checkpoint(os.path.join(path, "critic"))
         self.global_steps = global_step
         print(f"hybridrl: resumed from {path} (step {global_step})", flush=True)

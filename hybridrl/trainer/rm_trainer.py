@@ -27,7 +27,6 @@ from hybridrl.data.preference_dataset import pad_pairs
 from hybridrl.trainer.supervised import HF_DIR, SupervisedTrainer
 from hybridrl.workers.reward_model import forward_sequence_scores
 
-
 _CHOICES = {
     "data.truncation": ("left", "drop", "error"),
     "optim.lr_scheduler": ("cosine", "constant"),

@@ -9,6 +9,7 @@ the rejection from the current policy. The formulas are in :mod:`hybridrl.algori
 
 from __future__ import annotations
 
+from hybridrl.algorithms.config import algo_config
 from hybridrl.algorithms.errors import AlgorithmInputError
 from hybridrl.algorithms.rollout_corr import RolloutCorrectionConfig, compute_rollout_correction_and_rejection_mask
 from hybridrl.protocol import DataProto
@@ -25,7 +26,7 @@ class RolloutCorrectionError(AlgorithmInputError):
 
 def rollout_correction_config(config) -> RolloutCorrectionConfig:
     """The run's ``algorithm.rollout_correction`` (defaults when the section is absent)."""
-    return RolloutCorrectionConfig.from_section(config.algorithm.get("rollout_correction"))
+    return algo_config(config).rollout_correction
 
 
 def share_rollout_correction(config) -> None:

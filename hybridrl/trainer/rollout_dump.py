@@ -23,8 +23,7 @@ import tempfile
 
 import numpy as np
 
-from hybridrl.errors import ConfigError
-from hybridrl.errors import UserError
+from hybridrl.errors import ConfigError, UserError
 from hybridrl.trainer.tracking import VAL_GENERATIONS_KEY
 
 _STEP_FILE = re.compile(r"^(?:step_)?(\d+)\.jsonl$")

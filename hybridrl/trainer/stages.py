@@ -1,5 +1,5 @@
-"""The stages a PPO step is made of, outside the trainer class: which workers a config needs,
-whether the old-log-prob pass can be skipped, the prompt trimming, the reward and the advantage.
+"""The stages a PPO step is made of, outside the trainer class: the prompt trimming, the reward,
+the advantage, reward failures and DAPO's sampler (which passes run: :mod:`.step_plan`).
 
 Kept apart from :mod:`hybridrl.trainer.ppo_trainer` so that the driver loop reads as the algorithm
 and these functions can be used (and tested) on their own.
@@ -11,48 +11,15 @@ import numpy as np
 import torch
 
 from hybridrl.algorithms.advantages import get_adv_estimator_fn
+from hybridrl.algorithms.config import algo_config
 from hybridrl.algorithms.errors import check_finite
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.dynamic_sampling import DynamicSampler
-from hybridrl.trainer.rollout_correction import rollout_correction_config
 
-__all__ = ["GEN_BATCH_KEYS", "needs_critic", "needs_reference_policy", "reuses_update_log_probs", "trim_left_padding",
+__all__ = ["GEN_BATCH_KEYS", "trim_left_padding",
            "compute_advantage", "compute_reward", "object_array", "build_dynamic_sampler", "apply_reward_failures"]
 
 GEN_BATCH_KEYS = ["input_ids", "attention_mask", "position_ids"]
-
-
-def needs_critic(config) -> bool:
-    """Only GAE uses a learned value baseline; the group-based estimators need no critic."""
-    return config.algorithm.adv_estimator == "gae"
-
-
-def needs_reference_policy(config) -> bool:
-    """A reference policy is loaded when KL is used, in the reward or as a loss."""
-    return bool(config.algorithm.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss)
-
-
-def reuses_update_log_probs(config) -> bool:
-    """True when each batch makes exactly one optimizer step and nothing reads the old log-probs
-    before it: then ``old_log_probs`` equal the update's own log-probs (detached), and the
-    separate ``compute_log_prob`` pass is skipped (``actor.skip_on_policy_old_log_prob``).
-
-    On policy means ``ppo_epochs == 1`` and one mini batch per batch
-    (``ppo_mini_batch_size >= data.train_batch_size``); a KL penalty in the reward reads
-    ``old_log_probs`` before the update, and so do rollout correction's weights and rejection
-    (decoupled mode), so they need the pass, as does the optimal token baseline (``sum_pi_squared``
-    comes from it). Bypass mode needs it never (see :meth:`PPOTrainer.step`). With
-    ``trainer.one_step_off_policy`` or an asynchronous ``trainer.v1.trainer_mode`` no batch is on
-    policy (its samples are one or more updates old), so the pass always runs.
-    """
-    actor = config.actor_rollout_ref.actor
-    corrects_before_update = rollout_correction_config(config).corrects  # weights/rejection read old_log_probs
-    if config.trainer.one_step_off_policy or config.trainer.v1.trainer_mode != "sync":
-        return False
-    return bool(actor.get("skip_on_policy_old_log_prob", True) and int(actor.ppo_epochs) == 1
-                and int(actor.ppo_mini_batch_size) >= int(config.data.train_batch_size)
-                and not config.algorithm.use_kl_in_reward and not corrects_before_update
-                and not actor.get("calculate_sum_pi_squared", False))  # the pass makes sum_pi_squared
 
 
 def trim_left_padding(gen_batch: DataProto) -> DataProto:
@@ -123,11 +90,11 @@ def object_array(values: list) -> np.ndarray:
 
 def build_dynamic_sampler(config, tokenizer) -> DynamicSampler | None:
     """DAPO's group filter when ``algorithm.filter_groups.enable``, else None."""
-    groups = config.algorithm.get("filter_groups") or {}
-    if not groups.get("enable", False):
+    groups = algo_config(config).filter_groups
+    if not groups.enable:
         return None
-    return DynamicSampler(groups.get("metric") or "acc", groups.get("max_num_gen_batches") or 0,
-                          config.data.train_batch_size, tokenizer.pad_token_id)
+    return DynamicSampler(groups.metric or "acc", groups.max_num_gen_batches, config.data.train_batch_size,
+                          tokenizer.pad_token_id)
 
 
 def apply_reward_failures(batch: DataProto, on_error: str, drop_rows: bool) -> tuple[DataProto, dict[str, float]]:

@@ -12,7 +12,7 @@ from collections import defaultdict
 
 import torch
 
-from hybridrl.algorithms.errors import AlgorithmConfigError, check_finite
+from hybridrl.algorithms.errors import AlgorithmConfigError, AlgorithmInputError, check_finite
 from hybridrl.algorithms.functional import sum_pi_squared_from_logits
 from hybridrl.algorithms.kl import FULL_KL, kl_full_from_logits, kl_penalty
 from hybridrl.algorithms.policy_loss import PolicyLossConfig, agg_loss, get_policy_loss_fn
@@ -156,25 +156,28 @@ class PPOActor:
             kls.append(scatter_slots(kl_full_from_logits(out.logits, ref.logits), out.slots))
         return restore_order(torch.cat(kls), order)
 
-    def update_policy(self, data: DataProto) -> dict[str, list[float]]:
+    def update_policy(self, data: DataProto, on_policy: bool = False) -> dict[str, list[float]]:
         """PPO update over ``ppo_epochs`` x mini batches, accumulating micro batches.
 
         Each micro-batch loss is normalised by the token (or sequence) count of its whole
         mini batch, so the summed gradients equal those of one pass over the mini batch.
-        Without ``old_log_probs`` in ``data`` (the driver skipped that pass, see
-        ``trainer.stages.reuses_update_log_probs``) the update is on policy: the old log-probs are
-        the update's own, detached (the ratio is exactly 1), and ``actor/entropy`` is reported.
+        With ``on_policy`` (the driver skipped the old-log-prob pass, see
+        :func:`hybridrl.trainer.step_plan.reuses_update_log_probs`) the old log-probs are the
+        update's own, detached (the ratio is exactly 1), and ``actor/entropy`` is reported.
         Returns ``(metrics, log_probs)``: metrics as lists (one entry per micro batch or per
-        optimizer step); for an on-policy batch (no ``old_log_probs``) the update's own detached
-        log-probs ``(bs, response_length)`` in the rows' order (the old log-probs it used), else None.
+        optimizer step); ``on_policy``: the update's own detached log-probs ``(bs, response_length)``
+        in the rows' order (the old log-probs it used), else None.
 
         Raises:
-            AlgorithmConfigError: ``old_log_probs`` is missing but the batch makes more than one
-                optimizer step (``ppo_epochs`` > 1 or several mini batches).
+            AlgorithmConfigError: ``on_policy`` but the batch makes more than one optimizer step
+                (``ppo_epochs`` > 1 or several mini batches).
+            AlgorithmInputError: not ``on_policy`` and the batch has no ``old_log_probs``.
         """
         cfg = self.config
         self.actor_module.train()
-        on_policy = "old_log_probs" not in data.batch.keys()
+        if not on_policy and "old_log_probs" not in data.batch.keys():
+            raise AlgorithmInputError("actor update: the batch has no old_log_probs; compute them first "
+                                      "(compute_log_prob), or pass on_policy=True for a single-step update")
         keys = ["responses", "response_mask", "input_ids", "attention_mask", "position_ids", "advantages"]
         if not on_policy:
             keys.append("old_log_probs")
@@ -187,7 +190,7 @@ class PPOActor:
         mini_batches = data.select(batch_keys=keys).split(cfg.ppo_mini_batch_size)
         if on_policy and (cfg.ppo_epochs != 1 or len(mini_batches) != 1):
             raise AlgorithmConfigError(
-                f"actor update: the batch has no old_log_probs but makes {cfg.ppo_epochs * len(mini_batches)} "
+                f"actor update: on_policy=True but the batch makes {cfg.ppo_epochs * len(mini_batches)} "
                 "optimizer steps; only a single-step (on-policy) update can use its own log-probs; "
                 "compute old_log_probs first or set ppo_epochs=1 and ppo_mini_batch_size=data.train_batch_size")
         log_probs = None

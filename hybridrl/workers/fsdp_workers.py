@@ -234,40 +234,45 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
         return DataProto.from_dict(tensors=tensors).to("cpu")
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+    def compute_ref_log_prob(self, data: DataProto, full_kl: bool = False) -> DataProto:
         """``ref_log_prob`` ``(bs, response_length)`` under the frozen initial policy.
 
-        With ``data.meta_info["full_kl"]`` (``algorithm.kl_penalty=full``) also ``full_kl``,
-        the exact per-token KL(actor || ref) over the vocabulary.
+        With ``full_kl`` (``algorithm.kl_penalty=full`` in the reward) also ``full_kl``, the exact
+        per-token KL(actor || ref) over the vocabulary.
         """
         data = data.to(self.device)
         data.meta_info.update(self._log_prob_meta(self.config.ref, "ref"))
         log_probs, _, _ = self.ref_policy.compute_log_prob(data)
         tensors = {"ref_log_prob": log_probs}
-        if data.meta_info.get("full_kl"):
+        if full_kl:
             if not self._is_actor:
                 raise RuntimeError("full_kl needs the actor and the reference in one worker (role actor_rollout_ref)")
             tensors["full_kl"] = self.actor.compute_full_kl(data, self.ref_policy.actor_module)
         return DataProto.from_dict(tensors=tensors).to("cpu")
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def update_actor(self, data: DataProto) -> DataProto:
-        """One PPO update on the batch; the rollout engine gets the new weights after it, unless
-        ``data.meta_info["sync_rollout_weights"]`` is False (one-step-off-policy training: the
-        driver calls :meth:`sync_rollout_weights` when the engine is free).
+    def update_actor(self, data: DataProto, on_policy: bool = False, sync_rollout_weights: bool = True) -> DataProto:
+        """One PPO update on the batch.
 
-        Returns the metrics in ``meta_info``; for an on-policy batch (no ``old_log_probs``: the
-        pass was skipped) also ``old_log_probs`` ``(bs, response_length)``, the update's own."""
+        Args:
+            data: the batch, with ``old_log_probs`` unless ``on_policy``.
+            on_policy: the old-log-prob pass was skipped (the step plan's ``old_log_probs="update"``):
+                the update's own detached log-probs are the old ones.
+            sync_rollout_weights: the rollout engine gets the new weights after the update; False
+                when the driver syncs them itself (one-step-off and fully asynchronous training).
+
+        Returns the metrics in ``meta_info``; ``on_policy``: also ``old_log_probs``
+        ``(bs, response_length)``, the update's own."""
         data = data.to(self.device)
         data.meta_info["temperature"] = float(self.config.rollout.temperature)
         data.meta_info["use_remove_padding"] = bool(self.config.model.get("use_remove_padding", False))
         offload = self.config.actor.fsdp_config.get("optimizer_offload", False)
         with optimizer_on_device(self.actor_optimizer, self.device, offload):
-            metrics, own_log_probs = self.actor.update_policy(data)
+            metrics, own_log_probs = self.actor.update_policy(data, on_policy=on_policy)
         metrics["actor/lr"] = [self.actor_lr_scheduler.get_last_lr()[0]]
         self.actor_lr_scheduler.step()
         self.param_version += 1
-        if self._is_rollout and data.meta_info.get("sync_rollout_weights", True):
+        if self._is_rollout and sync_rollout_weights:
             self._sync_engine()
         tensors = {"old_log_probs": own_log_probs.cpu()} if own_log_probs is not None else None
         return DataProto.from_dict(tensors=tensors, meta_info={"metrics": metrics})

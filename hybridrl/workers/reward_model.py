@@ -129,8 +129,8 @@ class RewardModel:
 
     def retokenize(self, data: DataProto) -> dict[str, torch.Tensor]:
         """Right-padded reward-model inputs of the batch's chats + decoded responses."""
-        from hybridrl.errors import ConfigError
         from hybridrl.data.preference_dataset import encode_rm_inputs, right_pad
+        from hybridrl.errors import ConfigError
 
         if "raw_prompt" not in data.non_tensor_batch:
             raise ConfigError(

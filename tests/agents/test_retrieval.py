@@ -19,8 +19,8 @@ from hybridrl.agents.retrieval import (
     make_retriever,
     read_corpus,
 )
-from hybridrl.errors import ConfigError
 from hybridrl.data.errors import DataError
+from hybridrl.errors import ConfigError
 
 WIKI_CORPUS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "wiki", "corpus.jsonl")
 

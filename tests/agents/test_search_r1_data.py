@@ -8,9 +8,9 @@ import sys
 import pandas as pd
 import pytest
 
+from hybridrl.agents import search_r1_data as prep
 from hybridrl.data.errors import DataError
 from hybridrl.data.preprocess import TASKS
-from hybridrl.agents import search_r1_data as prep
 from hybridrl.rewards import default_compute_score
 from hybridrl.rewards.qa_em import normalize_answer
 

@@ -9,9 +9,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from hybridrl.config import ConfigError, load_config
-from hybridrl.trainer.config_check import validate_ppo_config
 from hybridrl.config.defaults import packaged_defaults
 from hybridrl.trainer import config_check as schema
+from hybridrl.trainer.config_check import validate_ppo_config
 
 A = "actor_rollout_ref.actor"
 R = "actor_rollout_ref.rollout"

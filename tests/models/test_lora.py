@@ -11,7 +11,6 @@ from omegaconf import OmegaConf
 pytest.importorskip("peft")
 
 from hybridrl.config import ConfigError, load_config  # noqa: E402
-from hybridrl.trainer.config_check import validate_ppo_config  # noqa: E402
 from hybridrl.models import load_causal_lm  # noqa: E402
 from hybridrl.models.lora import (  # noqa: E402
     AdapterDisabled,
@@ -23,6 +22,7 @@ from hybridrl.models.lora import (  # noqa: E402
     save_lora_adapter,
     saved_lora_rank,
 )
+from hybridrl.trainer.config_check import validate_ppo_config  # noqa: E402
 
 RANK, ALPHA = 4, 8
 

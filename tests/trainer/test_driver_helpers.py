@@ -48,7 +48,7 @@ def test_compute_advantage_stops_on_non_finite_input_naming_tensor_and_step():
 
 def test_reuses_update_log_probs_only_for_a_single_on_policy_step():
     from hybridrl.config import load_config
-    from hybridrl.trainer.stages import reuses_update_log_probs
+    from hybridrl.trainer.step_plan import reuses_update_log_probs
 
     base = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]
     assert reuses_update_log_probs(load_config(base))

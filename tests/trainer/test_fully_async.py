@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from hybridrl.config import ConfigError, load_config
-from hybridrl.trainer.config_check import validate_ppo_config
 from hybridrl.protocol import DataProto
+from hybridrl.trainer.config_check import validate_ppo_config
 from hybridrl.trainer.fully_async import DataExhausted, StreamingRollout, StreamSettings
 from hybridrl.workers.rollout.base import RolloutEngineError
 
@@ -222,10 +222,9 @@ def test_when_drops_leave_too_few_groups_the_run_stops_cleanly():
 
 @needs_vllm
 def test_partial_rollouts_keep_each_tokens_log_prob_under_the_policy_that_sampled_it(vllm_model, tokenizer):
-    from tests.workers.vllm_helpers import actor_log_probs, engine_config, make_prompts
-
     from hybridrl.workers.rollout.stream import RolloutStream
     from hybridrl.workers.rollout.vllm_async import AsyncVLLMRollout
+    from tests.workers.vllm_helpers import actor_log_probs, engine_config, make_prompts
 
     R = 250
     engine = AsyncVLLMRollout(copy.deepcopy(vllm_model), engine_config(

@@ -24,8 +24,8 @@ import torch
 from omegaconf import OmegaConf
 
 from hybridrl.config import ConfigError, load_config
-from hybridrl.trainer.config_check import validate_ppo_config
 from hybridrl.protocol import DataProto
+from hybridrl.trainer.config_check import validate_ppo_config
 from hybridrl.trainer.prefetch import OneStepOffRollout, PendingGeneration, staleness_metrics
 from hybridrl.workers.rollout.base import RolloutEngineError
 
@@ -49,7 +49,8 @@ def test_bad_combinations_are_one_line_at_start_up():
     assert "its own copy of the weights" in _error(ONE_STEP_OFF, "actor_rollout_ref.rollout.name=sglang")
     vllm = [ONE_STEP_OFF, "actor_rollout_ref.rollout.name=vllm"]
     assert "dynamic sampling" in _error(*vllm, "algorithm.filter_groups.enable=true")
-    assert "ReMax" in _error(*vllm, "algorithm.adv_estimator=remax", "actor_rollout_ref.rollout.n=1")
+    assert "adv_estimator=remax: its greedy baselines" in _error(*vllm, "algorithm.adv_estimator=remax",
+                                                                  "actor_rollout_ref.rollout.n=1")
     assert "must be true or false" in _error("trainer.one_step_off_policy=yes")
     assert "choose one" in _error(*vllm, "trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.mode=async")
 
@@ -63,7 +64,7 @@ def test_without_correction_a_note_recommends_verls_setting():
 
 
 def test_the_old_log_prob_pass_always_runs():
-    from hybridrl.trainer.stages import reuses_update_log_probs
+    from hybridrl.trainer.step_plan import reuses_update_log_probs
 
     on_policy = ["actor_rollout_ref.actor.ppo_mini_batch_size=8"]  # one update per batch: the pass could be skipped
     assert reuses_update_log_probs(load_config(BASE + on_policy))
@@ -210,12 +211,12 @@ class CallLog:
 
     def _wrap(self, name, method):
         @functools.wraps(method)  # keeps the @register spec
-        def recorded(worker, data):
+        def recorded(worker, data, **kwargs):
             in_thread = threading.current_thread() is not threading.main_thread()
             start = time.monotonic()
             if name == "generate_sequences" and in_thread and self.on_prefetch is not None:
                 self.on_prefetch(worker)
-            out = method(worker, data)
+            out = method(worker, data, **kwargs)
             if name == "generate_sequences" and in_thread and self.of("generate_sequences"):  # not batch 1's
                 time.sleep(self.stretch_s)
             self.calls.append((name, in_thread, start, time.monotonic()))

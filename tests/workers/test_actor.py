@@ -216,7 +216,7 @@ def test_on_policy_update_without_old_log_probs_equals_recomputed(base_model, ma
     m_a, none = PPOActor(cfg, module_a, torch.optim.SGD(module_a.parameters(), lr=1.0)).update_policy(
         DataProto.from_dict(tensors=with_old, meta_info=meta))
     m_b, own = PPOActor(cfg, module_b, torch.optim.SGD(module_b.parameters(), lr=1.0)).update_policy(
-        DataProto.from_dict(tensors=without_old, meta_info=meta))
+        DataProto.from_dict(tensors=without_old, meta_info=meta), on_policy=True)
 
     _assert_same_params(module_b, module_a)
     assert none is None  # the batch had old_log_probs: nothing to hand back
@@ -237,5 +237,14 @@ def test_on_policy_update_refuses_several_optimizer_steps(base_model, make_batch
     cfg = _actor_config(2, ppo_mini_batch_size=2)  # 4 rows: two optimizer steps
     module = copy.deepcopy(base_model)
     actor = PPOActor(cfg, module, torch.optim.SGD(module.parameters(), lr=1.0))
-    with pytest.raises(AlgorithmConfigError, match="no old_log_probs but makes 2 optimizer steps"):
+    with pytest.raises(AlgorithmConfigError, match="on_policy=True but the batch makes 2 optimizer steps"):
+        actor.update_policy(DataProto.from_dict(tensors=b, meta_info={"temperature": 1.0}), on_policy=True)
+
+
+def test_an_off_policy_update_without_old_log_probs_is_one_line(base_model, make_batch):
+    from hybridrl.algorithms.errors import AlgorithmInputError
+
+    b = {k: v for k, v in _ppo_batch(base_model, make_batch).items() if k != "old_log_probs"}
+    actor = PPOActor(_actor_config(2), copy.deepcopy(base_model))
+    with pytest.raises(AlgorithmInputError, match="the batch has no old_log_probs; compute them first"):
         actor.update_policy(DataProto.from_dict(tensors=b, meta_info={"temperature": 1.0}))

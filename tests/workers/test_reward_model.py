@@ -10,11 +10,12 @@ import torch
 from omegaconf import OmegaConf
 
 from hybridrl.config import ConfigError, load_config
-from hybridrl.trainer.config_check import validate_ppo_config
 from hybridrl.controller.local import LocalWorkerGroup
 from hybridrl.data.preference_dataset import encode_rm_inputs
-from hybridrl.models import build_tiny_model, load_tokenizer, load_value_model
+from hybridrl.models import load_tokenizer, load_value_model
+from tiny_models import build_tiny_model
 from hybridrl.protocol import DataProto
+from hybridrl.trainer.config_check import validate_ppo_config
 from hybridrl.workers.fsdp_workers import RewardModelWorker
 from hybridrl.workers.reward_model import expand_to_token_level, forward_sequence_scores, last_token_index
 

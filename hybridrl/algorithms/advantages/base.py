@@ -24,20 +24,31 @@ GROUP_ESTIMATORS: frozenset = frozenset(
 )
 
 
-def register_adv_est(name: "str | Enum", needs_group: bool = False) -> Callable:
+def register_adv_est(name: "str | Enum", needs_group: bool = False, needs_values: bool = False,
+                     needs_reward_baselines: bool = False) -> Callable:
     """Decorator: register an advantage estimator under ``name`` (a value of
     ``algorithm.adv_estimator``; an ``Enum`` member such as verl's ``AdvantageEstimator.GRPO``
     stands for its value).
 
     The function must accept keyword arguments and ``**kwargs`` and return
-    ``(advantages, returns)``, both ``(bs, response_length)``. ``needs_group=True`` declares
-    that it needs several responses per prompt (a capability, seen in ``ADV_ESTIMATOR_NEEDS_GROUP``,
-    which the config check uses to reject ``rollout.n < 2``).
+    ``(advantages, returns)``, both ``(bs, response_length)``. Its needs are capabilities the
+    driver and the config check read (:func:`estimator_needs`), never name checks:
+    ``needs_group`` several responses per prompt (``rollout.n >= 2``, seen in
+    ``ADV_ESTIMATOR_NEEDS_GROUP``); ``needs_values`` a critic's ``values`` (the critic is built
+    and trained); ``needs_reward_baselines`` the greedy responses' rewards (``reward_baselines``).
 
     Raises:
         UnknownAlgorithmError (a ValueError): another function is already registered under ``name``.
     """
-    return ADV_ESTIMATORS.register(name, needs_group=needs_group)
+    return ADV_ESTIMATORS.register(name, needs_group=needs_group, needs_values=needs_values,
+                                   needs_reward_baselines=needs_reward_baselines)
+
+
+def estimator_needs(name: "str | Enum", capability: str) -> bool:
+    """Whether the estimator registered as ``name`` declared ``capability`` (``needs_group``,
+    ``needs_values``, ``needs_reward_baselines``); False for an unknown name, which the config
+    check reports on its own."""
+    return name in ADV_ESTIMATORS and bool(ADV_ESTIMATORS.capabilities(name).get(capability))
 
 
 def get_adv_estimator_fn(name: "str | Enum") -> Callable:

@@ -8,9 +8,9 @@ from typing import Any, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from .base import _knob, register_adv_est
 from ..errors import AlgorithmConfigError, AlgorithmInputError
 from ..functional import masked_whiten
+from .base import _knob, register_adv_est
 from .group import compute_grpo_outcome_advantage
 
 __all__ = ["compute_gdpo_outcome_advantage"]

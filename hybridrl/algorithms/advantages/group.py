@@ -14,9 +14,9 @@ from typing import Any, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from .base import _group_ids, _knob, _outcome_scores, register_adv_est
 from ..errors import AlgorithmConfigError, AlgorithmInputError
 from ..functional import masked_whiten
+from .base import _group_ids, _knob, _outcome_scores, register_adv_est
 
 
 class GroupStats(NamedTuple):

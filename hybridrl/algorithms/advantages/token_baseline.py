@@ -9,8 +9,8 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
-from .base import _group_ids, register_adv_est
 from ..errors import AlgorithmInputError
+from .base import _group_ids, register_adv_est
 
 __all__ = ["compute_optimal_token_baseline_advantage", "compute_multi_turn_optimal_token_baseline_advantage"]
 

@@ -9,7 +9,7 @@ from ..functional import masked_whiten
 from .base import _check_finite, _check_same_shape, _describe, _float_dtype, _knob, register_adv_est
 
 
-@register_adv_est("gae")
+@register_adv_est("gae", needs_values=True)
 def compute_gae_advantage_return(
     token_level_rewards: torch.Tensor,
     values: torch.Tensor,
@@ -125,7 +125,7 @@ def compute_reinforce_plus_plus_outcome_advantage(
     return advantages, returns
 
 
-@register_adv_est("remax")
+@register_adv_est("remax", needs_reward_baselines=True)
 def compute_remax_outcome_advantage(
     token_level_rewards: torch.Tensor,
     reward_baselines: torch.Tensor,

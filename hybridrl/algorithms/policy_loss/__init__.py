@@ -19,8 +19,8 @@ A policy loss is called as::
 ``actor/pg_clipfrac_lower`` and ``actor/ppo_kl`` (plus loss-specific keys) to python floats.
 """
 
-from . import bypass, trust_region, vanilla, variants  # noqa: F401  (each registers its losses)
 from ..functional import LOSS_AGG_MODES, agg_loss
+from . import bypass, trust_region, vanilla, variants  # noqa: F401  (each registers its losses)
 from .base import (POLICY_LOSS_KEYS, POLICY_LOSS_REGISTRY, POLICY_LOSSES, PolicyLossConfig, apply_rollout_is_weights,
                    get_policy_loss_fn, register_policy_loss)
 from .bypass import compute_policy_loss_bypass_mode, compute_policy_loss_reinforce

@@ -11,8 +11,15 @@ import torch
 
 from ..errors import AlgorithmConfigError
 from ..functional import Number, agg_loss, masked_mean
-from .base import (PolicyLossConfig, apply_rollout_is_weights, loss_config, note_fixed_aggregation, pg_metrics,
-                   register_policy_loss, token_log_ratio)
+from .base import (
+    PolicyLossConfig,
+    apply_rollout_is_weights,
+    loss_config,
+    note_fixed_aggregation,
+    pg_metrics,
+    register_policy_loss,
+    token_log_ratio,
+)
 
 LossOutput = Tuple[torch.Tensor, Dict[str, float]]
 

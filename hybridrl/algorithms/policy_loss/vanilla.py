@@ -5,8 +5,15 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from ..functional import Number, agg_loss, masked_mean
-from .base import (PolicyLossConfig, apply_rollout_is_weights, clipped_surrogate, loss_config, pg_metrics,
-                   register_policy_loss, token_log_ratio)
+from .base import (
+    PolicyLossConfig,
+    apply_rollout_is_weights,
+    clipped_surrogate,
+    loss_config,
+    pg_metrics,
+    register_policy_loss,
+    token_log_ratio,
+)
 
 
 @register_policy_loss("vanilla")

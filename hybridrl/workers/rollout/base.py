@@ -14,7 +14,6 @@ from hybridrl.errors import UserError
 from hybridrl.protocol import DataProto
 from hybridrl.registry import Registry, RegistryError
 
-
 # rollout.name -> display name: engines verl users name that run on the HF engine when no
 # engine of that name is registered. Read by get_rollout_cls and by the start-up note.
 OPTIONAL_ENGINES = {"sglang": "SGLang", "sglang_async": "SGLang"}

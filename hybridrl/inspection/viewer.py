@@ -12,9 +12,19 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hybridrl.tools.samples import (  # noqa: F401  (SampleDump, ViewerError, parse_filter, select: the API)
-    SORT_NAMES, SORTS, SampleDump, ViewerError, format_score, mean_score, one_line, parse_filter, select)
+from hybridrl.inspection.samples import (  # noqa: F401  (SampleDump, ViewerError, parse_filter, select: the API)
+    SORT_NAMES,
+    SORTS,
+    SampleDump,
+    ViewerError,
+    format_score,
+    mean_score,
+    one_line,
+    parse_filter,
+    select,
+)
 from hybridrl.trainer.rollout_dump import SampleDumpError
+
 
 def print_tables(dump: SampleDump, step: int | None, sort: str, filter_text: str, limit: int,
                  max_chars: int, console=None) -> None:
@@ -75,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ViewerError(f"--print needs rich ({err}); run `pip install rich`") from err
             return 0
         try:
-            from hybridrl.tools.viewer_app import SampleViewer
+            from hybridrl.inspection.viewer_app import SampleViewer
         except ImportError as err:
             raise ViewerError(f"the terminal UI needs textual ({err}); run `pip install 'hybridrl[view]'` "
                               "or add --print for a plain table") from err

@@ -15,7 +15,7 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
-from hybridrl.tools.samples import (
+from hybridrl.inspection.samples import (
     SORT_NAMES,
     SORTS,
     SampleDump,

@@ -9,11 +9,11 @@ import types
 
 import torch
 
-from hybridrl.tools import diagnose
+from hybridrl.inspection import diagnose
 
 
 def test_json_report_matches_this_machine_and_imports_nothing_heavy():
-    code = ("import json, sys; from hybridrl.tools.diagnose import main; main(['--json']);"
+    code = ("import json, sys; from hybridrl.inspection.diagnose import main; main(['--json']);"
             "heavy = ('ray', 'wandb', 'mlflow', 'textual', 'matplotlib');"
             "print(json.dumps(sorted(m for m in heavy if m in sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -6,7 +6,7 @@ import pytest
 from PIL import Image
 
 from hybridrl.cli import main as cli_main
-from hybridrl.tools.plot import PlotError, load_metrics, plot_curves, series
+from hybridrl.inspection.plot import PlotError, load_metrics, plot_curves, series
 
 VAL = "val-core/openai/gsm8k/reward/mean@1"
 

@@ -3,7 +3,7 @@
 import yaml
 
 from hybridrl.cli import main as cli_main
-from hybridrl.tools.show_config import main, packaged_config_names
+from hybridrl.inspection.show_config import main, packaged_config_names
 
 
 def test_show_prints_the_resolved_config_after_overrides(capsys):

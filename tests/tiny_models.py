@@ -1,0 +1,53 @@
+"""Test helper: a random-init model with the real tokenizer (importable from any test, since
+tests/ is on sys.path through its conftest)."""
+
+import os
+
+import torch
+
+from hybridrl.models import load_tokenizer
+
+
+def build_tiny_model(
+    tokenizer_src: str,
+    out_dir: str,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 128,
+    max_position_embeddings: int = 1024,
+    seed: int = 0,
+) -> str:
+    """Write a random-init Llama causal LM plus the tokenizer of `tokenizer_src` to `out_dir`.
+
+    The vocabulary is ``len(tokenizer)`` and bos/eos/pad ids come from the tokenizer, so the
+    tiny model works with real prompts; embeddings are tied. Weights depend only on `seed`
+    (the global RNG state is left untouched). Returns the absolute `out_dir`.
+
+    Raises:
+        ModelPathError / ModelDependencyError: `tokenizer_src` cannot be resolved.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = load_tokenizer(tokenizer_src)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    out_dir = os.path.abspath(os.path.expanduser(out_dir))
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
