@@ -29,6 +29,20 @@ def gsm8k_parquet(gsm8k_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def gsm8k_head(gsm8k_parquet, tmp_path_factory):
+    """``gsm8k_head(n_train)``: a folder with the first ``n_train`` training rows and 8 test rows."""
+    import pandas as pd
+
+    def make(n_train: int):
+        folder = tmp_path_factory.mktemp(f"gsm8k_{n_train}_rows")
+        pd.read_parquet(gsm8k_parquet / "train.parquet").head(n_train).to_parquet(folder / "train.parquet", index=False)
+        pd.read_parquet(gsm8k_parquet / "test.parquet").head(8).to_parquet(folder / "test.parquet", index=False)
+        return folder
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory):
     """A folder holding the real SmolLM2-135M-Instruct tokenizer in HF format."""
     from transformers import AutoTokenizer

@@ -200,12 +200,7 @@ class NaiveRewardManager:
                 every sample of the batch with ``on_error="zero"``.
         """
         rm_scores = data.batch["rm_scores"] if "rm_scores" in data.batch.keys() else None
-        for key in ("prompts", "responses", "attention_mask"):
-            if key not in data.batch.keys():
-                raise RewardInputError(
-                    f"batch has no '{key}' tensor; the reward manager needs prompts, responses "
-                    "and attention_mask from the rollout"
-                )
+        _check_batch_keys(data)
         prompts, responses = data.batch["prompts"], data.batch["responses"]
         prompt_len = prompts.shape[-1]
         mask = data.batch["attention_mask"]
@@ -240,16 +235,7 @@ class NaiveRewardManager:
                 self._print_sample(prompt_str, row.response_str, ground_truth, score, extras)
 
         self._log_slowest()
-        scored = sum(score is not None for score in rule_scores)
-        if failures and len(failures) == scored:
-            raise RewardFunctionError(
-                f"the reward function failed on all {scored} samples of this batch (reward_model.on_error="
-                f"{self.on_error} would train on nothing but failures, which teaches nothing); first: {failures[0]}")
-        if failures:
-            logger.warning(
-                "reward function failed on %d of %d samples in this batch; they were scored 0 "
-                "(reward_model.on_error=%s). First: %s", len(failures), len(errors), self.on_error, failures[0]
-            )
+        self._report_failures(failures, scored=sum(score is not None for score in rule_scores), total=len(errors))
         if rm_scores is not None:  # both sit on the last valid response token
             reward_tensor = reward_tensor + rm_scores.to(reward_tensor)
         if not return_dict:
@@ -261,6 +247,18 @@ class NaiveRewardManager:
         if rm_scores is not None:
             extra_info_out["rule_score"] = rule_scores
         return {"reward_tensor": reward_tensor, "reward_extra_info": extra_info_out}
+
+    def _report_failures(self, failures: list, scored: int, total: int) -> None:
+        """A batch whose every rule-scored sample failed stops the run; some failures are logged once."""
+        if failures and len(failures) == scored:
+            raise RewardFunctionError(
+                f"the reward function failed on all {scored} samples of this batch (reward_model.on_error="
+                f"{self.on_error} would train on nothing but failures, which teaches nothing); first: {failures[0]}")
+        if failures:
+            logger.warning(
+                "reward function failed on %d of %d samples in this batch; they were scored 0 "
+                "(reward_model.on_error=%s). First: %s", len(failures), total, self.on_error, failures[0]
+            )
 
     def shape_score(self, score: float, extras: dict, response_length: int) -> tuple[float, dict]:
         """A subclass's change to a row's rule score (e.g. DAPO's overlong penalty); unchanged here.
@@ -382,6 +380,15 @@ class NaiveRewardManager:
         fields = [("prompt", prompt), ("response", response), ("ground_truth", ground_truth), ("score", score)]
         for key, value in fields + list(extras.items()):
             print(f"[{key}]", value)
+
+
+def _check_batch_keys(data: Any) -> None:
+    for key in ("prompts", "responses", "attention_mask"):
+        if key not in data.batch.keys():
+            raise RewardInputError(
+                f"batch has no '{key}' tensor; the reward manager needs prompts, responses "
+                "and attention_mask from the rollout"
+            )
 
 
 def _collect_extras(extras_per_sample: list[dict]) -> dict[str, list]:

@@ -266,14 +266,9 @@ def test_partial_rollouts_keep_each_tokens_log_prob_under_the_policy_that_sample
 # ---------------------------------------------------------------- end to end on the tiny model
 
 @pytest.fixture(scope="module")
-def small_data(gsm8k_parquet, tmp_path_factory):
+def small_data(gsm8k_head):
     """32 training rows: eight batches of 4 prompts, more than the runs below draw (no prompt comes twice)."""
-    import pandas as pd
-
-    folder = tmp_path_factory.mktemp("thirty_two_rows")
-    pd.read_parquet(gsm8k_parquet / "train.parquet").head(32).to_parquet(folder / "train.parquet", index=False)
-    pd.read_parquet(gsm8k_parquet / "test.parquet").head(8).to_parquet(folder / "test.parquet", index=False)
-    return folder
+    return gsm8k_head(32)
 
 
 def _args(data, model_dir, out, tmp_path, mode, *extra):

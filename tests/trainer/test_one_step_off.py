@@ -229,14 +229,9 @@ class CallLog:
 
 
 @pytest.fixture(scope="module")
-def small_data(gsm8k_parquet, tmp_path_factory):
+def small_data(gsm8k_head):
     """8 training rows: two batches of 4 prompts per epoch, so step 3 opens the second epoch."""
-    import pandas as pd
-
-    folder = tmp_path_factory.mktemp("eight_rows")
-    pd.read_parquet(gsm8k_parquet / "train.parquet").head(8).to_parquet(folder / "train.parquet", index=False)
-    pd.read_parquet(gsm8k_parquet / "test.parquet").head(8).to_parquet(folder / "test.parquet", index=False)
-    return folder
+    return gsm8k_head(8)
 
 
 def _args(data, model_dir, out, tmp_path, *extra):
