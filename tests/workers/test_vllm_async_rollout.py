@@ -152,3 +152,19 @@ def test_grpo_two_steps_in_async_mode(gsm8k_parquet, vllm_model_dir, tmp_path):
     for r in steps:  # the engine got each update's weights: fp32 on both sides, only kernel rounding left
         assert r["rollout_corr/log_ppl_abs_diff"] < 1e-4 and r["actor/grad_norm"] > 0
     assert any("val-core/" in k for k in rows[-1])
+
+
+def test_a_dead_workers_engine_folder_is_swept_and_a_live_ones_kept(tmp_path):
+    import subprocess
+    import sys
+
+    from hybridrl.workers.rollout.vllm_async import FOLDER_PREFIX, sweep_orphan_folders
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead, live = tmp_path / f"{FOLDER_PREFIX}{int(gone.stdout)}-abc", tmp_path / f"{FOLDER_PREFIX}{os.getpid()}-xyz"
+    other = tmp_path / f"{FOLDER_PREFIX}old_format"  # no owner pid: not ours to judge
+    for folder in (dead, live, other):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"0" * 1024)
+    assert sweep_orphan_folders(str(tmp_path)) == [str(dead)]
+    assert not dead.exists() and live.exists() and other.exists()

@@ -41,9 +41,38 @@ DEFAULT_ENGINE_TIMEOUT_S = 900.0
 WEIGHTS_FILE = "model.safetensors"
 
 
+FOLDER_PREFIX = "hybridrl-vllm-async-"
+
+
 def _ram_dir() -> str | None:
     """A RAM-backed folder for the weights handed to the engine (None: the default temp dir)."""
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def sweep_orphan_folders(parent: str | None) -> list[str]:
+    """Removes the engine folders (``<parent>/hybridrl-vllm-async-<pid>-*``) whose process is gone: a
+    killed worker never reaches ``close()``, and its folder would stay in RAM (with the weights
+    file, if it died mid-load). Returns the removed paths."""
+    import shutil
+
+    parent = parent or tempfile.gettempdir()
+    removed = []
+    for name in os.listdir(parent):
+        owner = name[len(FOLDER_PREFIX):].split("-", 1)[0] if name.startswith(FOLDER_PREFIX) else ""
+        if owner.isdigit() and not _pid_alive(int(owner)):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+            removed.append(os.path.join(parent, name))
+    return removed
 
 
 @contextlib.contextmanager
@@ -104,7 +133,8 @@ class AsyncVLLMRollout(VLLMRollout):
 
     def _start(self, actor_module: torch.nn.Module, base: torch.nn.Module) -> None:
         self.timeout_s = float(self.config.get("engine_timeout_s") or DEFAULT_ENGINE_TIMEOUT_S)
-        self._folder = tempfile.TemporaryDirectory(prefix="hybridrl-vllm-async-", dir=_ram_dir())
+        sweep_orphan_folders(_ram_dir())
+        self._folder = tempfile.TemporaryDirectory(prefix=f"{FOLDER_PREFIX}{os.getpid()}-", dir=_ram_dir())
         _write_model_folder(base, self.tokenizer, self._folder.name, weights=False)
         self._write_weights(actor_weights(actor_module))
         self._loop = asyncio.new_event_loop()
@@ -202,8 +232,8 @@ class AsyncVLLMRollout(VLLMRollout):
 
     def _drop_weights_file(self) -> None:
         """The engine has read the weights: their file leaves RAM at once. (The folder goes when
-        the rollout is shut down or collected; a process killed before that leaves only the
-        small config files behind, not a copy of the model in /dev/shm.)"""
+        the rollout is shut down or collected; the folder of a process killed before that is
+        removed by the next engine's start, :func:`sweep_orphan_folders`.)"""
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(self._folder.name, WEIGHTS_FILE))
 
