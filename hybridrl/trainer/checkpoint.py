@@ -248,3 +248,20 @@ def read_checkpoint(path: str) -> tuple[dict, dict | None]:
     data_file = os.path.join(path, "data.pt")
     dataloader_state = load_state_file(data_file) if os.path.exists(data_file) else None
     return trainer_state, dataloader_state
+
+
+def resume_checkpoint_path(trainer_cfg) -> str | None:
+    """The step folder a run resumes from (``trainer.resume_mode``): the newest intact one in
+    ``default_local_dir`` (``auto``), ``resume_from_path`` (``resume_path``), or None (fresh start).
+
+    Raises:
+        CheckpointError: ``resume_from_path`` is not an intact step folder, or every checkpoint
+            in ``default_local_dir`` is damaged.
+    """
+    if trainer_cfg.resume_mode == "disable":
+        return None
+    if trainer_cfg.resume_mode == "resume_path":
+        path = os.path.abspath(os.path.expanduser(trainer_cfg.resume_from_path))
+        require_intact_checkpoint(path)
+        return path
+    return find_latest_checkpoint(trainer_cfg.default_local_dir)

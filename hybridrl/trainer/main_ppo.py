@@ -71,7 +71,7 @@ def run_ppo(config) -> None:
     from hybridrl.trainer.ppo_trainer import PPOTrainer
     from hybridrl.trainer.rollout_correction import share_rollout_correction
     from hybridrl.trainer.step_plan import needs_critic, needs_reference_policy
-    from hybridrl.trainer.tracking import Tracking
+    from hybridrl.trainer.tracking import tracker_for_run
     from hybridrl.trainer.worker_groups import build_worker_groups, resolve_backend
     from hybridrl.workers.fsdp_workers import import_external_lib
 
@@ -119,12 +119,7 @@ def run_ppo(config) -> None:
         )
         trainer_cfg = config.trainer
         save_run_config(config, trainer_cfg.default_local_dir)
-        tracker = Tracking(
-            project_name=trainer_cfg.project_name, experiment_name=trainer_cfg.experiment_name,
-            default_backend=[trainer_cfg.logger] if isinstance(trainer_cfg.logger, str) else list(trainer_cfg.logger),
-            config=config,
-            local_dir=trainer_cfg.default_local_dir, total_steps=total_steps,
-        )
+        tracker = tracker_for_run(config, total_steps)
         try:
             trainer.fit(tracker)
         finally:

@@ -5,7 +5,6 @@ The driver holds only small tensors and control flow; models live in the worker 
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import uuid
@@ -47,7 +46,6 @@ from hybridrl.trainer.stages import (
 )
 from hybridrl.trainer.step_plan import make_step_plan
 
-logger = logging.getLogger(__name__)
 
 class PPOTrainer:
     """Runs ``fit()``: validation, then ``step()`` per batch, checkpoints and logging."""
@@ -339,17 +337,9 @@ class PPOTrainer:
 
     def load_checkpoint(self) -> None:
         """Restores the latest (``resume_mode=auto``) or the given checkpoint (``resume_path``)."""
-        trainer_cfg = self.config.trainer
-        if trainer_cfg.resume_mode == "disable":
+        path = checkpoint.resume_checkpoint_path(self.config.trainer)
+        if path is None:
             return
-        if trainer_cfg.resume_mode == "resume_path":
-            path = trainer_cfg.resume_from_path
-            checkpoint.require_intact_checkpoint(path)
-        else:
-            path = checkpoint.find_latest_checkpoint(trainer_cfg.default_local_dir)
-            if path is None:
-                logger.info("no checkpoint in %s: training from scratch", trainer_cfg.default_local_dir)
-                return
         trainer_state, dataloader_state = checkpoint.read_checkpoint(path)
         global_step = trainer_state["global_step"]
         self.kl_ctrl_in_reward.value = trainer_state.get("kl_coef_in_reward", self.kl_ctrl_in_reward.value)

@@ -1,150 +1,129 @@
-"""The training loop ``hybridrl sft`` and ``hybridrl rm`` share (one worker, one model) and its
-checkpoint layout: ``<trainer.default_local_dir>/global_step_<N>/`` written atomically with
-``huggingface/`` (an HF model + tokenizer, LoRA merged in), ``lora_adapter/`` (LoRA runs),
-:data:`OPTIM_FILE`, :data:`EXTRA_FILE` (lr scheduler, RNG), ``data.pt`` (dataloader position)
-and ``trainer_state.json``.
+"""The driver ``hybridrl sft`` and ``hybridrl rm`` share, on the PPO trainer's stack.
+
+The model lives in a worker group (:mod:`hybridrl.workers.supervised_worker`), built like PPO's:
+in this process (``trainer.backend=local``) or on ``trainer.nnodes x trainer.n_gpus_per_node``
+Ray workers with FSDP2. The driver draws each batch, hands it to the group (each worker trains
+on its share; the update equals one worker on the whole batch), validates, logs and
+checkpoints on schedule.
+
+Checkpoint layout (PPO's): ``<trainer.default_local_dir>/global_step_<N>/`` written atomically
+with ``model/`` (the workers' DCP checkpoint: ``dcp/``, ``extra_state_*.pt``, ``huggingface/``
+config + tokenizer, ``lora_adapter/`` for LoRA runs), ``data.pt`` (dataloader position) and
+``trainer_state.json``. After the last step, ``hybridrl merge`` exports its checkpoint into
+``global_step_<N>/huggingface/``: a plain HF model (LoRA merged in).
 """
 
 from __future__ import annotations
 
-import copy
-import logging
 import os
+import time
+from collections.abc import Callable
 
+import numpy as np
 import torch
 
+from hybridrl.errors import CheckpointError, ConfigError
+from hybridrl.protocol import DataProto
+from hybridrl.trainer import checkpoint
+from hybridrl.trainer.merge import merge
+from hybridrl.trainer.tracking import tracker_for_run
+from hybridrl.trainer.worker_groups import launch_worker_groups, resolve_backend
 from hybridrl.workers.checkpoint_io import HF_DIR
 
-logger = logging.getLogger(__name__)
-
-LORA_DIR = "lora_adapter"
-OPTIM_FILE, EXTRA_FILE = "optim_world_size_1_rank_0.pt", "extra_state_world_size_1_rank_0.pt"
-
-
-def save_hf_folder(model, tokenizer, folder: str) -> None:
-    """``folder/huggingface``: a plain HF model (LoRA merged in) + tokenizer; ``folder/lora_adapter`` for LoRA.
-
-    The merge runs on a copy, so the LoRA model keeps training unchanged.
-    """
-    is_lora = hasattr(model, "merge_and_unload")
-    if is_lora:
-        model.save_pretrained(os.path.join(folder, LORA_DIR))
-        model = copy.deepcopy(model).merge_and_unload()
-    use_cache, model.config.use_cache = model.config.use_cache, True  # a folder for inference too
-    try:
-        model.save_pretrained(os.path.join(folder, HF_DIR))
-    finally:
-        model.config.use_cache = use_cache
-    tokenizer.save_pretrained(os.path.join(folder, HF_DIR))
+MODEL_DIR = "model"  # the worker checkpoint inside a step folder (PPO's are actor/ and critic/)
 
 
 class SupervisedTrainer:
-    """The loop ``hybridrl sft`` and ``hybridrl rm`` share: optimizer and schedule, the guarded
-    optimizer step, checkpoints (HF folder + optimizer + schedule/RNG, atomically) and resume,
-    and ``fit()``. Subclasses give ``train_step(batch) -> metrics``, ``validate() -> metrics``
-    and ``has_validation()``.
+    """The loop: ``fit()`` trains until ``total_training_steps``, validating and checkpointing
+    when due. Subclasses give ``to_proto(batch)``, ``validate()`` and ``has_validation()``.
 
     Args:
-        config: the resolved trainer config (``optim``, ``trainer``, ``model.fsdp_config``).
-        model: the model being trained, on its device.
-        tokenizer: saved into each checkpoint's ``huggingface/`` folder.
+        config: the resolved ``sft_trainer`` / ``rm_trainer`` config.
+        worker_group: the group of :class:`~hybridrl.workers.supervised_worker.SupervisedWorker`.
         train_dataloader: a ``StatefulDataLoader`` (its position is checkpointed).
+        val_data: the validation loader or dataset, or None.
         total_training_steps: optimizer steps of the whole run.
     """
 
     name = ""  # the command, in messages
-    resume_hint = ""  # what to do when trainer.resume_from_path is not one of this command's checkpoints
 
-    def __init__(self, config, model, tokenizer, train_dataloader, total_training_steps: int):
-        from hybridrl.models import to_torch_dtype
-        from hybridrl.workers.optim import build_lr_scheduler, build_optimizer
-
-        self.config, self.model, self.tokenizer = config, model, tokenizer
+    def __init__(self, config, worker_group, train_dataloader, val_data, total_training_steps: int):
+        self.config = config
+        self.worker_group = worker_group
         self.train_dataloader = train_dataloader
+        self.val_data = val_data
         self.total_training_steps = total_training_steps
-        self.device = next(model.parameters()).device
-        mixed = config.model.fsdp_config.get("mixed_precision") or {}
-        self.compute_dtype = to_torch_dtype(mixed.get("param_dtype", "fp32"))
-        self.optimizer = build_optimizer(model, config.optim)
-        schedule = {"lr_warmup_steps": -1, "lr_warmup_steps_ratio": config.optim.warmup_steps_ratio,
-                    "warmup_style": config.optim.lr_scheduler, "min_lr_ratio": 0.0, "num_cycles": 0.5}
-        self.lr_scheduler = build_lr_scheduler(self.optimizer, schedule, total_training_steps)
         self.global_steps = 0
+        self.export_dir: str | None = None
         self._resumed_batches = None
 
     def has_validation(self) -> bool:
+        return self.val_data is not None
+
+    def to_proto(self, batch: dict) -> DataProto:
+        """A dataloader batch as the rows the workers take."""
         raise NotImplementedError
 
-    def _optimizer_step(self) -> tuple[torch.Tensor, float]:
-        """Clips, steps (skipped with a warning when the gradient norm is not finite) and
-        advances the schedule; returns ``(grad_norm, lr used)``."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.optim.clip_grad)
-        if torch.isfinite(grad_norm):
-            self.optimizer.step()
-        else:
-            logger.warning("%s: grad_norm is %s at step %d; this update is skipped", self.name, grad_norm.item(),
-                           self.global_steps)
-            self.optimizer.zero_grad(set_to_none=True)
-        lr = self.lr_scheduler.get_last_lr()[0]
-        self.lr_scheduler.step()
-        return grad_norm, lr
+    def validate(self) -> dict:
+        raise NotImplementedError
+
+    def train_step(self, batch: dict) -> dict:
+        """One optimizer step on ``batch`` over the worker group; the step's metrics."""
+        start = time.perf_counter()
+        output = self.worker_group.train_batch(self.to_proto(batch))
+        seconds = time.perf_counter() - start
+        metrics = {name: float(np.mean(values)) for name, values in output.meta_info["metrics"].items()}
+        metrics.update(self.output_metrics(output))
+        metrics["perf/time_per_step"] = seconds
+        return metrics
+
+    def output_metrics(self, output: DataProto) -> dict:
+        """Metrics of the rows the workers returned (none by default)."""
+        return {}
 
     def _checkpoint_trainer_state(self) -> dict | None:
         """JSON-able state saved with a checkpoint (``trainer_state.json``)."""
         return None
 
     def save_checkpoint(self) -> str:
-        from hybridrl.trainer import checkpoint
-        from hybridrl.workers.checkpoint_io import rng_state
-
-        def write(folder: str) -> None:
-            save_hf_folder(self.model, self.tokenizer, folder)
-            torch.save(self.optimizer.state_dict(), os.path.join(folder, OPTIM_FILE))
-            torch.save({"lr_scheduler": self.lr_scheduler.state_dict(), "rng": rng_state()},
-                       os.path.join(folder, EXTRA_FILE))
-
         trainer_cfg = self.config.trainer
-        return checkpoint.save_checkpoint(trainer_cfg.default_local_dir, self.global_steps, write,
-                                          self.train_dataloader.state_dict(),
-                                          max_to_keep=trainer_cfg.get("max_ckpt_to_keep"),
+
+        def write_workers(folder: str) -> None:
+            self.worker_group.save_checkpoint(os.path.join(folder, MODEL_DIR), self.global_steps)
+
+        return checkpoint.save_checkpoint(trainer_cfg.default_local_dir, self.global_steps, write_workers,
+                                          self.train_dataloader.state_dict(), max_to_keep=trainer_cfg.max_ckpt_to_keep,
                                           trainer_state=self._checkpoint_trainer_state())
 
     def load_checkpoint(self, path: str) -> None:
-        """Restore optimizer, schedule, data position and RNG from ``path`` (the model weights
-        were loaded when the model was built).
+        """Restores the workers (model, optimizer, schedule, RNG) and the data position from ``path``.
 
         Raises:
-            CheckpointError: ``path`` lacks the optimizer or schedule file.
+            CheckpointError: ``path`` has no ``model/`` worker checkpoint (e.g. a PPO checkpoint),
+                or it is incomplete or of another ``model.lora_rank``.
         """
-        from hybridrl.trainer import checkpoint
-        from hybridrl.workers.checkpoint_io import load_state_file, set_rng_state
-
+        if not os.path.isdir(os.path.join(path, MODEL_DIR)):
+            raise CheckpointError(f"checkpoint {path} has no {MODEL_DIR}/ folder: it was not written by this version of "
+                                  f"hybridrl {self.name}; point trainer.resume_from_path at a global_step_<N> folder it "
+                                  "wrote, or start over with trainer.resume_mode=disable")
         trainer_state, dataloader_state = checkpoint.read_checkpoint(path)
-        for name in (OPTIM_FILE, EXTRA_FILE):
-            if not os.path.isfile(os.path.join(path, name)):
-                raise checkpoint.CheckpointError(f"checkpoint {path} has no {name}; {self.resume_hint}")
-        self.optimizer.load_state_dict(torch.load(os.path.join(path, OPTIM_FILE), map_location=self.device,
-                                                  weights_only=True))
-        extra = load_state_file(os.path.join(path, EXTRA_FILE))
-        self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
         if dataloader_state is not None:
             self.train_dataloader.load_state_dict(dataloader_state)
-        # Starting an epoch's iterator draws from the global RNG: do it before restoring the RNG,
-        # so the resumed run continues exactly as an uninterrupted one (as the PPO trainer does).
+        # Starting an epoch's iterator draws from the global RNG: do it before the workers restore
+        # the RNG, so the resumed run continues exactly as an uninterrupted one (as PPO does).
         self._resumed_batches = iter(self.train_dataloader)
-        set_rng_state(extra["rng"])
+        self.worker_group.load_checkpoint(os.path.join(path, MODEL_DIR))
         self.global_steps = trainer_state["global_step"]
         print(f"hybridrl: resumed from {path} (step {self.global_steps})", flush=True)
 
     def _due(self, freq, is_last: bool) -> bool:
-        """Whether a ``*_freq`` event (validation, checkpoint) happens at this step."""
+        """Whether a ``*_freq`` event (validation, checkpoint) happens at this step; <= 0: never."""
         return bool(freq) and freq > 0 and (is_last or self.global_steps % freq == 0)
 
     def fit(self, tracker) -> None:
         """Trains until ``total_training_steps``; validates and checkpoints when due."""
         trainer_cfg = self.config.trainer
-        if self.has_validation() and trainer_cfg.get("val_before_train") and self.global_steps == 0:
+        if self.has_validation() and trainer_cfg.val_before_train and self.global_steps == 0:
             tracker.log(self.validate(), step=0)
         self.global_steps += 1
         while self.global_steps <= self.total_training_steps:
@@ -160,3 +139,61 @@ class SupervisedTrainer:
                 if is_last:
                     return
                 self.global_steps += 1
+
+    def export(self) -> str | None:
+        """``hybridrl merge`` of the last step's checkpoint into its ``huggingface/`` folder
+        (written atomically); the folder, or None when the last step saved no checkpoint."""
+        last = min(self.global_steps, self.total_training_steps)  # fit() stops one past a finished run
+        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{last}")
+        if not os.path.isdir(os.path.join(folder, MODEL_DIR)):
+            return None
+        return merge(os.path.join(folder, MODEL_DIR), os.path.join(folder, HF_DIR))
+
+
+def check_batch_split(config) -> int:
+    """The number of workers; each takes an equal share of ``data.train_batch_size``.
+
+    Raises:
+        ConfigError: the batch does not split evenly over the workers.
+    """
+    _, world_size = resolve_backend(config)
+    batch = int(config.data.train_batch_size)
+    if batch % world_size:
+        raise ConfigError(f"data.train_batch_size={batch} does not split over trainer.nnodes x trainer.n_gpus_per_node "
+                          f"= {world_size} workers; make it a multiple of {world_size}")
+    return world_size
+
+
+def run_supervised(config, worker_cls, trainer_cls, build_data: Callable) -> SupervisedTrainer:
+    """Trains with a resolved ``sft_trainer`` / ``rm_trainer`` config: data, then the worker
+    group, resume, ``fit()`` with the run's tracker, and the export of the last checkpoint.
+
+    Args:
+        worker_cls: the :class:`~hybridrl.workers.supervised_worker.SupervisedWorker` to train with.
+        trainer_cls: the :class:`SupervisedTrainer` subclass.
+        build_data: ``config -> (train_dataloader, val_data)`` (the driver's tokenizer inside).
+
+    Returns:
+        the trainer after ``fit()`` (``global_steps``, ``export_dir``: the exported HF folder
+        or None, and its subclass's last metrics).
+    """
+    check_batch_split(config)
+    torch.manual_seed(config.trainer.seed)
+    train_dataloader, val_data = build_data(config)
+    trainer_cfg = config.trainer
+    total_steps = int(trainer_cfg.total_training_steps or len(train_dataloader) * trainer_cfg.total_epochs)
+    resume = checkpoint.resume_checkpoint_path(trainer_cfg)
+    groups = launch_worker_groups(config, {MODEL_DIR: (worker_cls, (config, total_steps), {})})
+    try:
+        trainer = trainer_cls(config, groups.groups[MODEL_DIR], train_dataloader, val_data, total_steps)
+        if resume:
+            trainer.load_checkpoint(resume)
+        tracker = tracker_for_run(config, total_steps)
+        try:
+            trainer.fit(tracker)
+        finally:
+            tracker.finish()
+    finally:
+        groups.shutdown()
+    trainer.export_dir = trainer.export()
+    return trainer

@@ -97,6 +97,7 @@ class Tracking:
     ):
         if isinstance(default_backend, str):
             default_backend = [default_backend]
+        default_backend = list(default_backend or [])  # also an OmegaConf list
         names = list(dict.fromkeys(default_backend or []))  # drop repeats, keep order
         classes = [LOGGERS.get(name) for name in names]  # an unknown name fails before any is built
         self.loggers: dict[str, Any] = {}
@@ -168,6 +169,16 @@ _CONSOLE_KEYS = (
     ("val_acc", "val/accuracy"),
     ("lr", "train/lr"),
 )
+
+
+def tracker_for_run(config, total_steps: int) -> Tracking:
+    """The run's :class:`Tracking` from its ``trainer`` section (``project_name``,
+    ``experiment_name``, ``logger``, ``default_local_dir``): one factory for ``hybridrl train``,
+    ``sft`` and ``rm``."""
+    trainer_cfg = config.trainer
+    return Tracking(project_name=trainer_cfg.project_name, experiment_name=trainer_cfg.experiment_name,
+                    default_backend=trainer_cfg.logger, config=config, local_dir=trainer_cfg.default_local_dir,
+                    total_steps=total_steps)
 
 
 def _fmt(value: float) -> str:

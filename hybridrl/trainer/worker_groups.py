@@ -21,15 +21,32 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class WorkerGroups:
-    """The groups of one run; ``critic`` / ``reward_model`` are None when the run needs none."""
+    """The worker groups of one run, by role name (``actor_rollout``, ``critic``,
+    ``reward_model``, ``rollout`` for PPO; ``model`` for SFT and RM)."""
 
-    actor_rollout: Any
-    critic: Any = None
-    reward_model: Any = None
-    rollout: Any = None  # a rollout pool of its own (actor_rollout_ref.rollout.nnodes > 0); else None
+    groups: dict[str, Any]
     world_size: int = 1
     backend: str = "local"
     _cleanups: list[Callable[[], None]] = field(default_factory=list)
+
+    @property
+    def actor_rollout(self):
+        return self.groups["actor_rollout"]
+
+    @property
+    def critic(self):
+        """None when the run has no critic."""
+        return self.groups.get("critic")
+
+    @property
+    def reward_model(self):
+        """None when the run has no reward model."""
+        return self.groups.get("reward_model")
+
+    @property
+    def rollout(self):
+        """A rollout pool of its own (``actor_rollout_ref.rollout.nnodes > 0``); else None."""
+        return self.groups.get("rollout")
 
     def shutdown(self) -> None:
         """Stops worker processes, then a Ray instance this run started (no-op for local)."""
@@ -84,9 +101,27 @@ def _roles(config, use_critic: bool, use_reference: bool, use_reward_model: bool
 
 
 def build_worker_groups(config, use_critic: bool, use_reference: bool, use_reward_model: bool = False) -> WorkerGroups:
-    """Builds and initialises (``init_model``) every worker group the run needs."""
+    """Builds and initialises (``init_model``) every worker group a PPO run needs."""
+    # One-step-off: a prefetching generate call (from a driver thread) runs beside the training
+    # calls in each process; the worker's engine lock keeps weight syncs out of generations.
+    concurrency = 2 if config.trainer.one_step_off_policy else 1
+    return launch_worker_groups(config, _roles(config, use_critic, use_reference, use_reward_model), concurrency)
+
+
+def launch_worker_groups(config, roles: dict[str, tuple], max_concurrency: int = 1) -> WorkerGroups:
+    """Builds one worker group per role, colocated in the same processes (``trainer.backend``,
+    ``trainer.nnodes`` x ``trainer.n_gpus_per_node``), plus a rollout pool of its own when the
+    config asks for one, and calls every group's ``init_model``.
+
+    Args:
+        config: the run's config (its ``trainer`` section says where the workers run).
+        roles: role name -> ``(worker class, args, kwargs)``; ``device`` is added here.
+        max_concurrency: calls one Ray worker process runs at once.
+
+    Raises:
+        ConfigError: see :func:`resolve_backend` and :func:`init_ray`.
+    """
     backend, world_size = resolve_backend(config)
-    roles = _roles(config, use_critic, use_reference, use_reward_model)
     device = config.trainer.get("device", "auto")
     if config.trainer.get("cpu_malloc_reuse", True) and resolve_device(device) == "cpu":
         os.environ[MALLOC_REUSE_ENV] = "1"  # read by every worker process as it starts
@@ -94,17 +129,17 @@ def build_worker_groups(config, use_critic: bool, use_reference: bool, use_rewar
         from hybridrl.controller.local import LocalWorkerGroup
 
         groups = {name: LocalWorkerGroup(cls, *args, device=device, **kwargs) for name, (cls, args, kwargs) in roles.items()}
-        result = WorkerGroups(world_size=1, backend="local", **groups)
+        result = WorkerGroups(groups, world_size=1, backend="local")
     else:
-        result = _build_ray_groups(config, roles, world_size, device)
+        result = _build_ray_groups(config, roles, world_size, device, max_concurrency)
     for name in roles:  # the actor first: its model load warms the cache the others read
-        getattr(result, name).init_model()
+        result.groups[name].init_model()
     if result.rollout is not None:
         result.rollout.init_model()
     return result
 
 
-def _build_ray_groups(config, roles: dict, world_size: int, device: str) -> WorkerGroups:
+def _build_ray_groups(config, roles: dict, world_size: int, device: str, max_concurrency: int) -> WorkerGroups:
     import ray
 
     from hybridrl.controller.ray import (RayClassWithInitArgs, RayWorkerGroup, ResourcePoolManager, Role,
@@ -124,13 +159,9 @@ def _build_ray_groups(config, roles: dict, world_size: int, device: str) -> Work
     worker_device = "cuda" if use_gpu else "cpu"
     class_dict = {name: RayClassWithInitArgs(cls, *args, device=worker_device, **kwargs)
                   for name, (cls, args, kwargs) in roles.items()}
-    # One-step-off: a prefetching generate call (from a driver thread) runs beside the training
-    # calls in each process; the worker's engine lock keeps weight syncs out of generations.
-    concurrency = 2 if trainer_cfg.one_step_off_policy else 1
     colocated = RayWorkerGroup(pools.get_resource_pool(Role.ActorRolloutRef), create_colocated_worker_cls(class_dict),
-                               cpu_threads_per_worker=threads, max_concurrency=concurrency)
-    groups = colocated.spawn(class_dict.keys())
-    result = WorkerGroups(world_size=world_size, backend="ray", **groups)
+                               cpu_threads_per_worker=threads, max_concurrency=max_concurrency)
+    result = WorkerGroups(colocated.spawn(class_dict.keys()), world_size=world_size, backend="ray")
     result._cleanups.append(colocated.shutdown)
     if rollout_pool_spec(config):
         from hybridrl.workers.rollout_worker import RolloutWorker
@@ -138,7 +169,7 @@ def _build_ray_groups(config, roles: dict, world_size: int, device: str) -> Work
         rollout = RayWorkerGroup(pools.get_resource_pool(Role.Rollout),
                                  RayClassWithInitArgs(RolloutWorker, config.actor_rollout_ref, device=worker_device),
                                  cpu_threads_per_worker=threads)
-        result.rollout = rollout
+        result.groups["rollout"] = rollout
         result._cleanups.insert(0, rollout.shutdown)
     if started_ray:
         result._cleanups.append(ray.shutdown)

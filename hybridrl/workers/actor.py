@@ -6,8 +6,6 @@ no config beyond the ``actor_rollout_ref.actor`` section and works on one data-p
 
 from __future__ import annotations
 
-import logging
-import math
 from collections import defaultdict
 
 import torch
@@ -26,10 +24,8 @@ from hybridrl.workers.model_forward import (  # noqa: F401 (autocast: the shared
     forward_response,
     scatter_slots,
 )
-from hybridrl.workers.sharding import clip_grad_norm, loss_normalizers
-
-logger = logging.getLogger(__name__)
-
+from hybridrl.workers.optim import optimizer_step
+from hybridrl.workers.sharding import loss_normalizers
 
 def compute_dtype_of(section) -> torch.dtype:
     """The ``fsdp_config.mixed_precision.param_dtype`` of an actor/ref/critic section."""
@@ -251,7 +247,7 @@ class PPOActor:
             metrics[key].append(value)
         if cfg.use_kl_loss:
             metrics["actor/kl_coef"].append(cfg.kl_loss_coef)
-        metrics["actor/grad_norm"].append(self._optimizer_step())
+        metrics["actor/grad_norm"].append(optimizer_step(self.actor_module, self.actor_optimizer, cfg.grad_clip, "actor"))
         return restore_order(torch.cat(own_log_probs), order) if on_policy else None
 
     def _kl_to_reference(self, micro: DataProto, out: ResponseOutput, temperature: float,
@@ -267,12 +263,3 @@ class PPOActor:
         with torch.no_grad():
             ref = forward_response(self.ref_module, micro, temperature, self.compute_dtype, options, return_logits=True)
         return scatter_slots(kl_full_from_logits(out.logits, ref.logits), out.slots)
-
-    def _optimizer_step(self) -> float:
-        grad_norm = clip_grad_norm(self.actor_module, self.config.grad_clip)  # the same on every rank
-        if not math.isfinite(grad_norm):
-            logger.warning("actor: grad_norm is %s; this update is skipped", grad_norm)
-            self.actor_optimizer.zero_grad(set_to_none=True)
-        else:
-            self.actor_optimizer.step()
-        return grad_norm

@@ -14,6 +14,7 @@ renames it).
 
 from __future__ import annotations
 
+import copy
 import glob
 import os
 import random
@@ -23,6 +24,7 @@ import numpy as np
 import torch
 
 from hybridrl.errors import CheckpointError
+from hybridrl.models.lora import ADAPTER, is_lora_model, save_lora_adapter, saved_lora_rank
 
 DCP_DIR = "dcp"
 HF_DIR = "huggingface"
@@ -80,8 +82,6 @@ def _state_dict_options(module):
     """LoRA: the frozen base weights stay out of the checkpoint (they are the base model's)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    from hybridrl.models.lora import is_lora_model
-
     lora = is_lora_model(module)
     return StateDictOptions(ignore_frozen_params=lora, strict=not lora)
 
@@ -98,6 +98,14 @@ def _model_and_optim_state(module, optimizer, options) -> tuple[dict, dict]:
     return model_state, optim_state
 
 
+def _hf_class_name(module) -> str:
+    """The transformers class of ``module``, under a LoRA (peft) and an FSDP2 wrapper."""
+    from torch.distributed.fsdp import FSDPModule
+
+    base = module.get_base_model() if is_lora_model(module) else module
+    return next(cls.__name__ for cls in type(base).__mro__ if not issubclass(cls, FSDPModule))
+
+
 def save_worker_state(local_path, module, optimizer, lr_scheduler, rank, world_size, tokenizer=None,
                       worker_state: dict | None = None) -> None:
     """Writes this rank's part of the checkpoint; a collective for a sharded module (every rank calls it).
@@ -105,8 +113,6 @@ def save_worker_state(local_path, module, optimizer, lr_scheduler, rank, world_s
     ``worker_state``: small plain values of the worker's own (e.g. the actor's ``param_version``),
     kept in the extra state file and returned by :func:`load_worker_state`."""
     import torch.distributed.checkpoint as dcp
-
-    from hybridrl.models.lora import is_lora_model, save_lora_adapter
 
     os.makedirs(local_path, exist_ok=True)
     model_state, optim_state = _model_and_optim_state(module, optimizer, _state_dict_options(module))
@@ -118,7 +124,11 @@ def save_worker_state(local_path, module, optimizer, lr_scheduler, rank, world_s
                _extra_state_path(local_path, rank, world_size))
     if rank == 0:
         hf_dir = os.path.join(local_path, HF_DIR)
-        module.config.save_pretrained(hf_dir)
+        config = copy.deepcopy(module.config)
+        # What `hybridrl merge` rebuilds: the class trained (a critic's or reward model's scalar
+        # head, not the causal LM the backbone was loaded from, as `from_pretrained` leaves it).
+        config.architectures = [_hf_class_name(module)]
+        config.save_pretrained(hf_dir)
         if getattr(module, "generation_config", None) is not None and module.can_generate():
             module.generation_config.save_pretrained(hf_dir)
         if tokenizer is not None:
@@ -137,7 +147,6 @@ def _saved_world_size(local_path: str) -> int:
 
 def _check_lora_rank(local_path: str, module) -> None:
     """A checkpoint resumes only into a model with the same LoRA rank (0: full fine-tuning)."""
-    from hybridrl.models.lora import ADAPTER, is_lora_model, saved_lora_rank
     saved = saved_lora_rank(local_path)
     current = int(module.peft_config[ADAPTER].r) if is_lora_model(module) else 0
     if saved != current:

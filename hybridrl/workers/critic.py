@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-import math
 from collections import defaultdict
 
 import torch
@@ -14,10 +12,8 @@ from hybridrl.protocol import DataProto
 from hybridrl.workers.actor import compute_dtype_of
 from hybridrl.workers.micro_batches import restore_order, split_micro_batches
 from hybridrl.workers.model_forward import ForwardOptions, forward_response_values
-from hybridrl.workers.sharding import clip_grad_norm, loss_normalizers
-
-logger = logging.getLogger(__name__)
-
+from hybridrl.workers.optim import optimizer_step
+from hybridrl.workers.sharding import loss_normalizers
 
 class PPOCritic:
     """Args: ``config`` is the ``critic`` section with batch sizes normalised to this worker."""
@@ -80,9 +76,5 @@ class PPOCritic:
             metrics["critic/vf_clipfrac"].append(float(vf_clipfrac))
             metrics["critic/vpred_mean"].append(masked_mean(vpreds, mb["response_mask"]).item())
         metrics["critic/vf_loss"].append(vf_loss_sum)
-        grad_norm = clip_grad_norm(self.critic_module, cfg.grad_clip)  # the same on every rank
-        if math.isfinite(grad_norm):
-            self.critic_optimizer.step()
-        else:
-            logger.warning("critic: grad_norm is %s; this update is skipped", grad_norm)
-        metrics["critic/grad_norm"].append(grad_norm)
+        metrics["critic/grad_norm"].append(optimizer_step(self.critic_module, self.critic_optimizer, cfg.grad_clip,
+                                                          "critic"))

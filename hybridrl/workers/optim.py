@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+import math
+
 import torch
+
+from hybridrl.workers.sharding import clip_grad_norm
+
+logger = logging.getLogger(__name__)
 
 
 def build_optimizer(module: torch.nn.Module, optim_cfg) -> torch.optim.Optimizer:
@@ -43,3 +50,21 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg, total_traini
     from hybridrl.errors import ConfigError
 
     raise ConfigError(f"optim.warmup_style={style!r} is not one of constant, cosine")
+
+
+def optimizer_step(module: torch.nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float,
+                   role: str) -> float:
+    """Clips the gradient to ``max_grad_norm`` and steps; a non-finite gradient norm skips the
+    update (with a warning naming ``role``) instead of writing NaN into the weights. One
+    implementation for every trained model (actor, critic, SFT, reward model), plain or FSDP2.
+
+    Returns:
+        the gradient norm before clipping (the same on every rank).
+    """
+    grad_norm = clip_grad_norm(module, max_grad_norm)
+    if math.isfinite(grad_norm):
+        optimizer.step()
+    else:
+        logger.warning("%s: grad_norm is %s; this update is skipped", role, grad_norm)
+        optimizer.zero_grad(set_to_none=True)
+    return grad_norm

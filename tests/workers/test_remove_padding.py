@@ -8,6 +8,7 @@ order (as tests/workers/test_actor.py).
 """
 
 import copy
+from unittest import mock
 
 import pytest
 import torch
@@ -71,9 +72,9 @@ def _update(model, batch, rmpad, **config):
         grads.update({n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None})
         return 0.0
 
-    actor._optimizer_step = capture
-    metrics, _ = actor.update_policy(DataProto.from_dict(tensors=batch, meta_info={"temperature": 0.7,
-                                                                               "use_remove_padding": rmpad}))
+    with mock.patch("hybridrl.workers.actor.optimizer_step", lambda *args: capture()):
+        metrics, _ = actor.update_policy(DataProto.from_dict(tensors=batch, meta_info={"temperature": 0.7,
+                                                                                   "use_remove_padding": rmpad}))
     return grads, metrics
 
 
