@@ -13,6 +13,8 @@ import importlib
 import sys
 from typing import Any, Callable
 
+from hybridrl.config import load_config
+from hybridrl.config.precision import resolve_precision
 from hybridrl.errors import keeps_traceback
 
 # name -> (module with main(argv) -> int, one-line help)
@@ -68,9 +70,6 @@ def run_cli(run: Callable[[Any], Any], config_name: str, argv: list[str] | None 
     :class:`~hybridrl.errors.UserError` or a missing file. Any other exception, or any error with
     ``HYBRIDRL_DEBUG=1``, propagates with its traceback.
     """
-    from hybridrl.config import load_config
-    from hybridrl.config.precision import resolve_precision
-
     argv = sys.argv[1:] if argv is None else argv
     if any(arg in ("-h", "--help", "help") for arg in argv):
         print(command_help(config_name))

@@ -16,6 +16,9 @@ import torch
 
 from hybridrl.agents.base import AgentContext, AgentLoopOutput, get_agent_loop_cls
 from hybridrl.agents.engine import AsyncBatchEngine, RequestEngine
+from hybridrl.agents.interactions.base import load_interactions
+from hybridrl.agents.retrieval import make_retriever
+from hybridrl.agents.tools.base import load_tools
 from hybridrl.protocol import DataProto
 
 logger = logging.getLogger(__name__)
@@ -116,12 +119,9 @@ class AgentLoopManager:
         self.default_agent = (_plain(config.get("agent")) or {}).get("default_agent_loop") or DEFAULT_AGENT
         self.tools, self.interactions = {}, {}
         if self.multi_turn.get("tool_config_path"):  # imported only when used: pydantic, jsonschema
-            from hybridrl.agents.tools.base import load_tools
 
             self.tools = load_tools(self.multi_turn["tool_config_path"])
         if self.multi_turn.get("interaction_config_path"):
-            from hybridrl.agents.interactions.base import load_interactions
-
             self.interactions = load_interactions(self.multi_turn["interaction_config_path"])
         for tool in self.tools.values():
             if hasattr(tool, "set_default_retriever"):
@@ -135,8 +135,6 @@ class AgentLoopManager:
             ConfigError / DataError: no url, corpus or index configured, or an unreadable one.
         """
         if self._retriever is None:
-            from hybridrl.agents.retrieval import make_retriever
-
             cfg = self.multi_turn.get("retriever") or {}
             self._retriever = make_retriever(url=cfg.get("url"), corpus_path=cfg.get("corpus_path"),
                                              index_dir=cfg.get("index_dir"), timeout_s=float(cfg.get("timeout") or 10.0))

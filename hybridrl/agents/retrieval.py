@@ -24,6 +24,7 @@ import tempfile
 from typing import Any
 
 from hybridrl.data.errors import DataError
+from hybridrl.data.jsonl import iter_jsonl
 from hybridrl.errors import ConfigError, UserError
 
 __all__ = [
@@ -83,20 +84,13 @@ def read_corpus(corpus_path: str) -> list[dict]:
     if not os.path.isfile(corpus_path):
         raise DataError(f"corpus {corpus_path}: file not found; pass a jsonl file of {{\"id\", \"contents\"}} rows")
     docs = []
-    with open(corpus_path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{corpus_path}:{lineno}: not valid JSON ({exc.msg}); fix or remove the line") from None
-            if not isinstance(row, dict) or "id" not in row or not isinstance(row.get("contents"), str):
-                raise DataError(
-                    f"{corpus_path}:{lineno}: expected an object with 'id' and a string 'contents' "
-                    "(Search-R1 corpus format: contents = '\"Title\"\\ntext')"
-                )
-            docs.append({"id": str(row["id"]), "contents": row["contents"]})
+    for lineno, row in iter_jsonl(corpus_path):
+        if not isinstance(row, dict) or "id" not in row or not isinstance(row.get("contents"), str):
+            raise DataError(
+                f"{corpus_path}:{lineno}: expected an object with 'id' and a string 'contents' "
+                "(Search-R1 corpus format: contents = '\"Title\"\\ntext')"
+            )
+        docs.append({"id": str(row["id"]), "contents": row["contents"]})
     if not docs:
         raise DataError(f"corpus {corpus_path}: no passages in the file; it needs one {{\"id\", \"contents\"}} row per line")
     return docs

@@ -26,6 +26,8 @@ import re
 
 from hybridrl.agents.base import AgentLoopBase, AgentLoopOutput, ResponseBuilder, register_agent_loop
 from hybridrl.agents.errors import AgentConfigError
+from hybridrl.agents.retrieval import RetrieverError, format_passages
+from hybridrl.agents.tools.search import search_passages
 
 logger = logging.getLogger(__name__)
 
@@ -104,9 +106,6 @@ class SearchAgentLoop(AgentLoopBase):
 
     async def _search(self, query: str, counts: dict) -> list[int]:
         """The ``<information>`` ids for ``query``: passages cut to ``max_obs_length`` tokens."""
-        from hybridrl.agents.retrieval import RetrieverError, format_passages
-        from hybridrl.agents.tools.search import search_passages
-
         retriever = self.context.get_retriever()  # a bad retriever config stops the run here
         try:
             hits = await search_passages(retriever, [query], self.topk, self.timeout_s) if query else [[]]

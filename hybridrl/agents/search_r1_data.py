@@ -31,12 +31,14 @@ message: :data:`INSTRUCTION` with the question).
 """
 
 import argparse
-import json
 import os
 import random
 import sys
 
+from hybridrl.agents.retrieval import format_passages, read_corpus
+from hybridrl.agents.search_agent import INFO_CLOSE, INFO_OPEN
 from hybridrl.data.errors import DataError
+from hybridrl.data.jsonl import iter_jsonl
 from hybridrl.data.preprocess import write_split
 from hybridrl.rewards.qa_em import normalize_answer
 
@@ -74,9 +76,6 @@ _HINT = "pass --input_file with a {\"question\", \"answer\": [...]} jsonl (e.g. 
 def information(passages: list[tuple[str, str]]) -> str:
     """The observation the ``search_agent`` appends after a search, for ``(title, text)`` passages
     (built by the agent's own formatting, so the demonstration cannot drift from it)."""
-    from hybridrl.agents.retrieval import format_passages
-    from hybridrl.agents.search_agent import INFO_CLOSE, INFO_OPEN
-
     hits = [{"document": {"contents": f'"{title}"\n{text}'}} for title, text in passages]
     return INFO_OPEN + format_passages(hits).strip() + INFO_CLOSE
 
@@ -138,19 +137,12 @@ def read_jsonl(path: str) -> list[dict]:
     if not os.path.isfile(path):
         raise DataError(f"{path}: file not found; {_HINT}")
     examples = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                ex = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg}); fix or remove the line") from None
-            answers = _answers_of(ex) if isinstance(ex, dict) else None
-            if answers is None or not isinstance(ex.get("question"), str):
-                raise DataError(f"{path}:{lineno}: expected {{\"question\": str, \"answer\": [str, ...]}} "
-                                "(or 'golden_answers' for the answers)")
-            examples.append({"question": ex["question"], "answers": answers})
+    for lineno, ex in iter_jsonl(path):
+        answers = _answers_of(ex) if isinstance(ex, dict) else None
+        if answers is None or not isinstance(ex.get("question"), str):
+            raise DataError(f"{path}:{lineno}: expected {{\"question\": str, \"answer\": [str, ...]}} "
+                            "(or 'golden_answers' for the answers)")
+        examples.append({"question": ex["question"], "answers": answers})
     return examples
 
 
@@ -184,8 +176,6 @@ def answer_finder(corpus_path: str) -> AnswerFinder:
     Raises:
         DataError: unreadable corpus (see ``hybridrl.agents.retrieval.read_corpus``).
     """
-    from hybridrl.agents.retrieval import read_corpus
-
     return AnswerFinder([doc["contents"] for doc in read_corpus(corpus_path)])
 
 

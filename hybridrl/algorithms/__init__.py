@@ -6,7 +6,7 @@ No I/O and no config objects here: the driver and the workers pass plain values.
 from .advantages import (
     ADV_ESTIMATOR_NEEDS_GROUP,
     ADV_ESTIMATOR_REGISTRY,
-    GROUP_ESTIMATORS,
+   
     GroupStats,
     compute_gae_advantage_return,
     compute_gpg_outcome_advantage,
@@ -73,7 +73,7 @@ from .rollout_corr import (
 from .value_loss import compute_value_loss
 
 __all__ = [
-    "ADV_ESTIMATOR_REGISTRY", "ADV_ESTIMATOR_NEEDS_GROUP", "GROUP_ESTIMATORS",
+    "ADV_ESTIMATOR_REGISTRY", "ADV_ESTIMATOR_NEEDS_GROUP",
     "register_adv_est", "get_adv_estimator_fn", "GroupStats", "compute_group_stats",
     "compute_gae_advantage_return", "compute_grpo_outcome_advantage",
     "compute_grpo_passk_outcome_advantage", "compute_rloo_outcome_advantage",

@@ -8,6 +8,8 @@ from __future__ import annotations
 import difflib
 from typing import Iterable
 
+from hybridrl.config.precision import resolve_precision
+from hybridrl.config.reward_spelling import apply_reward_spelling
 from hybridrl.errors import ConfigError
 
 CONFIG_MODULE = "hybridrl.config"
@@ -82,12 +84,9 @@ def load_config(overrides: list[str] | None = None, config_name: str = "ppo_trai
         raise ConfigError(_one_line(f"config '{config_name}': cannot resolve an interpolation: {exc}",
                                     exc)) from exc
     if "reward" in cfg:  # verl >= 0.8's spelling of the reward settings
-        from hybridrl.config.reward_spelling import apply_reward_spelling
 
         apply_reward_spelling(cfg)
     if resolve_auto_dtypes:
-        from hybridrl.config.precision import resolve_precision
-
         resolve_precision(cfg)
     return cfg
 

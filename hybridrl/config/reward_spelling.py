@@ -7,6 +7,7 @@ values is an error naming both keys.
 from __future__ import annotations
 
 from hybridrl.config.access import _UNSET, _get, _plain
+from hybridrl.config.defaults import packaged_defaults
 from hybridrl.errors import ConfigError
 
 __all__ = ["REWARD_SPELLING", "apply_reward_spelling"]
@@ -41,8 +42,6 @@ def apply_reward_spelling(cfg) -> None:
         ConfigError: a setting given both ways with different values (names both keys).
     """
     from omegaconf import open_dict
-
-    from hybridrl.config.defaults import packaged_defaults
 
     defaults = packaged_defaults()
     for new_key, old_key in REWARD_SPELLING.items():

@@ -24,7 +24,7 @@ def to_dataclass(cls: type[T], section: Any, prefix: str) -> T:
     Args:
         cls: a dataclass whose fields are the section's keys (nested dataclasses for subsections).
         section: the config section; keys it lacks take the dataclass defaults.
-        prefix: the section's key path, for messages (``"algorithm"``).
+        prefix: the section's key path, for messages (``"algorithm"``; ``""`` for a whole config).
 
     Raises:
         ConfigError: a key the dataclass has no field for, or a value OmegaConf cannot convert
@@ -38,10 +38,11 @@ def to_dataclass(cls: type[T], section: Any, prefix: str) -> T:
     try:
         merged = OmegaConf.merge(schema, section if section is not None else {})
     except ConfigKeyError as exc:
-        key = f"{prefix}.{exc.full_key}"
-        raise ConfigError(f"{key} is not a key of {prefix}; remove it (hybridrl config --show lists the keys)") from None
+        key = f"{prefix}.{exc.full_key}" if prefix else exc.full_key
+        where = prefix or "this command's config"
+        raise ConfigError(f"{key} is not a key of {where}; remove it (hybridrl config --show lists the keys)") from None
     except ValidationError as exc:
-        key = f"{prefix}.{exc.full_key}"
+        key = f"{prefix}.{exc.full_key}" if prefix else exc.full_key
         reason = str(exc).splitlines()[0]
         raise ConfigError(f"{key}: {reason}; set a value of the type in the packaged YAML") from None
     return OmegaConf.to_object(merged)

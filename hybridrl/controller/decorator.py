@@ -13,6 +13,9 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from hybridrl.protocol import DataProto
+from hybridrl.protocol_ops import pad_dataproto_to_divisor, unpad_dataproto
+
 MAGIC_ATTR = "__hybridrl_register__"
 
 
@@ -71,9 +74,6 @@ def get_method_spec(func: Any) -> MethodSpec | None:
 
 
 def _split_proto(value, world_size: int):
-    from hybridrl.protocol import DataProto
-    from hybridrl.protocol_ops import pad_dataproto_to_divisor
-
     if isinstance(value, DataProto):
         padded, pad_size = pad_dataproto_to_divisor(value, world_size)
         return padded.chunk(world_size), pad_size
@@ -114,9 +114,6 @@ def collect_outputs(mode: Dispatch, outputs: list, pad_size: int):
     if mode == Dispatch.RANK_ZERO:
         return outputs[0]
     if mode == Dispatch.DP_COMPUTE_PROTO:
-        from hybridrl.protocol import DataProto
-        from hybridrl.protocol_ops import unpad_dataproto
-
         if not all(isinstance(o, DataProto) for o in outputs):
             raise TypeError("DP_COMPUTE_PROTO: every worker must return a DataProto")
         merged = DataProto.concat(outputs)

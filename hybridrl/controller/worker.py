@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from hybridrl.errors import ConfigError
+
 
 def resolve_device(device: str) -> str:
     """``trainer.device`` (cpu | cuda | auto) -> a torch device string.
@@ -12,8 +14,6 @@ def resolve_device(device: str) -> str:
         ConfigError: ``cuda`` requested but torch sees no CUDA device, or an unknown value.
     """
     import torch
-
-    from hybridrl.errors import ConfigError
 
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -62,12 +62,18 @@ class Worker:
     (Gloo on CPU, NCCL on CUDA) only when there is more than one worker.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, config=None, device: str | None = None) -> None:
+        """``config``: the worker's config section. ``device`` (``trainer.device``: cpu | cuda |
+        auto): when given, the worker computes there and joins its group's process group."""
         self.rank = int(os.environ.get("RANK", 0))
         self.world_size = int(os.environ.get("WORLD_SIZE", 1))
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
         if os.environ.get(MALLOC_REUSE_ENV) == "1":  # trainer.cpu_malloc_reuse, set by the driver
             reuse_freed_cpu_memory()
+        self.config = config
+        if device is not None:
+            self.device = resolve_device(device)
+            self.init_distributed(self.device)
 
     def init_distributed(self, device: str) -> None:
         """Joins the default process group: NCCL on CUDA, Gloo on CPU (rendezvous from the

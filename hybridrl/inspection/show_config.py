@@ -12,7 +12,10 @@ import argparse
 import sys
 from importlib import resources
 
+from hybridrl.config import load_config
+from hybridrl.config.loader import _all_keys, unknown_key_message
 from hybridrl.errors import ConfigError
+from hybridrl.trainer.config_check import validate_ppo_config
 
 
 def packaged_config_names() -> list[str]:
@@ -30,9 +33,6 @@ def render(overrides: list[str], name: str = "ppo_trainer", config_dir: str | No
             `only` key the config lacks (with the closest key).
     """
     from omegaconf import DictConfig, ListConfig, OmegaConf
-
-    from hybridrl.config import load_config
-    from hybridrl.config.loader import _all_keys, unknown_key_message
 
     if config_dir is None and name not in packaged_config_names():
         raise ConfigError(f"--name {name}: there is no {name}.yaml in hybridrl/config; "
@@ -71,9 +71,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(render(args.overrides, args.name, args.config_dir, args.only), end="")
         if args.check:
-            from hybridrl.config import load_config
-            from hybridrl.trainer.config_check import validate_ppo_config
-
             if args.name != "ppo_trainer" and args.config_dir is None:
                 raise ConfigError(f"--check: the start-up checks are for ppo_trainer configs, not {args.name}")
             notes = validate_ppo_config(load_config(args.overrides, args.name, args.config_dir))

@@ -304,6 +304,23 @@ def _enable_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
+def _from_pretrained(auto_cls, path: str, dtype, trust_remote_code: bool, attn_implementation: str,
+                     override_config: dict | None, enable_gradient_checkpointing: bool, **config_fields):
+    """``(model, loading_info)``: ``auto_cls.from_pretrained`` on the resolved folder, its config
+    overridden (``override_config``, then ``config_fields``); errors as :func:`load_causal_lm`."""
+    folder = resolve_model_path(path)
+    with unreadable_model_files(folder):
+        config = _load_config(folder, trust_remote_code, override_config)
+        for key, value in config_fields.items():
+            setattr(config, key, value)
+        model, info = auto_cls.from_pretrained(folder, config=config, dtype=to_torch_dtype(dtype),
+                                               trust_remote_code=trust_remote_code,
+                                               attn_implementation=attn_implementation, output_loading_info=True)
+    if enable_gradient_checkpointing:
+        _enable_checkpointing(model)
+    return model, info
+
+
 def load_causal_lm(
     path: str,
     dtype=torch.float32,
@@ -328,17 +345,8 @@ def load_causal_lm(
     """
     from transformers import AutoModelForCausalLM
 
-    folder = resolve_model_path(path)
-    with unreadable_model_files(folder):
-        model = AutoModelForCausalLM.from_pretrained(
-            folder,
-            config=_load_config(folder, trust_remote_code, override_config),
-            dtype=to_torch_dtype(dtype),
-            trust_remote_code=trust_remote_code,
-            attn_implementation=attn_implementation,
-        )
-    if enable_gradient_checkpointing:
-        _enable_checkpointing(model)
+    model, _ = _from_pretrained(AutoModelForCausalLM, path, dtype, trust_remote_code, attn_implementation,
+                                override_config, enable_gradient_checkpointing)
     return model
 
 
@@ -364,24 +372,13 @@ def load_value_model(
     """
     from transformers import AutoModelForTokenClassification
 
-    folder = resolve_model_path(path)
-    with unreadable_model_files(folder):
-        config = _load_config(folder, trust_remote_code, override_config)
-        config.num_labels = 1
-        config.classifier_dropout = 0.0  # dropout on values would make the critic's targets noisy
-        model, info = AutoModelForTokenClassification.from_pretrained(
-            folder,
-            config=config,
-            dtype=to_torch_dtype(dtype),
-            trust_remote_code=trust_remote_code,
-            attn_implementation=attn_implementation,
-            output_loading_info=True,
-        )
+    # no dropout on values: it would make the critic's targets noisy
+    model, info = _from_pretrained(AutoModelForTokenClassification, path, dtype, trust_remote_code,
+                                   attn_implementation, override_config, enable_gradient_checkpointing,
+                                   num_labels=1, classifier_dropout=0.0)
     missing = set(info.get("missing_keys", ()))
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name in missing and not name.startswith(model.base_model_prefix + "."):
                 param.zero_()
-    if enable_gradient_checkpointing:
-        _enable_checkpointing(model)
     return model

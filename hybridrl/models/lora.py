@@ -16,13 +16,14 @@ import os
 
 import torch
 
+from hybridrl.errors import ConfigError
+from hybridrl.models.loader import ModelDependencyError
+
 LORA_ADAPTER_DIR = "lora_adapter"  # peft's adapter_config.json + adapter_model.safetensors
 ADAPTER = "default"  # peft's name of the one adapter
 
 
 def _peft():
-    from hybridrl.models.loader import ModelDependencyError
-
     try:
         import peft
     except ImportError as err:
@@ -69,8 +70,6 @@ def apply_lora(model: torch.nn.Module, lora_rank: int, lora_alpha: float = 16, t
         ModelDependencyError: ``peft`` is not installed.
         ConfigError: ``target_modules`` names no module of the model.
     """
-    from hybridrl.errors import ConfigError
-
     peft = _peft()
     if task_type == "TOKEN_CLS":  # the head is trained whole (peft's modules_to_save), not adapted
         exclude_modules = _with_heads_excluded(exclude_modules)

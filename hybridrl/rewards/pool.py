@@ -37,7 +37,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from pebble import ProcessExpired, ProcessPool
 
 from hybridrl.errors import UserError
-from hybridrl.rewards.custom import RewardConfigError
+from hybridrl.rewards.custom import RewardConfigError, import_reward_file
+from hybridrl.rewards.sandbox import current_sandbox, set_sandbox
 
 __all__ = ["ScoreTimeoutError", "RewardPoolError", "ScoringProcessDied", "call_with_deadline", "serial_calls",
            "RewardPool", "check_num_workers", "build_reward_pool", "inherited_settings"]
@@ -126,8 +127,6 @@ def _init_worker(reward_files: tuple[str, ...], modules: tuple[str, ...], worker
     """Pool initializer: import what the scoring function needs, run the hooks. Never raises (a
     raising initializer only says "workers expired"); the first call reports the reason instead."""
     try:
-        from hybridrl.rewards.custom import import_reward_file
-
         for path in reward_files:
             import_reward_file(path)
         for name in modules:
@@ -322,8 +321,6 @@ def inherited_settings() -> list[Callable[[], Any]]:
     """What every scoring process takes over from the driver, as picklable callables it runs at
     start: the code sandbox (``set_sandbox(current_sandbox())`` of the driver, as it is when the
     pool is built)."""
-    from hybridrl.rewards.sandbox import current_sandbox, set_sandbox
-
     return [functools.partial(set_sandbox, current_sandbox())]
 
 

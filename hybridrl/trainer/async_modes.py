@@ -10,7 +10,9 @@ weights, and both refuse the features whose meaning the schedule would change si
 from __future__ import annotations
 
 from hybridrl.algorithms.advantages import estimator_needs
-from hybridrl.config.access import _get, _plain
+from hybridrl.algorithms.config import algo_config
+from hybridrl.algorithms.rollout_corr import SECTION
+from hybridrl.config.access import _get
 from hybridrl.config.key_tables import ACTOR, ROLLOUT
 from hybridrl.errors import ConfigError
 
@@ -159,9 +161,7 @@ def check_one_step_off(config) -> list[str]:
 
 
 def _correction_notes(config, what: str) -> list[str]:
-    from hybridrl.algorithms.rollout_corr import SECTION, RolloutCorrectionConfig
-
-    corr = RolloutCorrectionConfig.from_section(_plain(_get(config, SECTION, None)))
+    corr = algo_config(config).rollout_correction  # the one typed reading of the section
     if corr.corrects or corr.bypass_mode:
         return []
     return [f"{what} and nothing corrects "

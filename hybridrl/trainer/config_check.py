@@ -11,9 +11,14 @@ from __future__ import annotations
 import os
 import re
 
-from hybridrl.algorithms.advantages import estimator_needs
+from hybridrl.agents import known_agent_loops
+from hybridrl.algorithms import functional
+from hybridrl.algorithms.advantages import ADV_ESTIMATOR_NEEDS_GROUP, ADV_ESTIMATOR_REGISTRY, estimator_needs
 from hybridrl.algorithms.config import AlgoConfig, algo_config
 from hybridrl.algorithms.errors import AlgorithmConfigError, UnknownAlgorithmError
+from hybridrl.algorithms.kl import kl_penalty_names
+from hybridrl.algorithms.policy_loss import POLICY_LOSS_REGISTRY
+from hybridrl.algorithms.rollout_corr import SECTION
 from hybridrl.config.access import _UNSET, _get, _int_at_least, _number_above, _plain
 from hybridrl.config.batch_sizes import _check_batch_sizes
 from hybridrl.config.defaults import packaged_defaults
@@ -24,8 +29,16 @@ from hybridrl.config.key_tables import (  # noqa: F401  (re-exported: tests and 
     REF,
     ROLLOUT,
 )
+from hybridrl.data import rl_dataset
 from hybridrl.errors import ConfigError
+from hybridrl.models.loader import EMBEDDED_MODEL_NAMES
+from hybridrl.rewards.custom import RewardConfigError
+from hybridrl.rewards.manager import REWARD_MANAGERS
+from hybridrl.rewards.pool import check_num_workers
 from hybridrl.trainer.async_modes import check_async_modes
+from hybridrl.trainer.tracking import available_loggers
+from hybridrl.workers.actor import build_policy_loss_config
+from hybridrl.workers.rollout import OPTIONAL_ENGINES, ROLLOUT_REGISTRY
 
 
 def validate_ppo_config(config, world_size: int = 1) -> list[str]:
@@ -78,23 +91,20 @@ def _uses_critic(config) -> bool:
 
 def _choices(config) -> dict[str, tuple]:
     """key -> allowed values. The algorithm and data modules own their lists (imported here: torch)."""
-    from hybridrl.algorithms.functional import LOSS_AGG_MODES
-    from hybridrl.data.rl_dataset import TRUNCATIONS
-
     choices = {
         "trainer.device": ("cpu", "cuda", "auto"),
         "trainer.backend": ("local", "ray", "auto"),
-        f"{ACTOR}.loss_agg_mode": LOSS_AGG_MODES,
+        f"{ACTOR}.loss_agg_mode": functional.LOSS_AGG_MODES,  # read now: a module may add modes
         f"{ACTOR}.strategy": ("fsdp", "fsdp2"),
         f"{ROLLOUT}.mode": ("sync", "async"),
-        "data.truncation": TRUNCATIONS,
+        "data.truncation": rl_dataset.TRUNCATIONS,
         "trainer.resume_mode": ("auto", "disable", "resume_path"),
         "reward_model.on_error": ("raise", "zero", "mask_sample", "drop_group", "retry"),
         f"{ROLLOUT}.multi_turn.format": ("hermes",),
         f"{ROLLOUT}.multi_turn.tool_response_truncate_side": ("left", "middle", "right"),
     }
     if _uses_critic(config):
-        choices.update({"critic.loss_agg_mode": LOSS_AGG_MODES, "critic.strategy": ("fsdp", "fsdp2")})
+        choices.update({"critic.loss_agg_mode": functional.LOSS_AGG_MODES, "critic.strategy": ("fsdp", "fsdp2")})
     return choices
 
 
@@ -141,9 +151,6 @@ def _check_values(config) -> None:
 
 def _check_policy_loss_knobs(config) -> None:
     """The loss hyper-parameters (``policy_loss.clip_cov_ratio``, ...), built as the actor will build them."""
-    from hybridrl.algorithms.errors import AlgorithmConfigError
-    from hybridrl.workers.actor import build_policy_loss_config
-
     try:
         build_policy_loss_config(_get(config, ACTOR))
     except AlgorithmConfigError as exc:
@@ -153,8 +160,6 @@ def _check_policy_loss_knobs(config) -> None:
 def _check_rollout_correction(config) -> None:
     """``algorithm.rollout_correction``: its values, the engine log-probs it needs, and the loss
     bypass mode replaces."""
-    from hybridrl.algorithms.rollout_corr import SECTION
-
     corr = _algorithm(config).rollout_correction
     loss_mode = _get(config, f"{ACTOR}.policy_loss.loss_mode", "vanilla")
     if loss_mode == "bypass_mode" and not corr.bypass_mode:
@@ -273,8 +278,6 @@ def _check_rollout_engine(config, world_size: int) -> None:
 
 def _check_multi_turn(config) -> None:
     """Agent-loop keys (``rollout.multi_turn``, ``rollout.agent``, ``retriever``): files, ranges, names."""
-    from hybridrl.agents import known_agent_loops
-
     mt = f"{ROLLOUT}.multi_turn"
     for key in (f"{mt}.tool_config_path", f"{mt}.interaction_config_path", "retriever.corpus_path"):
         path = _get(config, key, None)
@@ -307,8 +310,6 @@ def _check_reward_model(config) -> None:
     placeholder) and a sane ``max_length``; the micro batch is checked with the batch sizes."""
     import os
 
-    from hybridrl.models.loader import EMBEDDED_MODEL_NAMES
-
     if not _get(config, "reward_model.enable", False):
         return
     hint = "`hybridrl rm` writes one to <trainer.default_local_dir>/global_step_<N>/huggingface"
@@ -330,9 +331,6 @@ def _check_reward_scoring(config) -> list[str]:
     Returns a note when async scoring cannot overlap anything: dynamic sampling reads the scores
     before the log-prob passes, so they are computed first, as verl's DAPO trainer does.
     """
-    from hybridrl.rewards.custom import RewardConfigError
-    from hybridrl.rewards.pool import check_num_workers
-
     try:
         check_num_workers(_plain(_get(config, "reward_model.num_workers", None)))
     except RewardConfigError as exc:
@@ -362,13 +360,6 @@ def _check_sampling(config) -> None:
 
 def _check_registered_names(config) -> None:
     """Names the run looks up in registries, checked before any worker starts."""
-    from hybridrl.algorithms.advantages import ADV_ESTIMATOR_NEEDS_GROUP, ADV_ESTIMATOR_REGISTRY
-    from hybridrl.algorithms.kl import kl_penalty_names
-    from hybridrl.algorithms.policy_loss import POLICY_LOSS_REGISTRY
-    from hybridrl.rewards.manager import REWARD_MANAGERS
-    from hybridrl.trainer.tracking import available_loggers
-    from hybridrl.workers.rollout import OPTIONAL_ENGINES, ROLLOUT_REGISTRY
-
     def check(key: str, value, known, register: str, shown: str | None = None) -> None:
         if not isinstance(value, str) or value not in known:
             shown = shown or f"{key}={_plain(value)!r}"
@@ -404,8 +395,6 @@ def _check_registered_names(config) -> None:
 
 def _check_reward_manager_keys(manager_cls, config) -> None:
     """A reward manager that reads keys of its own checks them here (its ``check_config``, e.g. the judge's)."""
-    from hybridrl.rewards.custom import RewardConfigError
-
     check_config = getattr(manager_cls, "check_config", None)
     if check_config is not None:
         try:
@@ -418,8 +407,6 @@ def ignored_key_notes(config, world_size: int = 1) -> list[str]:
     """Notes for keys that mean nothing on this build or device and are set to non-defaults, and
     for a ``rollout.name`` in :data:`~hybridrl.workers.rollout.OPTIONAL_ENGINES` that has no registered
     engine (runs on HF)."""
-    from hybridrl.workers.rollout import OPTIONAL_ENGINES, ROLLOUT_REGISTRY
-
     defaults = packaged_defaults()
     notes = []
     name = _get(config, f"{ROLLOUT}.name", "hf")

@@ -14,6 +14,13 @@ import sys
 from collections import defaultdict
 from typing import Any, Callable
 
+from hybridrl.data.errors import DataError
+from hybridrl.errors import ConfigError
+from hybridrl.rewards import default_compute_score, get_scorer
+from hybridrl.rewards.custom import load_custom_reward_fn
+from hybridrl.rewards.manager import RewardFunctionError
+from hybridrl.trainer.eval_metrics import compute_eval_metrics
+
 _GENERATE_HINT = "write one with `hybridrl generate` (or set data.response_key to the column that holds them)"
 
 
@@ -27,8 +34,6 @@ def read_eval_rows(data_files, response_key: str, data_source_key: str, reward_m
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from hybridrl.data.errors import DataError
 
     files = [data_files] if isinstance(data_files, str) else list(data_files)
     if not files:
@@ -73,9 +78,6 @@ def load_scorer(config, data_sources: list[str]) -> Callable[..., Any]:
     """
     from omegaconf import OmegaConf
 
-    from hybridrl.rewards import default_compute_score, get_scorer
-    from hybridrl.rewards.custom import load_custom_reward_fn
-
     custom = config.get("custom_reward_function") or {}
     if custom.get("path"):
         kwargs = custom.get("reward_kwargs") or {}
@@ -92,8 +94,6 @@ def score_response(compute_score, row: dict, j: int) -> tuple[float, Any, Any, b
     Raises:
         RewardFunctionError: the scorer raised or returned something that is not a score.
     """
-    from hybridrl.rewards.manager import RewardFunctionError
-
     where = f"row {row['row']} of {row['file']}, response {j} (data_source={row['data_source']!r})"
     try:
         result = compute_score(data_source=row["data_source"], solution_str=row["responses"][j],
@@ -117,8 +117,6 @@ def summarize(rows: list[dict], compute_score, metrics_cfg) -> tuple[dict, list[
         ``({data_source: {"num_prompts", "num_responses", "metrics"}}, notes)``.
     """
     import numpy as np
-
-    from hybridrl.trainer.eval_metrics import compute_eval_metrics
 
     by_source: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
@@ -173,8 +171,6 @@ def default_output_path(data_files) -> str:
 
 
 def _check_metrics_config(metrics_cfg) -> None:
-    from hybridrl.errors import ConfigError
-
     pass_k = metrics_cfg.get("pass_k")
     if pass_k is not None and (isinstance(pass_k, (str, int)) or not all(isinstance(k, int) and k >= 1 for k in pass_k)):
         raise ConfigError(f"metrics.pass_k={pass_k!r} must be null or a list of whole numbers >= 1, e.g. '[1,8]'")

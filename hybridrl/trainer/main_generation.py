@@ -20,6 +20,17 @@ import shutil
 import sys
 import time
 
+from hybridrl.controller.worker import resolve_device
+from hybridrl.data import RLHFDataset
+from hybridrl.data.collate import collate_fn
+from hybridrl.data.errors import DataError
+from hybridrl.errors import ConfigError
+from hybridrl.models import load_causal_lm, load_tokenizer, resolve_model_path
+from hybridrl.protocol import DataProto
+from hybridrl.trainer.stages import GEN_BATCH_KEYS, trim_left_padding
+from hybridrl.workers.fsdp_workers import import_external_lib
+from hybridrl.workers.rollout import get_rollout_cls
+
 _MANIFEST = "manifest.json"
 
 
@@ -30,8 +41,6 @@ def check_generation_config(config) -> None:
         ConfigError: a size below 1, no output path, an output path that is an input file, or
             greedy decoding with ``data.n_samples > 1``.
     """
-    from hybridrl.errors import ConfigError
-
     data, rollout = config.data, config.rollout
     for key, value in (("data.n_samples", data.n_samples), ("data.batch_size", data.batch_size),
                        ("rollout.response_length", rollout.response_length)):
@@ -76,8 +85,6 @@ def open_parts(folder: str, manifest: dict, num_batches: int) -> set[int]:
     Raises:
         ConfigError: ``folder`` holds parts of a run with different settings.
     """
-    from hybridrl.errors import ConfigError
-
     manifest_path = os.path.join(folder, _MANIFEST)
     if os.path.isfile(manifest_path):
         with open(manifest_path, encoding="utf-8") as f:
@@ -114,10 +121,6 @@ def generate_batch(rollout, tokenizer, dataset, rows: range, n_samples: int) -> 
     ``n_samples`` times (interleaved: the responses of a prompt are adjacent); each response
     is decoded up to and including its EOS, special tokens skipped (as the reward manager does).
     """
-    from hybridrl.data.collate import collate_fn
-    from hybridrl.protocol import DataProto
-    from hybridrl.trainer.stages import GEN_BATCH_KEYS, trim_left_padding
-
     collated = collate_fn([dataset[i] for i in rows])
     prompts = DataProto.from_dict(tensors={key: collated[key] for key in GEN_BATCH_KEYS})
     output = rollout.generate_sequences(trim_left_padding(prompts).repeat(n_samples, interleave=True))
@@ -138,8 +141,6 @@ def write_output(data_files, folder: str, num_batches: int, output_path: str) ->
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
-
-    from hybridrl.data.errors import DataError
 
     files = [data_files] if isinstance(data_files, str) else list(data_files)
     table = pa.concat_tables([pq.read_table(os.path.expanduser(f)) for f in files], promote_options="default")
@@ -170,12 +171,6 @@ def _manifest(config, dataset, model_path: str) -> dict:
 
 
 def _build_rollout(config, model_path: str, tokenizer):
-    from hybridrl.controller.worker import resolve_device
-    from hybridrl.errors import ConfigError
-    from hybridrl.models import load_causal_lm
-    from hybridrl.workers.fsdp_workers import import_external_lib
-    from hybridrl.workers.rollout import get_rollout_cls
-
     try:
         rollout_cls = get_rollout_cls(config.rollout.name)
     except ValueError as exc:
@@ -194,9 +189,6 @@ def run_generation(config) -> str:
         a :class:`~hybridrl.errors.UserError` (ConfigError, DataError, ModelPathError, ...).
     """
     import torch
-
-    from hybridrl.data import RLHFDataset
-    from hybridrl.models import load_tokenizer, resolve_model_path
 
     check_generation_config(config)
     data = config.data

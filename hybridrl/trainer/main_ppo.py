@@ -11,14 +11,28 @@ import logging
 import os
 import sys
 
+from hybridrl.algorithms.config import algo_config
+from hybridrl.data import RLHFDataset, collate_fn, create_rl_dataloader
+from hybridrl.data.dataloader import stateful_dataloader
+from hybridrl.data.errors import DataError
+from hybridrl.errors import ConfigError
+from hybridrl.models import load_tokenizer, resolve_model_path
+from hybridrl.rewards.manager import load_reward_manager
+from hybridrl.rewards.pool import build_reward_pool
+from hybridrl.rewards.sandbox import build_sandbox, set_sandbox
+from hybridrl.trainer.checkpoint import find_latest_checkpoint
+from hybridrl.trainer.config_check import validate_ppo_config
+from hybridrl.trainer.ppo_trainer import PPOTrainer
+from hybridrl.trainer.rollout_correction import share_rollout_correction
+from hybridrl.trainer.step_plan import needs_critic, needs_reference_policy
+from hybridrl.trainer.tracking import tracker_for_run
+from hybridrl.trainer.worker_groups import build_worker_groups, resolve_backend
+from hybridrl.workers.fsdp_workers import import_external_lib
+
 logger = logging.getLogger(__name__)
 
 
 def _build_dataloaders(config, tokenizer):
-    from hybridrl.algorithms.config import algo_config
-    from hybridrl.data import RLHFDataset, collate_fn, create_rl_dataloader
-    from hybridrl.data.dataloader import stateful_dataloader
-
     data_cfg = config.data
     train_dataset = RLHFDataset(data_cfg.train_files, tokenizer, data_cfg, config_key="data.train_files")
     if not config.reward_model.get("enable", False):
@@ -42,8 +56,6 @@ def _build_dataloaders(config, tokenizer):
 def _check_ground_truth_column(dataset, config_key: str) -> None:
     """Without a reward model every row is scored by a rule against ``reward_model.ground_truth``:
     say so at start-up, not after the first generation."""
-    from hybridrl.data.errors import DataError
-
     missing = next((row for row in dataset.rows if not isinstance(row.get("reward_model"), dict)), None)
     if missing is not None:
         raise DataError(
@@ -62,18 +74,6 @@ def run_ppo(config) -> None:
     """Trains with a resolved config (see ``hybridrl.config.load_config``)."""
     import torch
     from omegaconf import open_dict
-
-    from hybridrl.models import load_tokenizer, resolve_model_path
-    from hybridrl.rewards.manager import load_reward_manager
-    from hybridrl.rewards.pool import build_reward_pool
-    from hybridrl.rewards.sandbox import build_sandbox, set_sandbox
-    from hybridrl.trainer.config_check import validate_ppo_config
-    from hybridrl.trainer.ppo_trainer import PPOTrainer
-    from hybridrl.trainer.rollout_correction import share_rollout_correction
-    from hybridrl.trainer.step_plan import needs_critic, needs_reference_policy
-    from hybridrl.trainer.tracking import tracker_for_run
-    from hybridrl.trainer.worker_groups import build_worker_groups, resolve_backend
-    from hybridrl.workers.fsdp_workers import import_external_lib
 
     _check_train_files(config)
     _, world_size = resolve_backend(config)
@@ -133,8 +133,6 @@ def run_ppo(config) -> None:
 
 def run_summary(trainer_cfg, last_step: int) -> str:
     """What a finished run leaves behind and what to do next, for the end of ``hybridrl train``."""
-    from hybridrl.trainer.checkpoint import find_latest_checkpoint
-
     folder = os.path.abspath(os.path.expanduser(trainer_cfg.default_local_dir))
     lines = [f"hybridrl: done after step {last_step}. Run folder: {folder}",
              f"  config:      {os.path.join(folder, 'config.yaml')}"]
@@ -155,8 +153,6 @@ def run_summary(trainer_cfg, last_step: int) -> str:
 def _check_train_files(config) -> None:
     """``hybridrl train`` without data: say what to run or set, before any other check."""
     from omegaconf import OmegaConf
-
-    from hybridrl.errors import ConfigError
 
     files = OmegaConf.select(config, "data.train_files", default=None)
     if files is None:

@@ -14,6 +14,11 @@ import shutil
 import sys
 import tempfile
 
+from hybridrl.models import ModelDependencyError, ModelPathError, load_causal_lm, load_value_model, to_torch_dtype
+from hybridrl.models.lora import LORA_ADAPTER_DIR, merge_lora_adapter
+from hybridrl.trainer.checkpoint import CheckpointError
+from hybridrl.workers.checkpoint_io import DCP_DIR, HF_DIR
+
 
 def _model_class(config):
     """The causal-LM class, or the token-classification class for a critic / reward head."""
@@ -40,10 +45,6 @@ def load_merged_model(local_dir: str, dtype=None, base_model: str | None = None)
     """
     from transformers import AutoConfig
 
-    from hybridrl.models.lora import LORA_ADAPTER_DIR
-    from hybridrl.trainer.checkpoint import CheckpointError
-    from hybridrl.workers.checkpoint_io import DCP_DIR, HF_DIR
-
     hf_dir, dcp_dir = os.path.join(local_dir, HF_DIR), os.path.join(local_dir, DCP_DIR)
     if not os.path.isfile(os.path.join(hf_dir, "config.json")) or not os.path.isdir(dcp_dir):
         raise CheckpointError(
@@ -65,10 +66,6 @@ def load_merged_model(local_dir: str, dtype=None, base_model: str | None = None)
 def _fold_lora(adapter_dir: str, config, base_model: str | None):
     """The base model (fp32, as trained) with the saved adapter merged into its weights."""
     import json
-
-    from hybridrl.models import ModelPathError, load_causal_lm, load_value_model
-    from hybridrl.models.lora import merge_lora_adapter
-    from hybridrl.trainer.checkpoint import CheckpointError
 
     if base_model is None:
         with open(os.path.join(adapter_dir, "adapter_config.json")) as f:
@@ -102,8 +99,6 @@ def merge(local_dir: str, target_dir: str, dtype=None, base_model: str | None = 
     """Writes the HF folder atomically (a temporary folder renamed into place); returns it."""
     from transformers import AutoTokenizer
 
-    from hybridrl.workers.checkpoint_io import HF_DIR
-
     model = load_merged_model(local_dir, dtype, base_model)
     parent = os.path.dirname(os.path.abspath(target_dir))
     os.makedirs(parent, exist_ok=True)
@@ -129,8 +124,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base_model", default=None,
                         help="LoRA checkpoints: the base model's folder (default: the one the adapter names)")
     args = parser.parse_args(argv)
-    from hybridrl.models import ModelDependencyError, to_torch_dtype
-    from hybridrl.trainer.checkpoint import CheckpointError
 
     try:
         path = merge(args.local_dir, args.target_dir, to_torch_dtype(args.dtype) if args.dtype else None,

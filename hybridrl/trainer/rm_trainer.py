@@ -19,6 +19,7 @@ from __future__ import annotations
 import sys
 
 import torch
+from omegaconf import OmegaConf
 
 from hybridrl.algorithms.reward_loss import compute_bradley_terry_loss, compute_preference_accuracy
 from hybridrl.data.dataloader import create_rl_dataloader
@@ -26,53 +27,8 @@ from hybridrl.data.preference_dataset import PreferenceDataset
 from hybridrl.models import load_tokenizer, resolve_model_path
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.supervised import SupervisedTrainer, run_supervised
+from hybridrl.trainer.supervised_config import rm_config
 from hybridrl.workers.supervised_worker import RewardModelTrainingWorker, pairs_to_proto
-
-_CHOICES = {
-    "data.truncation": ("left", "drop", "error"),
-    "optim.lr_scheduler": ("cosine", "constant"),
-    "trainer.resume_mode": ("auto", "disable", "resume_path"),
-}
-
-
-def validate_rm_config(config) -> None:
-    """Start-up checks of the ``rm_trainer`` config.
-
-    Raises:
-        ConfigError: the first bad value, naming the key, the value and what to change.
-    """
-    from omegaconf import OmegaConf
-
-    from hybridrl.errors import ConfigError
-
-    def get(key):
-        return OmegaConf.select(config, key)
-
-    for key in ("data.train_batch_size", "data.micro_batch_size_per_gpu", "data.max_length"):
-        value = get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{key}={value!r} must be a whole number >= 1")
-    batch, micro = get("data.train_batch_size"), get("data.micro_batch_size_per_gpu")
-    if batch % micro:
-        raise ConfigError(f"data.train_batch_size={batch} is not a multiple of data.micro_batch_size_per_gpu={micro}; "
-                          "pick a micro batch that divides the batch")
-    for key, allowed in _CHOICES.items():
-        if get(key) not in allowed:
-            raise ConfigError(f"{key}={get(key)!r} is not one of {', '.join(allowed)}")
-    if not get("model.path"):
-        raise ConfigError("model.path is not set; set it to the backbone (an HF folder, a .gguf file, "
-                          "or HuggingFaceTB/SmolLM2-135M-Instruct)")
-    if get("trainer.resume_mode") == "resume_path" and not get("trainer.resume_from_path"):
-        raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<a global_step_N folder>")
-    ratio = get("optim.warmup_steps_ratio")
-    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
-        raise ConfigError(f"optim.warmup_steps_ratio={ratio!r} must be a number in [0, 1]")
-    clip = get("optim.clip_grad")
-    if isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip <= 0:
-        raise ConfigError(f"optim.clip_grad={clip!r} must be a positive number")
-    if not get("trainer.total_training_steps") and (get("trainer.total_epochs") or 0) < 1:
-        raise ConfigError(f"trainer.total_epochs={get('trainer.total_epochs')!r} must be >= 1 "
-                          "(or set trainer.total_training_steps)")
 
 
 def build_rm_data(config):
@@ -139,10 +95,14 @@ def _score_metrics(prefix: str, chosen: torch.Tensor, rejected: torch.Tensor) ->
 
 
 def run_rm(config) -> str | None:
-    """Trains with a resolved ``rm_trainer`` config; returns the exported ``huggingface/`` folder
-    of the last step (the reward model for ``reward_model.model.path``)."""
-    validate_rm_config(config)
-    trainer = run_supervised(config, RewardModelTrainingWorker, RewardModelTrainer, build_rm_data)
+    """Trains with a composed ``rm_trainer`` config; returns the exported ``huggingface/`` folder
+    of the last step (the reward model for ``reward_model.model.path``).
+
+    Raises:
+        ConfigError: a bad key or value (see :class:`~hybridrl.trainer.supervised_config.RMConfig`).
+    """
+    trainer = run_supervised(OmegaConf.structured(rm_config(config)), RewardModelTrainingWorker, RewardModelTrainer,
+                             build_rm_data)
     folder = trainer.export_dir
     accuracy = f"val/accuracy {trainer.last_val['val/accuracy']:.3f}; " if trainer.last_val else ""
     print(f"hybridrl: reward model saved in {folder} ({accuracy}pass it as reward_model.model.path)", flush=True)

@@ -23,6 +23,7 @@ import tempfile
 
 import numpy as np
 
+from hybridrl.data.jsonl import iter_jsonl
 from hybridrl.errors import ConfigError, UserError
 from hybridrl.trainer.tracking import VAL_GENERATIONS_KEY
 
@@ -230,15 +231,8 @@ def read_step(path: str) -> list[dict]:
         SampleDumpError: a line is not a JSON object (names the file and line).
     """
     records = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError as err:
-                raise SampleDumpError(f"{path}:{number}: not a JSON line ({err})") from err
-            if not isinstance(record, dict):
-                raise SampleDumpError(f"{path}:{number}: expected a JSON object per line, got {type(record).__name__}")
-            records.append(record)
+    for number, record in iter_jsonl(path, error=SampleDumpError):
+        if not isinstance(record, dict):
+            raise SampleDumpError(f"{path}:{number}: expected a JSON object per line, got {type(record).__name__}")
+        records.append(record)
     return records

@@ -22,12 +22,12 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from hybridrl.errors import CheckpointError, ConfigError
+from hybridrl.errors import CheckpointError
 from hybridrl.protocol import DataProto
 from hybridrl.trainer import checkpoint
 from hybridrl.trainer.merge import merge
 from hybridrl.trainer.tracking import tracker_for_run
-from hybridrl.trainer.worker_groups import launch_worker_groups, resolve_backend
+from hybridrl.trainer.worker_groups import launch_worker_groups
 from hybridrl.workers.checkpoint_io import HF_DIR
 
 MODEL_DIR = "model"  # the worker checkpoint inside a step folder (PPO's are actor/ and critic/)
@@ -150,23 +150,10 @@ class SupervisedTrainer:
         return merge(os.path.join(folder, MODEL_DIR), os.path.join(folder, HF_DIR))
 
 
-def check_batch_split(config) -> int:
-    """The number of workers; each takes an equal share of ``data.train_batch_size``.
-
-    Raises:
-        ConfigError: the batch does not split evenly over the workers.
-    """
-    _, world_size = resolve_backend(config)
-    batch = int(config.data.train_batch_size)
-    if batch % world_size:
-        raise ConfigError(f"data.train_batch_size={batch} does not split over trainer.nnodes x trainer.n_gpus_per_node "
-                          f"= {world_size} workers; make it a multiple of {world_size}")
-    return world_size
-
-
 def run_supervised(config, worker_cls, trainer_cls, build_data: Callable) -> SupervisedTrainer:
-    """Trains with a resolved ``sft_trainer`` / ``rm_trainer`` config: data, then the worker
-    group, resume, ``fit()`` with the run's tracker, and the export of the last checkpoint.
+    """Trains with a typed ``sft_trainer`` / ``rm_trainer`` config (as a structured DictConfig,
+    :mod:`.supervised_config`): data, then the worker group, resume, ``fit()`` with the run's
+    tracker, and the export of the last checkpoint.
 
     Args:
         worker_cls: the :class:`~hybridrl.workers.supervised_worker.SupervisedWorker` to train with.
@@ -177,7 +164,6 @@ def run_supervised(config, worker_cls, trainer_cls, build_data: Callable) -> Sup
         the trainer after ``fit()`` (``global_steps``, ``export_dir``: the exported HF folder
         or None, and its subclass's last metrics).
     """
-    check_batch_split(config)
     torch.manual_seed(config.trainer.seed)
     train_dataloader, val_data = build_data(config)
     trainer_cfg = config.trainer

@@ -14,7 +14,13 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from hybridrl.controller.local import LocalWorkerGroup
+from hybridrl.controller.ray import (RayClassWithInitArgs, RayWorkerGroup, ResourcePoolManager, Role,
+                                     create_colocated_worker_cls)
 from hybridrl.controller.worker import MALLOC_REUSE_ENV, resolve_device
+from hybridrl.errors import ConfigError
+from hybridrl.workers import fsdp_workers
+from hybridrl.workers.rollout_worker import RolloutWorker
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +68,6 @@ def resolve_backend(config) -> tuple[str, int]:
     Raises:
         ConfigError: local backend with more than one worker, or fewer than one worker.
     """
-    from hybridrl.errors import ConfigError
-
     trainer_cfg = config.trainer
     nnodes, per_node = int(trainer_cfg.nnodes), int(trainer_cfg.n_gpus_per_node)
     if nnodes < 1 or per_node < 1:
@@ -88,8 +92,6 @@ def rollout_pool_spec(config) -> list[int]:
 
 def _roles(config, use_critic: bool, use_reference: bool, use_reward_model: bool) -> dict[str, tuple]:
     """role name -> (worker class, args, kwargs) of the trainer's pool; ``device`` is filled in by the caller."""
-    from hybridrl.workers import fsdp_workers
-
     role = ("actor_rollout_ref" if use_reference else "actor_rollout").replace(
         "_rollout", "" if rollout_pool_spec(config) else "_rollout")  # with a rollout pool: no engine here
     roles = {"actor_rollout": (fsdp_workers.ActorRolloutRefWorker, (config.actor_rollout_ref,), {"role": role})}
@@ -126,8 +128,6 @@ def launch_worker_groups(config, roles: dict[str, tuple], max_concurrency: int =
     if config.trainer.get("cpu_malloc_reuse", True) and resolve_device(device) == "cpu":
         os.environ[MALLOC_REUSE_ENV] = "1"  # read by every worker process as it starts
     if backend == "local":
-        from hybridrl.controller.local import LocalWorkerGroup
-
         groups = {name: LocalWorkerGroup(cls, *args, device=device, **kwargs) for name, (cls, args, kwargs) in roles.items()}
         result = WorkerGroups(groups, world_size=1, backend="local")
     else:
@@ -141,9 +141,6 @@ def launch_worker_groups(config, roles: dict[str, tuple], max_concurrency: int =
 
 def _build_ray_groups(config, roles: dict, world_size: int, device: str, max_concurrency: int) -> WorkerGroups:
     import ray
-
-    from hybridrl.controller.ray import (RayClassWithInitArgs, RayWorkerGroup, ResourcePoolManager, Role,
-                                         create_colocated_worker_cls)
 
     trainer_cfg = config.trainer
     threads = int(trainer_cfg.get("cpu_threads_per_worker", 1) or 1)
@@ -164,8 +161,6 @@ def _build_ray_groups(config, roles: dict, world_size: int, device: str, max_con
     result = WorkerGroups(colocated.spawn(class_dict.keys()), world_size=world_size, backend="ray")
     result._cleanups.append(colocated.shutdown)
     if rollout_pool_spec(config):
-        from hybridrl.workers.rollout_worker import RolloutWorker
-
         rollout = RayWorkerGroup(pools.get_resource_pool(Role.Rollout),
                                  RayClassWithInitArgs(RolloutWorker, config.actor_rollout_ref, device=worker_device),
                                  cpu_threads_per_worker=threads)
@@ -184,8 +179,6 @@ def init_ray(config, cpus_needed: int) -> bool:
     Raises:
         ModelDependencyError-like ConfigError: Ray is not installed.
     """
-    from hybridrl.errors import ConfigError
-
     try:
         import ray
     except ImportError:

@@ -13,8 +13,9 @@ import torch
 from hybridrl.algorithms.errors import AlgorithmConfigError, AlgorithmInputError, check_finite
 from hybridrl.algorithms.functional import sum_pi_squared_from_logits
 from hybridrl.algorithms.kl import FULL_KL, kl_full_from_logits, kl_penalty
-from hybridrl.algorithms.policy_loss import PolicyLossConfig, agg_loss, get_policy_loss_fn
+from hybridrl.algorithms.policy_loss import POLICY_LOSS_KEYS, PolicyLossConfig, agg_loss, get_policy_loss_fn
 from hybridrl.algorithms.rollout_corr import RolloutCorrectionConfig
+from hybridrl.models import to_torch_dtype
 from hybridrl.protocol import DataProto
 from hybridrl.workers.micro_batches import restore_order, split_micro_batches
 from hybridrl.workers.model_forward import (  # noqa: F401 (autocast: the shared mixed-precision context)
@@ -27,10 +28,9 @@ from hybridrl.workers.model_forward import (  # noqa: F401 (autocast: the shared
 from hybridrl.workers.optim import optimizer_step
 from hybridrl.workers.sharding import loss_normalizers
 
+
 def compute_dtype_of(section) -> torch.dtype:
     """The ``fsdp_config.mixed_precision.param_dtype`` of an actor/ref/critic section."""
-    from hybridrl.models import to_torch_dtype
-
     fsdp_config = section.get("fsdp_config") or section.get("model", {}).get("fsdp_config") or {}
     return to_torch_dtype((fsdp_config.get("mixed_precision") or {}).get("param_dtype", "fp32"))
 
@@ -42,8 +42,6 @@ def build_policy_loss_config(section) -> PolicyLossConfig:
     defaults (verl's). Raises ``AlgorithmConfigError`` for a value the losses cannot use; the
     start-up check calls this too, so a bad value fails before any model loads.
     """
-    from hybridrl.algorithms.policy_loss import POLICY_LOSS_KEYS
-
     policy_loss = section.get("policy_loss") or {}
     knobs = {key: policy_loss[key] for key in POLICY_LOSS_KEYS if policy_loss.get(key) is not None}
     if policy_loss.get("loss_mode") == "dro" and policy_loss.get("dro_beta") is None:

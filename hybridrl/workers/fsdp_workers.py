@@ -13,13 +13,22 @@ import logging
 
 import numpy as np
 
+from hybridrl.agents.manager import AgentLoopManager
 from hybridrl.config import normalize_batch_sizes
 from hybridrl.controller.decorator import Dispatch, register
-from hybridrl.controller.worker import Worker, resolve_device
+from hybridrl.controller.worker import Worker
+from hybridrl.models import load_causal_lm, load_tokenizer, load_value_model, resolve_model_path
+from hybridrl.models.lora import AdapterDisabled, apply_lora, lora_settings
 from hybridrl.protocol import DataProto
+from hybridrl.workers.actor import PPOActor
 from hybridrl.workers.checkpoint_io import load_worker_state, save_worker_state
+from hybridrl.workers.critic import PPOCritic
+from hybridrl.workers.engine_lock import DEFAULT_ENGINE_TIMEOUT_S, EngineLock
 from hybridrl.workers.optim import build_lr_scheduler, build_optimizer
-from hybridrl.workers.sharding import optimizer_on_device
+from hybridrl.workers.reward_model import load_reward_model
+from hybridrl.workers.rollout.base import get_rollout_cls
+from hybridrl.workers.rollout.vllm import actor_weights
+from hybridrl.workers.sharding import apply_fsdp2, optimizer_on_device
 from hybridrl.workers.stream_methods import StreamingMethods
 
 logger = logging.getLogger(__name__)
@@ -34,8 +43,6 @@ def import_external_lib(name: str | None) -> None:
 def shard_module(module, fsdp_config, device: str):
     """FSDP2-shards ``module`` over the worker group with the role's ``fsdp_config``
     (``fsdp_size``, ``param_offload``, ``reshard_after_forward``, ``mixed_precision``)."""
-    from hybridrl.workers.sharding import apply_fsdp2
-
     return apply_fsdp2(module, fsdp_config, device, mixed_precision=fsdp_config.get("mixed_precision"))
 
 
@@ -65,24 +72,16 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
     """
 
     def __init__(self, config, role: str = "actor_rollout_ref", device: str = "auto") -> None:
-        super().__init__()
         if role not in ("actor_rollout", "actor_rollout_ref", "ref", "actor", "actor_ref"):
             raise ValueError(f"ActorRolloutRefWorker: unknown role {role!r}")
-        self.config = config
+        super().__init__(config, device)
         self.role = role
-        self.device = resolve_device(device)
         self._is_actor = role != "ref"
         self._is_ref = role in ("ref", "actor_rollout_ref", "actor_ref")
         self._is_rollout = role.startswith("actor_rollout")
-        self.init_distributed(self.device)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        from hybridrl.models import load_causal_lm, load_tokenizer, resolve_model_path
-        from hybridrl.models.lora import AdapterDisabled, apply_lora, lora_settings
-        from hybridrl.workers.actor import PPOActor
-        from hybridrl.workers.rollout.base import get_rollout_cls
-
         model_cfg = self.config.model
         import_external_lib(model_cfg.get("external_lib"))
         self.model_path = resolve_model_path(model_cfg.path, config_key="actor_rollout_ref.model.path")
@@ -140,8 +139,6 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
         """The engine lock and the policy versions (verl's ``param_version``): ``param_version``
         counts the actor updates applied to the actor's weights, ``rollout_param_version`` those
         in the engine's weights (they differ between an update and the next weight sync)."""
-        from hybridrl.workers.engine_lock import DEFAULT_ENGINE_TIMEOUT_S, EngineLock
-
         self.engine_lock = EngineLock(float(self.config.rollout.get("engine_timeout_s") or DEFAULT_ENGINE_TIMEOUT_S))
         self.param_version = 0
         self.rollout_param_version = 0
@@ -156,8 +153,6 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
     def _agent_loops(self, prompts: DataProto | None = None, force: bool = False):
         """The AgentLoopManager when multi_turn.enable is set or the rows have an agent_name; else None."""
         if self.agent_loop_manager is None and (force or "agent_name" in prompts.non_tensor_batch):
-            from hybridrl.agents.manager import AgentLoopManager
-
             self.agent_loop_manager = AgentLoopManager(self.rollout, self.tokenizer, self.config.rollout)
         return self.agent_loop_manager
 
@@ -214,8 +209,6 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
     def engine_weights(self) -> tuple[dict | None, int]:
         """``(weights, param_version)`` for a rollout pool of its own: the weights an engine needs
         (``actor_weights``: gathered, a collective when sharded) on rank 0, None on the others."""
-        from hybridrl.workers.rollout.vllm import actor_weights
-
         state = actor_weights(self.actor.actor_module)
         return ({k: v.detach().cpu() for k, v in state.items()} if self.rank == 0 else None), self.param_version
 
@@ -297,17 +290,10 @@ class CriticWorker(Worker):
     """Value-model worker. ``config`` is the ``critic`` section."""
 
     def __init__(self, config, device: str = "auto") -> None:
-        super().__init__()
-        self.config = config
-        self.device = resolve_device(device)
-        self.init_distributed(self.device)
+        super().__init__(config, device)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        from hybridrl.models import load_value_model, resolve_model_path
-        from hybridrl.models.lora import apply_lora, lora_settings
-        from hybridrl.workers.critic import PPOCritic
-
         model_cfg = self.config.model
         import_external_lib(model_cfg.get("external_lib"))
         path = resolve_model_path(model_cfg.path, config_key="critic.model.path")
@@ -367,15 +353,10 @@ class RewardModelWorker(Worker):
     """
 
     def __init__(self, config, device: str = "auto") -> None:
-        super().__init__()
-        self.config = config
-        self.device = resolve_device(device)
-        self.init_distributed(self.device)
+        super().__init__(config, device)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        from hybridrl.workers.reward_model import load_reward_model
-
         import_external_lib(self.config.model.get("external_lib"))
         self.reward_model = load_reward_model(self.config, self.device)
         if self.world_size > 1:

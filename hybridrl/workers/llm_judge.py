@@ -22,12 +22,18 @@ from typing import Any
 
 import torch
 
+from hybridrl.config.precision import resolve_auto_dtype
+from hybridrl.controller.worker import resolve_device
+from hybridrl.models import load_causal_lm, load_tokenizer, resolve_model_path
+from hybridrl.models.loader import EMBEDDED_MODEL_NAMES
+from hybridrl.protocol import DataProto
 from hybridrl.rewards.custom import RewardConfigError
 from hybridrl.rewards.judge import (JudgeParseError, JudgePromptError, JudgeSettings, load_score_parser, parse_score,
                                     render_template)
 from hybridrl.rewards.manager import (DEFAULT_RETRIES, DEFAULT_SCORE_TIMEOUT_S, NaiveRewardManager,
                                       register_reward_manager)
 from hybridrl.rewards.pool import ScoreTimeoutError, call_with_deadline
+from hybridrl.workers.rollout import RolloutEngineError, get_rollout_cls
 
 __all__ = ["JudgeBusyError", "JudgeEngine", "JudgeRewardManager", "shared_judge_engine"]
 
@@ -58,9 +64,6 @@ class JudgeEngine:
 
     def __init__(self, model_path: str, rollout: dict, device: str, trust_remote_code: bool = False) -> None:
         from omegaconf import OmegaConf
-
-        from hybridrl.models import load_causal_lm, load_tokenizer, resolve_model_path
-        from hybridrl.workers.rollout import get_rollout_cls
 
         folder = resolve_model_path(model_path, config_key="reward_model.model.path")
         self.tokenizer = load_tokenizer(folder, trust_remote_code=trust_remote_code)
@@ -101,8 +104,6 @@ class JudgeEngine:
 
     def _left_padded(self, prompt_ids: list[list[int]]):
         """The :class:`BaseRollout` input of ``prompt_ids``: left-padded ids, mask and positions (bs, P)."""
-        from hybridrl.protocol import DataProto
-
         width = max(len(ids) for ids in prompt_ids)
         input_ids = torch.full((len(prompt_ids), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)
@@ -118,8 +119,6 @@ class JudgeEngine:
 def _engine_dtype(value: Any, device: str) -> str:
     """``reward_model.rollout.dtype`` with ``auto`` (or unset) resolved for ``device`` (bf16 where native)."""
     if value in (None, "auto"):
-        from hybridrl.config.precision import resolve_auto_dtype
-
         return resolve_auto_dtype(device)[0]
     return str(value)
 
@@ -190,9 +189,6 @@ class JudgeRewardManager(NaiveRewardManager):
         Raises:
             RewardConfigError: bad judge settings, an unknown engine, a judge model that does not exist.
         """
-        from hybridrl.models.loader import EMBEDDED_MODEL_NAMES
-        from hybridrl.workers.rollout import RolloutEngineError, get_rollout_cls
-
         settings = JudgeSettings.from_config(config)
         path = settings.model_path
         if not (os.path.exists(os.path.expanduser(path)) or path.lower() in EMBEDDED_MODEL_NAMES):
@@ -335,8 +331,6 @@ class JudgeRewardManager(NaiveRewardManager):
 
 
 def _device(config: Any) -> str:
-    from hybridrl.controller.worker import resolve_device
-
     trainer = config.get("trainer") if hasattr(config, "get") else None
     device = trainer.get("device", "auto") if hasattr(trainer, "get") else "auto"
     return resolve_device(str(device or "auto"))

@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from hybridrl.errors import ConfigError
 from hybridrl.workers.sharding import clip_grad_norm
 
 logger = logging.getLogger(__name__)
@@ -47,7 +48,6 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg, total_traini
             num_cycles=optim_cfg.get("num_cycles", 0.5),
             min_lr_rate=optim_cfg.get("min_lr_ratio", 0.0) or 0.0,
         )
-    from hybridrl.errors import ConfigError
 
     raise ConfigError(f"optim.warmup_style={style!r} is not one of constant, cosine")
 

@@ -17,8 +17,11 @@ import os
 
 import torch
 
+from hybridrl.data.preference_dataset import encode_rm_inputs, right_pad
+from hybridrl.errors import ConfigError
+from hybridrl.models import load_tokenizer, load_value_model, resolve_model_path
 from hybridrl.protocol import DataProto
-from hybridrl.workers.actor import autocast
+from hybridrl.workers.actor import autocast, compute_dtype_of
 
 logger = logging.getLogger(__name__)
 
@@ -129,9 +132,6 @@ class RewardModel:
 
     def retokenize(self, data: DataProto) -> dict[str, torch.Tensor]:
         """Right-padded reward-model inputs of the batch's chats + decoded responses."""
-        from hybridrl.data.preference_dataset import encode_rm_inputs, right_pad
-        from hybridrl.errors import ConfigError
-
         if "raw_prompt" not in data.non_tensor_batch:
             raise ConfigError(
                 "reward_model.model.input_tokenizer: the reward model's tokenizer differs from the policy's, so "
@@ -163,10 +163,6 @@ def load_reward_model(config, device: str) -> RewardModel:
         ModelPathError / ModelDependencyError: a path that cannot be resolved.
         ConfigError: ``model.path`` holds no trained scalar head (a plain causal LM).
     """
-    from hybridrl.errors import ConfigError
-    from hybridrl.models import load_tokenizer, load_value_model, resolve_model_path
-    from hybridrl.workers.actor import compute_dtype_of
-
     model_cfg = config.model
     trust = bool(model_cfg.get("trust_remote_code", False))
     path = resolve_model_path(model_cfg.path, config_key="reward_model.model.path")

@@ -15,7 +15,9 @@ import torch
 
 from hybridrl.controller.decorator import Dispatch, register
 from hybridrl.controller.worker import Worker, resolve_device
+from hybridrl.models import load_causal_lm, load_tokenizer, resolve_model_path
 from hybridrl.protocol import DataProto
+from hybridrl.workers.rollout.base import get_rollout_cls
 from hybridrl.workers.stream_methods import StreamingMethods
 
 
@@ -24,9 +26,8 @@ class RolloutWorker(StreamingMethods, Worker):
     ``actor_rollout_ref`` section (``model`` and ``rollout`` are read)."""
 
     def __init__(self, config, device: str = "auto") -> None:
-        super().__init__()
-        self.config = config
-        self.device = resolve_device(device)
+        super().__init__(config)
+        self.device = resolve_device(device)  # no process group: each engine serves its own requests
         self.rollout_param_version = 0
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -36,9 +37,6 @@ class RolloutWorker(StreamingMethods, Worker):
         Raises:
             RolloutEngineError: vLLM missing, or a model it cannot load.
         """
-        from hybridrl.models import load_causal_lm, load_tokenizer, resolve_model_path
-        from hybridrl.workers.rollout.base import get_rollout_cls
-
         model_cfg = self.config.model
         path = resolve_model_path(model_cfg.path, config_key="actor_rollout_ref.model.path")
         trust = model_cfg.get("trust_remote_code", False)

@@ -15,6 +15,8 @@ import contextlib
 import torch
 import torch.distributed as dist
 
+from hybridrl.models import to_torch_dtype
+
 
 def is_sharded(module: torch.nn.Module) -> bool:
     """Whether ``module`` was wrapped by :func:`apply_fsdp2`."""
@@ -62,8 +64,6 @@ def apply_fsdp2(module: torch.nn.Module, fsdp_config, device_type: str, mixed_pr
         the same module, now an ``FSDPModule`` whose parameters are DTensors.
     """
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-
-    from hybridrl.models import to_torch_dtype
 
     world_size = world_size or dist.get_world_size()
     mesh = build_device_mesh(world_size, int(fsdp_config.get("fsdp_size", -1) or -1), device_type)

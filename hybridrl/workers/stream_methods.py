@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from hybridrl.controller.decorator import Dispatch, register
 from hybridrl.protocol import DataProto
+from hybridrl.workers.rollout.stream import RolloutStream
 
 
 class StreamingMethods:
@@ -24,8 +25,6 @@ class StreamingMethods:
             RolloutEngineError: a prompt too long for the engine; the engine failed or missed its deadline.
         """
         if self.stream is None:
-            from hybridrl.workers.rollout.stream import RolloutStream
-
             self.stream = RolloutStream(self.rollout, self.rollout_param_version)
         if prompts is not None and len(prompts):
             self.stream.submit(prompts.to("cpu"))

@@ -18,12 +18,12 @@ import torch
 from hybridrl.algorithms.functional import logprobs_from_logits
 from hybridrl.algorithms.reward_loss import compute_bradley_terry_loss
 from hybridrl.controller.decorator import Dispatch, register
-from hybridrl.controller.worker import Worker, resolve_device
+from hybridrl.controller.worker import Worker
 from hybridrl.data.preference_dataset import pad_pairs
-from hybridrl.models import load_causal_lm, load_tokenizer, load_value_model, resolve_model_path
-from hybridrl.models.lora import apply_lora, lora_settings
+from hybridrl.models import load_causal_lm, load_tokenizer, load_value_model, resolve_model_path, to_torch_dtype
+from hybridrl.models.lora import apply_lora
 from hybridrl.protocol import DataProto
-from hybridrl.workers.actor import autocast, compute_dtype_of
+from hybridrl.workers.actor import autocast
 from hybridrl.workers.checkpoint_io import load_worker_state, save_worker_state
 from hybridrl.workers.fsdp_workers import import_external_lib, shard_module
 from hybridrl.workers.optim import build_lr_scheduler, build_optimizer, optimizer_step
@@ -103,7 +103,8 @@ class SupervisedWorker(Worker):
     checkpoints. Subclasses give ``_load_module(path)``, ``train_batch`` and ``evaluate_batch``.
 
     Args:
-        config: the whole ``sft_trainer`` / ``rm_trainer`` config.
+        config: the whole ``sft_trainer`` / ``rm_trainer`` config, typed
+            (``hybridrl.trainer.supervised_config``, as a structured DictConfig).
         total_training_steps: optimizer steps of the run (the lr schedule's length).
         device: ``trainer.device`` (cpu | cuda | auto).
     """
@@ -113,11 +114,8 @@ class SupervisedWorker(Worker):
     padding_side = "left"
 
     def __init__(self, config, total_training_steps: int, device: str = "auto") -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config, device)
         self.total_training_steps = int(total_training_steps)
-        self.device = resolve_device(device)
-        self.init_distributed(self.device)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -135,15 +133,11 @@ class SupervisedWorker(Worker):
         path = resolve_model_path(OmegaConf.select(self.config, self.model_key), config_key=self.model_key)
         self.tokenizer = load_tokenizer(path, trust_remote_code=model_cfg.trust_remote_code,
                                         padding_side=self.padding_side, chat_template=self.config.data.chat_template)
-        module = self._load_module(path).to(self.device)
-        lora = lora_settings(model_cfg)
-        if lora:
-            task_type = "CAUSAL_LM" if self.role == "sft" else "TOKEN_CLS"
-            module = apply_lora(module, **lora, task_type=task_type, config_key="model", seed=self.config.trainer.seed)
+        module = self._adapt(self._load_module(path).to(self.device))
         if self.world_size > 1:
             shard_module(module, model_cfg.fsdp_config, self.device)
         self.module = module
-        self.compute_dtype = compute_dtype_of(model_cfg)
+        self.compute_dtype = to_torch_dtype(model_cfg.fsdp_config.mixed_precision.param_dtype)
         optim = self.config.optim
         self.optimizer = build_optimizer(module, optim)
         schedule = {"lr_warmup_steps": -1, "lr_warmup_steps_ratio": optim.warmup_steps_ratio,
@@ -152,6 +146,10 @@ class SupervisedWorker(Worker):
 
     def _load_module(self, path: str) -> torch.nn.Module:
         raise NotImplementedError
+
+    def _adapt(self, module: torch.nn.Module) -> torch.nn.Module:
+        """The module to train: ``module`` itself, or wrapped with LoRA adapters."""
+        return module
 
     def _step(self) -> dict:
         """The optimizer step after the gradients of a batch; the step's lr and grad norm."""
@@ -181,6 +179,16 @@ class SFTWorker(SupervisedWorker):
 
     model_key = "model.partial_pretrain"  # verl's key
     role = "sft"
+
+    def _adapt(self, module: torch.nn.Module) -> torch.nn.Module:
+        """LoRA adapters (``model.lora_rank > 0``) on ``model.target_modules``, drawn from ``trainer.seed``."""
+        model_cfg = self.config.model
+        if model_cfg.lora_rank == 0:
+            return module
+        targets = model_cfg.target_modules
+        return apply_lora(module, model_cfg.lora_rank, model_cfg.lora_alpha,
+                          targets if isinstance(targets, str) else list(targets), config_key="model",
+                          seed=self.config.trainer.seed)
 
     def _load_module(self, path: str) -> torch.nn.Module:
         model_cfg = self.config.model

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from hybridrl.trainer.sft_trainer import main, validate_sft_config
+from hybridrl.trainer.sft_trainer import main
 from hybridrl.workers.supervised_worker import accumulate_gradients
 
 
@@ -172,6 +172,8 @@ def test_resume_continues_at_the_next_step_as_if_never_stopped(gsm8k_parquet, ti
     (["data.response_dict_keys=[solution]"], "no key 'solution'"),
     (["optim.lr_scheduler=linear"], "optim.lr_scheduler='linear' is not one of cosine, constant"),
     (["data.micro_batch_size_per_gpu=8"], "data.micro_batch_size_per_gpu=8 is larger than data.train_batch_size=4"),
+    (["trainer.n_gpus_per_node=3"], "data.train_batch_size=4 does not split over trainer.nnodes x trainer.n_gpus_per_node"),
+    (["data.max_length=long"], "data.max_length: Value 'long' of type 'str' could not be converted to Integer"),
     (["model.lora_rank=4", "model.target_modules=[nope_proj]"], "model.target_modules"),
     (["data.train_files=/nonexistent/train.parquet"], "data.train_files: file /nonexistent/train.parquet"),
     (["trainer.resume_mode=resume_path"], "trainer.resume_from_path"),
@@ -193,12 +195,3 @@ def test_too_long_row_message_names_the_row_and_the_limit(gsm8k_parquet, tiny_mo
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert f"row 0 of {gsm8k_parquet}/train.parquet is " in err and "more than data.max_length=64" in err
-
-
-def test_verl_keys_that_mean_nothing_here_are_noted():
-    from hybridrl.config import load_config
-
-    cfg = load_config(["model.use_liger=True", "use_remove_padding=True"], config_name="sft_trainer")
-    notes = validate_sft_config(cfg)
-    assert len(notes) == 2 and any(n.startswith("model.use_liger=True is ignored") for n in notes)
-    assert validate_sft_config(load_config([], config_name="sft_trainer")) == []

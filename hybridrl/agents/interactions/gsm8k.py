@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from hybridrl.agents.errors import AgentConfigError
 from hybridrl.agents.interactions.base import BaseInteraction, register_interaction
+from hybridrl.rewards.gsm8k import compute_score
 
 __all__ = ["Gsm8kInteraction"]
 
@@ -45,8 +46,6 @@ class Gsm8kInteraction(BaseInteraction):
         return False, INCORRECT, score, {}
 
     async def calculate_score(self, instance_id: str, **kwargs) -> float:
-        from hybridrl.rewards.gsm8k import compute_score
-
         state = self._instances[instance_id]
         if state.get("ground_truth") is None:
             return 0.0

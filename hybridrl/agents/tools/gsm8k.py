@@ -9,6 +9,7 @@ import math
 
 from hybridrl.agents.errors import AgentConfigError
 from hybridrl.agents.tools.base import BaseTool, register_tool
+from hybridrl.rewards.gsm8k import compute_score
 
 __all__ = ["Gsm8kTool", "CalculatorTool"]
 
@@ -52,8 +53,6 @@ class Gsm8kTool(BaseTool):
         return instance_id
 
     def _score(self, state: dict) -> float:
-        from hybridrl.rewards.gsm8k import compute_score
-
         if state["ground_truth"] is None:
             return 0.0
         return compute_score(state["response"], str(state["ground_truth"]),

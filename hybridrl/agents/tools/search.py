@@ -11,6 +11,7 @@ import threading
 from typing import Callable
 
 from hybridrl.agents.errors import AgentConfigError
+from hybridrl.agents.retrieval import RetrieverError, format_passages, make_retriever
 from hybridrl.agents.tools.base import BaseTool, register_tool
 
 __all__ = ["SearchTool", "search_passages"]
@@ -91,8 +92,6 @@ class SearchTool(BaseTool):
             cfg = self.config
             url = cfg.get("retrieval_service_url") or cfg.get("url")
             if url or cfg.get("corpus_path") or cfg.get("index_dir"):
-                from hybridrl.agents.retrieval import make_retriever
-
                 self._retriever = make_retriever(url=url, corpus_path=cfg.get("corpus_path"),
                                                  index_dir=cfg.get("index_dir"), timeout_s=self.timeout_s)
             elif self._default_retriever is not None:
@@ -103,8 +102,6 @@ class SearchTool(BaseTool):
         return self._retriever
 
     async def execute(self, instance_id: str, parameters: dict, **kwargs) -> tuple[str, float, dict]:
-        from hybridrl.agents.retrieval import RetrieverError, format_passages
-
         queries = parameters.get("query_list", parameters.get("query"))
         queries = [queries] if isinstance(queries, str) else list(queries or [])
         queries = [str(q) for q in queries if str(q).strip()]

@@ -19,7 +19,7 @@ REINFORCE++-baseline), :mod:`.gdpo` and :mod:`.token_baseline`, each imported he
 """
 
 from . import gdpo, group, token_baseline, token_level  # noqa: F401  (each registers its estimators)
-from .base import (ADV_ESTIMATOR_NEEDS_GROUP, ADV_ESTIMATOR_REGISTRY, ADV_ESTIMATORS, GROUP_ESTIMATORS,
+from .base import (ADV_ESTIMATOR_NEEDS_GROUP, ADV_ESTIMATOR_REGISTRY, ADV_ESTIMATORS,
                    estimator_needs, get_adv_estimator_fn, register_adv_est)
 from .gdpo import compute_gdpo_outcome_advantage
 from .group import (GroupStats, compute_gpg_outcome_advantage, compute_group_stats, compute_grpo_outcome_advantage,
@@ -31,7 +31,7 @@ from .token_level import (compute_gae_advantage_return, compute_reinforce_plus_p
                           compute_remax_outcome_advantage)
 
 __all__ = [
-    "ADV_ESTIMATORS", "ADV_ESTIMATOR_REGISTRY", "ADV_ESTIMATOR_NEEDS_GROUP", "GROUP_ESTIMATORS", "register_adv_est",
+    "ADV_ESTIMATORS", "ADV_ESTIMATOR_REGISTRY", "ADV_ESTIMATOR_NEEDS_GROUP", "register_adv_est",
     "estimator_needs", "get_adv_estimator_fn", "GroupStats", "compute_group_stats", "compute_gae_advantage_return",
     "compute_reinforce_plus_plus_outcome_advantage", "compute_remax_outcome_advantage",
     "compute_grpo_outcome_advantage", "compute_grpo_vectorized_outcome_advantage", "compute_grpo_passk_outcome_advantage",

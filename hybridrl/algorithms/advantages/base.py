@@ -18,11 +18,6 @@ ADV_ESTIMATOR_REGISTRY = ADV_ESTIMATORS.table  # verl's name: the live name -> f
 # they need ``actor_rollout_ref.rollout.n >= 2`` (the ``needs_group`` capability; a live view).
 ADV_ESTIMATOR_NEEDS_GROUP = ADV_ESTIMATORS.having("needs_group")
 
-# The built-in group estimators. ReMax is not one: its baseline is a separate greedy response.
-GROUP_ESTIMATORS: frozenset = frozenset(
-    {"grpo", "grpo_passk", "rloo", "reinforce_plus_plus_baseline", "opo", "gpg"}
-)
-
 
 def register_adv_est(name: "str | Enum", needs_group: bool = False, needs_values: bool = False,
                      needs_reward_baselines: bool = False) -> Callable:

@@ -7,12 +7,12 @@ Without ``--input_dir`` the hub dataset ``openai/gsm8k`` ("main") is loaded with
 """
 
 import argparse
-import json
 import os
 import re
 import sys
 
 from hybridrl.data.errors import DataError
+from hybridrl.data.jsonl import iter_jsonl
 from hybridrl.data.preprocess import write_split
 
 DATA_SOURCE = "openai/gsm8k"
@@ -57,17 +57,10 @@ def read_jsonl(path: str) -> list[dict]:
             "(e.g. ../shared/data/gsm8k)"
         )
     examples = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                ex = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg}); fix or remove the line") from None
-            if not isinstance(ex, dict) or "question" not in ex or "answer" not in ex:
-                raise DataError(f"{path}:{lineno}: expected an object with 'question' and 'answer' keys")
-            examples.append(ex)
+    for lineno, ex in iter_jsonl(path):
+        if not isinstance(ex, dict) or "question" not in ex or "answer" not in ex:
+            raise DataError(f"{path}:{lineno}: expected an object with 'question' and 'answer' keys")
+        examples.append(ex)
     return examples
 
 
@@ -107,19 +100,29 @@ def convert(
     Raises:
         DataError: unreadable input (see ``read_jsonl`` / ``load_hub_splits``).
     """
+    written = {}
+    for split, examples in load_splits(input_dir, train_size, test_size).items():
+        rows = [make_row(ex["question"], ex["answer"], split, i) for i, ex in enumerate(examples)]
+        written[split] = write_split(rows, local_dir, split)
+    return written
+
+
+def load_splits(input_dir: str | None, train_size: int | None = None,
+                test_size: int | None = None) -> dict[str, list[dict]]:
+    """GSM8K ``{"question", "answer"}`` examples by split (``train``, ``test``): from the jsonl
+    files of ``input_dir``, or from the hub when it is None; the first ``*_size`` of each.
+
+    Raises:
+        DataError: unreadable input (see ``read_jsonl`` / ``load_hub_splits``).
+    """
     if input_dir is None:
         splits = load_hub_splits()
     else:
         input_dir = os.path.expanduser(input_dir)
         splits = {s: read_jsonl(os.path.join(input_dir, f"{s}.jsonl")) for s in ("train", "test")}
     sizes = {"train": train_size, "test": test_size}
-    written = {}
-    for split, examples in splits.items():
-        if sizes[split] is not None:
-            examples = examples[: sizes[split]]
-        rows = [make_row(ex["question"], ex["answer"], split, i) for i, ex in enumerate(examples)]
-        written[split] = write_split(rows, local_dir, split)
-    return written
+    return {split: examples[: sizes[split]] if sizes[split] is not None else examples
+            for split, examples in splits.items()}
 
 
 def main(argv: list[str] | None = None) -> None:

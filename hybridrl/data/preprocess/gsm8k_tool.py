@@ -14,12 +14,11 @@ scored by the GSM8K rule like the plain GSM8K data (``data_source`` openai/gsm8k
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from hybridrl.data.errors import DataError
 from hybridrl.data.preprocess import write_split
-from hybridrl.data.preprocess.gsm8k import DATA_SOURCE, INSTRUCTION, extract_solution, load_hub_splits, read_jsonl
+from hybridrl.data.preprocess.gsm8k import DATA_SOURCE, INSTRUCTION, extract_solution, load_splits
 
 AGENT_NAME = "tool_agent"
 TOOL_NAME = "calc_gsm8k_reward"
@@ -64,17 +63,10 @@ def convert(input_dir: str | None, local_dir: str, train_size: int | None = None
     """Write ``train.parquet`` and ``test.parquet`` into ``local_dir`` (atomically); returns split -> path.
 
     Raises:
-        DataError: unreadable input (see ``gsm8k.read_jsonl`` / ``gsm8k.load_hub_splits``).
+        DataError: unreadable input (see ``gsm8k.load_splits``).
     """
-    if input_dir is None:
-        splits = load_hub_splits()
-    else:
-        input_dir = os.path.expanduser(input_dir)
-        splits = {s: read_jsonl(os.path.join(input_dir, f"{s}.jsonl")) for s in ("train", "test")}
-    sizes = {"train": train_size, "test": test_size}
     written = {}
-    for split, examples in splits.items():
-        examples = examples[: sizes[split]] if sizes[split] is not None else examples
+    for split, examples in load_splits(input_dir, train_size, test_size).items():
         rows = [make_row(ex["question"], ex["answer"], split, i, interaction) for i, ex in enumerate(examples)]
         written[split] = write_split(rows, local_dir, split)
     return written

@@ -30,14 +30,13 @@ pairs is held out as test and the rest is train. Without ``--input_dir`` the hub
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import os
 import random
 import re
 import sys
 
 from hybridrl.data.errors import DataError
+from hybridrl.data.jsonl import iter_jsonl
 from hybridrl.data.preprocess import write_split
 
 DATA_SOURCE = "Anthropic/hh-rlhf"
@@ -107,19 +106,11 @@ def read_pairs(path: str) -> list[dict]:
     Raises:
         DataError: a line is not JSON or lacks chosen/rejected strings.
     """
-    opener = gzip.open if path.endswith(".gz") else open
     pairs = []
-    with opener(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg}); fix or remove the line") from None
-            if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("chosen", "rejected")):
-                raise DataError(f"{path}:{lineno}: expected an object with 'chosen' and 'rejected' strings")
-            pairs.append(record)
+    for lineno, record in iter_jsonl(path):
+        if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("chosen", "rejected")):
+            raise DataError(f"{path}:{lineno}: expected an object with 'chosen' and 'rejected' strings")
+        pairs.append(record)
     return pairs
 
 

@@ -23,12 +23,12 @@ Without ``--input`` the hub dataset ``openai/openai_humaneval`` is loaded with t
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import sys
 
 from hybridrl.data.errors import DataError
+from hybridrl.data.jsonl import iter_jsonl
 from hybridrl.data.preprocess import write_split
 
 DATA_SOURCE = "humaneval"
@@ -65,26 +65,15 @@ def read_problems(path: str) -> list[dict]:
     """
     if not os.path.isfile(path):
         raise DataError(f"--input: {path} not found; {_HINT}")
-    opener = gzip.open if path.endswith(".gz") else open
     problems = []
     try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if line.strip():
-                    problems.append(_parse_line(line, path, lineno))
+        for lineno, problem in iter_jsonl(path):
+            if not isinstance(problem, dict) or any(not isinstance(problem.get(k), str) for k in FIELDS):
+                raise DataError(f"{path}:{lineno}: expected an object with string keys {', '.join(FIELDS)}")
+            problems.append(problem)
     except (OSError, EOFError) as exc:  # e.g. a file named .gz that is not gzip
         raise DataError(f"--input: cannot read {path} ({exc}); {_HINT}") from None
     return problems
-
-
-def _parse_line(line: str, path: str, lineno: int) -> dict:
-    try:
-        problem = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg}); fix or remove the line") from None
-    if not isinstance(problem, dict) or any(not isinstance(problem.get(k), str) for k in FIELDS):
-        raise DataError(f"{path}:{lineno}: expected an object with string keys {', '.join(FIELDS)}")
-    return problem
 
 
 def load_hub_split() -> list[dict]:

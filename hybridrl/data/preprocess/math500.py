@@ -8,11 +8,11 @@ Without ``--input_dir`` the hub dataset ``HuggingFaceH4/MATH-500`` is loaded wit
 """
 
 import argparse
-import json
 import os
 import sys
 
 from hybridrl.data.errors import DataError
+from hybridrl.data.jsonl import iter_jsonl
 from hybridrl.data.preprocess import write_split
 
 DATA_SOURCE = "HuggingFaceH4/MATH-500"
@@ -51,17 +51,10 @@ def read_jsonl(path: str) -> list[dict]:
     if not os.path.isfile(path):
         raise DataError(f"--input_dir: {path} not found; {_HINT}")
     examples = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                ex = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg}); fix or remove the line") from None
-            if not isinstance(ex, dict) or any(key not in ex for key in FIELDS):
-                raise DataError(f"{path}:{lineno}: expected an object with keys {', '.join(FIELDS)}")
-            examples.append(ex)
+    for lineno, ex in iter_jsonl(path):
+        if not isinstance(ex, dict) or any(key not in ex for key in FIELDS):
+            raise DataError(f"{path}:{lineno}: expected an object with keys {', '.join(FIELDS)}")
+        examples.append(ex)
     return examples
 
 

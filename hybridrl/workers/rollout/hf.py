@@ -7,11 +7,14 @@ import copy
 import torch
 
 from hybridrl.models import to_torch_dtype
+from hybridrl.models.attention import ATTENTION_NAME, use_hybridrl_attention
+from hybridrl.models.lora import is_lora_model, merged_lora_weights
 from hybridrl.protocol import DataProto
 from hybridrl.workers.rollout.base import (BaseRollout, SampledIds, get_response_mask, register_rollout,
                                            resolve_sampling, rollout_output)
-from hybridrl.models.attention import ATTENTION_NAME, use_hybridrl_attention
 from hybridrl.workers.rollout.decoding import InverseCDFSampler, SampledLogProbRecorder
+from hybridrl.workers.sharding import full_state_dict
+
 
 @register_rollout("hf")
 class HFRollout(BaseRollout):
@@ -59,9 +62,6 @@ class HFRollout(BaseRollout):
         Raises:
             RuntimeError: the merged LoRA weights name layers the rollout module lacks.
         """
-        from hybridrl.models.lora import is_lora_model, merged_lora_weights
-        from hybridrl.workers.sharding import full_state_dict
-
         if self.module is actor_module:
             return
         if not is_lora_model(actor_module):

@@ -25,9 +25,13 @@ import warnings
 
 import torch
 
+from hybridrl.models import to_torch_dtype
+from hybridrl.models.lora import is_lora_model, merged_lora_weights
 from hybridrl.protocol import DataProto
 from hybridrl.workers.rollout.base import (BaseRollout, RolloutEngineError, SampledIds, get_response_mask,
                                            register_rollout, resolve_sampling, rollout_output)
+from hybridrl.workers.rollout.hf import _eos_ids
+from hybridrl.workers.sharding import full_state_dict
 
 # Set before vLLM is imported, unless the user set them: the engine core and its one worker run
 # in this process (weights are handed over in memory), on CPU vLLM leaves thread binding alone,
@@ -122,9 +126,6 @@ class VLLMRollout(BaseRollout):
     """
 
     def __init__(self, actor_module: torch.nn.Module, config, tokenizer, generation_config=None) -> None:
-        from hybridrl.models import to_torch_dtype
-        from hybridrl.workers.rollout.hf import _eos_ids
-
         self.vllm = import_vllm()
         self.config = config
         self.tokenizer = tokenizer
@@ -315,9 +316,6 @@ def sampled_ids(completion) -> SampledIds:
 def actor_weights(actor_module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The weights an engine needs from the actor: the whole state dict (gathered when the actor
     is FSDP-sharded: a collective), or for a LoRA actor its adapted layers with the adapters merged."""
-    from hybridrl.models.lora import is_lora_model, merged_lora_weights
-    from hybridrl.workers.sharding import full_state_dict
-
     return merged_lora_weights(actor_module) if is_lora_model(actor_module) else full_state_dict(actor_module)
 
 
