@@ -20,47 +20,34 @@ MAGIC_ATTR = "__hybridrl_register__"
 
 
 class Dispatch(enum.Enum):
+    """The dispatch modes a worker method is registered with (verl's names; those no hybridrl
+    worker uses are left out: ``ALL_TO_ALL``, ``RANK_ZERO``, ``DP_COMPUTE_METRIC``)."""
+
     ONE_TO_ALL = "one_to_all"  # every worker gets the same arguments; outputs as a list
-    ALL_TO_ALL = "all_to_all"  # arguments are already lists of world_size items
-    RANK_ZERO = "rank_zero"  # same arguments to all, only rank 0's output is returned
-    DP_COMPUTE = "dp_compute"  # list arguments of world_size items; outputs as a list
+    DP_COMPUTE = "dp_compute"  # list arguments of world_size items, one per rank; outputs as a list
     DP_COMPUTE_PROTO = "dp_compute_proto"  # DataProto split into world_size chunks, outputs concatenated
-    DP_COMPUTE_METRIC = "dp_compute_metric"  # DataProto split; outputs (metrics) as a list
-
-
-class Execute(enum.Enum):
-    ALL = "all"
-    RANK_ZERO = "rank_zero"
 
 
 @dataclass(frozen=True)
 class MethodSpec:
     dispatch_mode: Dispatch
-    execute_mode: Execute
-    blocking: bool
 
 
-def register(
-    dispatch_mode: Dispatch = Dispatch.ALL_TO_ALL,
-    execute_mode: Execute = Execute.ALL,
-    blocking: bool = True,
-) -> Callable:
-    """Mark a worker method as callable through a WorkerGroup.
+def register(dispatch_mode: Dispatch) -> Callable:
+    """Mark a worker method as callable through a WorkerGroup; every rank runs it.
 
     Raises:
-        TypeError: if ``dispatch_mode`` or ``execute_mode`` is not one of the enums.
+        TypeError: if ``dispatch_mode`` is not a :class:`Dispatch`.
     """
     if not isinstance(dispatch_mode, Dispatch):
         raise TypeError(f"register: dispatch_mode must be a Dispatch, got {dispatch_mode!r}")
-    if not isinstance(execute_mode, Execute):
-        raise TypeError(f"register: execute_mode must be an Execute, got {execute_mode!r}")
 
     def decorator(func):
         @functools.wraps(func)
         def inner(*args, **kwargs):
             return func(*args, **kwargs)
 
-        setattr(inner, MAGIC_ATTR, MethodSpec(dispatch_mode, execute_mode, blocking))
+        setattr(inner, MAGIC_ATTR, MethodSpec(dispatch_mode))
         return inner
 
     return decorator
@@ -82,9 +69,9 @@ def _split_proto(value, world_size: int):
 
 def dispatch_args(mode: Dispatch, world_size: int, args: tuple, kwargs: dict):
     """Returns ``(per_rank_args, per_rank_kwargs, pad_size)``: lists of ``world_size`` items."""
-    if mode in (Dispatch.ONE_TO_ALL, Dispatch.RANK_ZERO):
+    if mode == Dispatch.ONE_TO_ALL:
         return [args] * world_size, [kwargs] * world_size, 0
-    if mode in (Dispatch.ALL_TO_ALL, Dispatch.DP_COMPUTE):
+    if mode == Dispatch.DP_COMPUTE:
         for value in (*args, *kwargs.values()):
             if not isinstance(value, (list, tuple)) or len(value) != world_size:
                 raise ValueError(
@@ -93,7 +80,7 @@ def dispatch_args(mode: Dispatch, world_size: int, args: tuple, kwargs: dict):
         per_args = [tuple(a[r] for a in args) for r in range(world_size)]
         per_kwargs = [{k: v[r] for k, v in kwargs.items()} for r in range(world_size)]
         return per_args, per_kwargs, 0
-    # DP_COMPUTE_PROTO / DP_COMPUTE_METRIC: split every DataProto, broadcast the rest.
+    # DP_COMPUTE_PROTO: split every DataProto, broadcast the rest.
     pad_size = 0
     split_args = []
     for a in args:
@@ -111,8 +98,6 @@ def dispatch_args(mode: Dispatch, world_size: int, args: tuple, kwargs: dict):
 
 def collect_outputs(mode: Dispatch, outputs: list, pad_size: int):
     """Per-rank outputs -> what the driver sees."""
-    if mode == Dispatch.RANK_ZERO:
-        return outputs[0]
     if mode == Dispatch.DP_COMPUTE_PROTO:
         if not all(isinstance(o, DataProto) for o in outputs):
             raise TypeError("DP_COMPUTE_PROTO: every worker must return a DataProto")

@@ -32,10 +32,8 @@ class LocalWorkerGroup(WorkerGroup):
         super().__init__(worker_cls, world_size=1)
         self.workers = [worker_cls(*args, **kwargs)]
 
-    def _execute(self, method_name: str, per_rank_args: list, per_rank_kwargs: list, ranks: list[int]) -> list[Any]:
+    def _execute(self, method_name: str, per_rank_args: list, per_rank_kwargs: list) -> list[Any]:
         return [
-            getattr(self.workers[r], method_name)(
-                *(_detached(a) for a in args), **{k: _detached(v) for k, v in kwargs.items()}
-            )
-            for r, args, kwargs in zip(ranks, per_rank_args, per_rank_kwargs)
+            getattr(worker, method_name)(*(_detached(a) for a in args), **{k: _detached(v) for k, v in kwargs.items()})
+            for worker, args, kwargs in zip(self.workers, per_rank_args, per_rank_kwargs)
         ]

@@ -49,14 +49,12 @@ class ResourceError(UserError, RuntimeError):
 
 
 class Role(enum.Enum):
-    """What a worker group does; ResourcePoolManager maps each role to a resource pool."""
+    """What a worker group does; ResourcePoolManager maps each role to a resource pool. Every
+    trained model (actor, reference, critic, reward model; SFT's and RM's model) is colocated in
+    the ``ActorRolloutRef`` pool; ``Rollout`` is a rollout pool of its own (engines without an actor)."""
 
-    ActorRollout = "actor_rollout"
-    Rollout = "rollout"  # a rollout pool of its own (engines without an actor)
     ActorRolloutRef = "actor_rollout_ref"
-    RefPolicy = "ref"
-    Critic = "critic"
-    RewardModel = "reward_model"
+    Rollout = "rollout"
 
 
 # ---------------------------------------------------------------- resources
@@ -320,15 +318,10 @@ class RayWorkerGroup(WorkerGroup):
             for role in prefix_set
         }
 
-    def _execute(self, method_name: str, per_rank_args: list, per_rank_kwargs: list, ranks: list[int]):
-        refs = [self._hosts[r].call.remote(self._role, method_name, a, k)
-                for r, a, k in zip(ranks, per_rank_args, per_rank_kwargs)]
+    def _execute(self, method_name: str, per_rank_args: list, per_rank_kwargs: list):
+        refs = [host.call.remote(self._role, method_name, a, k)
+                for host, a, k in zip(self._hosts, per_rank_args, per_rank_kwargs)]
         return self._wait(refs, method_name)
-
-    def _execute_async(self, method_name: str, per_rank_args: list, per_rank_kwargs: list, ranks: list[int]):
-        refs = [self._hosts[r].call.remote(self._role, method_name, a, k)
-                for r, a, k in zip(ranks, per_rank_args, per_rank_kwargs)]
-        return lambda: self._wait(refs, method_name)
 
     def _wait(self, refs: list, method_name: str = "") -> list:
         """Results in rank order; the first failure is raised at once (the other ranks may be

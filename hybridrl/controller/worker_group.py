@@ -10,14 +10,14 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
-from hybridrl.controller.decorator import Execute, MethodSpec, collect_outputs, dispatch_args, get_method_spec
+from hybridrl.controller.decorator import MethodSpec, collect_outputs, dispatch_args, get_method_spec
 
 
 class WorkerGroup:
     """Backend-independent part of a worker group.
 
-    Subclasses implement ``_execute(method_name, per_rank_args, per_rank_kwargs, ranks)``
-    returning one output per rank in ``ranks`` (or a future when ``blocking`` is false).
+    Subclasses implement ``_execute(method_name, per_rank_args, per_rank_kwargs)``: run the
+    method on every rank with its arguments, return the outputs in rank order.
     """
 
     def __init__(self, worker_cls: type, world_size: int) -> None:
@@ -34,36 +34,10 @@ class WorkerGroup:
     def _make_group_method(self, name: str, spec: MethodSpec):
         def group_method(*args, **kwargs):
             per_args, per_kwargs, pad_size = dispatch_args(spec.dispatch_mode, self.world_size, args, kwargs)
-            ranks = [0] if spec.execute_mode == Execute.RANK_ZERO else list(range(self.world_size))
-            call = (name, [per_args[r] for r in ranks], [per_kwargs[r] for r in ranks], ranks)
-            if not spec.blocking:
-                wait = self._execute_async(*call)
-                return WorkerGroupFuture(lambda: collect_outputs(spec.dispatch_mode, wait(), pad_size))
-            return collect_outputs(spec.dispatch_mode, self._execute(*call), pad_size)
+            return collect_outputs(spec.dispatch_mode, self._execute(name, per_args, per_kwargs), pad_size)
 
         group_method.__name__ = name
         return group_method
 
-    def _execute(self, method_name: str, per_rank_args: list, per_rank_kwargs: list, ranks: list[int]) -> list[Any]:
+    def _execute(self, method_name: str, per_rank_args: list, per_rank_kwargs: list) -> list[Any]:
         raise NotImplementedError
-
-    def _execute_async(self, method_name: str, per_rank_args: list, per_rank_kwargs: list,
-                       ranks: list[int]) -> Callable[[], list[Any]]:
-        """Starts the call and returns a function that waits for the per-rank outputs. This
-        default runs the call now (an in-process backend has nothing to overlap)."""
-        outputs = self._execute(method_name, per_rank_args, per_rank_kwargs, ranks)
-        return lambda: outputs
-
-
-class WorkerGroupFuture:
-    """What a ``@register(blocking=False)`` method returns: ``get()`` waits and collects once."""
-
-    def __init__(self, wait: Callable[[], Any]) -> None:
-        self._wait = wait
-        self._done = False
-        self._value = None
-
-    def get(self) -> Any:
-        if not self._done:
-            self._value, self._done = self._wait(), True
-        return self._value

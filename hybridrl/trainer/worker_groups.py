@@ -147,8 +147,8 @@ def _build_ray_groups(config, roles: dict, world_size: int, device: str, max_con
     os.environ.setdefault("HYBRIDRL_DIST_TIMEOUT_S", str(trainer_cfg.get("dist_timeout_s", 600)))
     started_ray = init_ray(config, (world_size + sum(rollout_pool_spec(config))) * threads)
     use_gpu = device == "cuda" or (device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
-    spec, mapping = {"global_pool": [int(trainer_cfg.n_gpus_per_node)] * int(trainer_cfg.nnodes)}, {
-        Role.ActorRolloutRef: "global_pool", Role.Critic: "global_pool", Role.RewardModel: "global_pool"}
+    spec = {"global_pool": [int(trainer_cfg.n_gpus_per_node)] * int(trainer_cfg.nnodes)}
+    mapping = {Role.ActorRolloutRef: "global_pool"}  # every role of `roles`, colocated
     if rollout_pool_spec(config):  # verl's standalone rollout: the engines on workers of their own
         spec["rollout_pool"], mapping[Role.Rollout] = rollout_pool_spec(config), "rollout_pool"
     pools = ResourcePoolManager(spec, mapping=mapping, use_gpu=use_gpu, cpus_per_worker=threads)

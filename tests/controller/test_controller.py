@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from hybridrl.controller.decorator import Dispatch, Execute, collect_outputs, dispatch_args, register
+from hybridrl.controller.decorator import Dispatch, collect_outputs, dispatch_args, register
 from hybridrl.controller.local import LocalWorkerGroup
 from hybridrl.controller.worker import Worker
 from hybridrl.protocol import DataProto
@@ -22,7 +22,7 @@ class EchoWorker(Worker):
     def double(self, data: DataProto) -> DataProto:
         return DataProto.from_dict(tensors={"y": data.batch["x"] * self.scale})
 
-    @register(dispatch_mode=Dispatch.RANK_ZERO, execute_mode=Execute.RANK_ZERO)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def get_rank(self):
         return self.rank
 
@@ -36,7 +36,7 @@ def test_local_group_binds_only_registered_methods():
     assert group.workers[0].calls == ["a"]
     out = group.double(DataProto.from_dict(tensors={"x": torch.arange(5.0)}))
     assert torch.equal(out.batch["y"], torch.arange(5.0) * 3)
-    assert group.get_rank() == 0
+    assert group.get_rank() == [0]
     assert not hasattr(group, "not_registered")
 
 
@@ -51,11 +51,11 @@ def test_dp_compute_proto_pads_splits_and_unpads_over_ranks():
     assert list(merged.non_tensor_batch["uid"]) == list("abcdefg")
 
 
-def test_all_to_all_requires_one_item_per_rank():
-    per_args, _, _ = dispatch_args(Dispatch.ALL_TO_ALL, 2, ([1, 2],), {})
-    assert per_args == [(1,), (2,)]
+def test_dp_compute_requires_one_item_per_rank():
+    per_args, per_kwargs, _ = dispatch_args(Dispatch.DP_COMPUTE, 2, ([1, 2],), {"b": [3, 4]})
+    assert per_args == [(1,), (2,)] and per_kwargs == [{"b": 3}, {"b": 4}]
     with pytest.raises(ValueError, match="world_size=2"):
-        dispatch_args(Dispatch.ALL_TO_ALL, 2, ([1, 2, 3],), {})
+        dispatch_args(Dispatch.DP_COMPUTE, 2, ([1, 2, 3],), {})
 
 
 def test_register_rejects_bad_modes():

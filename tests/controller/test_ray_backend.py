@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from hybridrl.controller.decorator import Dispatch, Execute, register
+from hybridrl.controller.decorator import Dispatch, register
 from hybridrl.controller.worker import Worker
 from hybridrl.protocol import DataProto
 
@@ -45,27 +45,11 @@ class ToyWorker(Worker):
         return DataProto.from_dict(tensors={"x": data.batch["x"] * 2 * self.scale,
                                             "rank": torch.full((len(data),), self.rank)})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
-    def count(self, data: DataProto):
-        return {"rows": len(data), "rank": self.rank}
-
-    @register(dispatch_mode=Dispatch.ALL_TO_ALL)
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def add(self, a, b):
         return a + b + self.rank
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
-    def square(self, x):
-        return x * x
-
-    @register(dispatch_mode=Dispatch.RANK_ZERO)
-    def rank_zero_value(self):
-        return f"rank{self.rank}"
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL, execute_mode=Execute.RANK_ZERO)
-    def only_rank_zero_runs(self):
-        return self.rank
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def slow(self, seconds: float):
         time.sleep(seconds)
         return self.rank
@@ -121,20 +105,9 @@ def test_dispatch_modes(group):
     data = DataProto.from_dict(tensors={"x": torch.arange(5.0)})  # 5 rows over 2 ranks: padded to 6
     out = group.double(data)
     assert torch.equal(out.batch["x"], torch.arange(5.0) * 6) and out.batch["rank"].tolist() == [0, 0, 0, 1, 1]
-    assert group.count(data) == [{"rows": 3, "rank": 0}, {"rows": 3, "rank": 1}]
     assert group.add([1, 2], b=[10, 20]) == [11, 23]
-    assert group.square([3, 4]) == [9, 16]
-    assert group.rank_zero_value() == "rank0"
-    assert group.only_rank_zero_runs() == [0]
     with pytest.raises(ValueError, match="world_size=2"):
         group.add([1], b=[2])
-
-
-def test_non_blocking_calls_return_futures(group):
-    start = time.time()
-    future = group.slow(1.0)
-    assert time.time() - start < 0.9  # returned before the workers finished
-    assert future.get() == [0, 1] and future.get() == [0, 1]
 
 
 def test_worker_errors_name_rank_and_traceback(group):
@@ -143,7 +116,7 @@ def test_worker_errors_name_rank_and_traceback(group):
     msg = str(err.value)
     assert "ToyWorker.fail_on_rank_one" in msg and "rank 1" in msg and "ValueError: bad value on purpose" in msg
     assert "worker traceback" in msg and "test_ray_backend.py" in msg
-    assert group.rank_zero_value() == "rank0"  # the group still works after a method error
+    assert group.add([1, 2], b=[0, 0]) == [1, 3]  # the group still works after a method error
 
 
 def test_colocated_roles_share_processes(ray_cluster):
@@ -168,7 +141,7 @@ def test_max_concurrency_runs_a_second_call_beside_a_running_one(ray_cluster):
         wg = RayWorkerGroup(RayResourcePool([1]), RayClassWithInitArgs(ToyWorker), max_concurrency=concurrency)
         try:
             wg.env()  # started
-            slow = threading.Thread(target=lambda: wg.slow(3.0).get())
+            slow = threading.Thread(target=lambda: wg.slow(3.0))
             slow.start()
             time.sleep(0.5)  # the slow call is running
             started = time.monotonic()

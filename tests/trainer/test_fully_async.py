@@ -4,7 +4,7 @@ Start-up checks (one line each); the driver's stream bookkeeping against a scrip
 (the staleness bound with drop and wait, oldest groups first, checkpoint state that regenerates
 the untrained groups and never trains one twice, a deadline); partial rollouts on the real async
 engine (every token's log-prob is under the policy that sampled it); and the tiny model end to
-end: separate_async for three steps and a resume, colocate_async until its engine is killed, two
+end: separate_async for two steps and a resume, colocate_async until its engine is killed, two
 simulated Ray nodes streaming their shares, a rollout pool of its own, and a killed rollout worker.
 """
 
@@ -291,29 +291,28 @@ def _prompts_trained(out, steps):
 
 @pytest.mark.slow
 @needs_vllm
-def test_three_steps_then_a_resume_that_trains_nothing_twice(small_data, vllm_model_dir, tmp_path):
+def test_two_steps_then_a_resume_that_trains_nothing_twice(small_data, vllm_model_dir, tmp_path):
     from hybridrl.trainer.main_ppo import main
 
     out = tmp_path / "run"
-    args = _args(small_data, vllm_model_dir, out, tmp_path, "separate_async", "trainer.save_freq=2",
-                 "trainer.v1.sampler.max_off_policy_threshold=2")
+    args = _args(small_data, vllm_model_dir, out, tmp_path, "separate_async", "trainer.save_freq=1",
+                 "trainer.total_training_steps=2", "trainer.v1.sampler.max_off_policy_threshold=2")
     assert main(args) == 0
     rows = _rows(out)
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["step"] for r in rows] == [1, 2]
     assert all(r["fully_async/staleness/max"] <= 1 and r["actor/grad_norm"] > 0 for r in rows)
-    assert [r["fully_async/count/current_param_version"] for r in rows] == [0, 1, 2]
+    assert [r["fully_async/count/current_param_version"] for r in rows] == [0, 1]
     for key in ("timing_s/gen", "timing_s/sync_rollout_weights", "fully_async/queue_size", "fully_async/in_flight",
                 "fully_async/dropped", "fully_async/partial/partial_ratio", "fully_async/trainer/idle_ratio",
                 "fully_async/rollouter/idle_ratio"):
         assert key in rows[-1], key
     assert "timing_s/old_log_prob" not in rows[-1]  # bypass mode: the rollout log-probs are the old ones
-    # resume from step 2's checkpoint: its groups in flight are generated again, nothing trains twice
-    trained_before = _prompts_trained(out, (1, 2))
+    # resume from step 1's checkpoint: its groups in flight are generated again, nothing trains twice
+    trained_before = _prompts_trained(out, (1,))
     os.remove(out / "metrics.jsonl")
-    assert main(args + ["trainer.total_training_steps=4", "trainer.resume_mode=resume_path",
-                        f"trainer.resume_from_path={out}/global_step_2"]) == 0
-    assert [r["step"] for r in _rows(out)] == [3, 4]
-    later = _prompts_trained(out, (3, 4))
+    assert main(args + ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={out}/global_step_1"]) == 0
+    assert [r["step"] for r in _rows(out)] == [2]
+    later = _prompts_trained(out, (2,))
     assert not set(later) & set(trained_before)
     assert set(collections.Counter(later + trained_before).values()) == {2}  # rollout.n samples, in one step only
 
@@ -359,12 +358,13 @@ def test_on_two_simulated_ray_nodes_each_worker_streams_its_share(ray_cluster, s
 
     out = tmp_path / "run"
     args = _args(small_data, vllm_model_dir, out, tmp_path, "separate_async", "trainer.backend=ray",
-                 "trainer.nnodes=2", "trainer.n_gpus_per_node=1", "trainer.v1.sampler.max_off_policy_threshold=2")
+                 "trainer.nnodes=2", "trainer.n_gpus_per_node=1", "trainer.v1.sampler.max_off_policy_threshold=2",
+                 "trainer.total_training_steps=2")
     assert main(args) == 0
     rows = _rows(out)
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["step"] for r in rows] == [1, 2]
     assert all(r["actor/grad_norm"] > 0 and r["fully_async/staleness/max"] <= 1 for r in rows)
-    trained = _prompts_trained(out, (1, 2, 3))
+    trained = _prompts_trained(out, (1, 2))
     assert set(collections.Counter(trained).values()) == {2}
 
 
@@ -381,10 +381,10 @@ def test_a_rollout_pool_of_its_own_generates_while_the_trainer_trains(ray_cluste
     args = _args(small_data, vllm_model_dir, out, tmp_path, "separate_async", "trainer.backend=ray",
                  "trainer.nnodes=1", "trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.nnodes=1",
                  "actor_rollout_ref.rollout.n_gpus_per_node=1", "trainer.v1.sampler.max_off_policy_threshold=1",
-                 "trainer.test_freq=3")
+                 "trainer.test_freq=2", "trainer.total_training_steps=2")
     assert main(args) == 0
     rows = _rows(out)
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["step"] for r in rows] == [1, 2]
     # threshold 1: only groups the current weights started are trained, so every step's samples
     # are on policy and the pushed weights must be the actor's (else ppo_kl would move off 0)
     assert all(r["fully_async/staleness/max"] == 0 for r in rows)
