@@ -17,7 +17,7 @@ import tempfile
 from hybridrl.models import ModelDependencyError, ModelPathError, load_causal_lm, load_value_model, to_torch_dtype
 from hybridrl.models.lora import LORA_ADAPTER_DIR, merge_lora_adapter
 from hybridrl.trainer.checkpoint import CheckpointError
-from hybridrl.workers.checkpoint_io import DCP_DIR, HF_DIR
+from hybridrl.workers.checkpoint_io import DCP_DIR, HF_DIR, quiet_single_process_dcp
 
 
 def _model_class(config):
@@ -89,7 +89,8 @@ def _load_dcp(dcp_dir: str, config):
     model = model.to_empty(device="cpu")
     state = {"model": model.state_dict()}
     # Tied weights (lm_head = embeddings) may be stored once: load what is there, then re-tie.
-    dcp.load(state, checkpoint_id=dcp_dir, planner=dcp.DefaultLoadPlanner(allow_partial_load=True), no_dist=True)
+    with quiet_single_process_dcp():
+        dcp.load(state, checkpoint_id=dcp_dir, planner=dcp.DefaultLoadPlanner(allow_partial_load=True), no_dist=True)
     model.load_state_dict(state["model"])
     model.tie_weights()
     return model

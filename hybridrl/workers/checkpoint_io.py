@@ -14,11 +14,13 @@ renames it).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import glob
 import os
 import random
 import re
+import warnings
 
 import numpy as np
 import torch
@@ -34,6 +36,15 @@ def _distributed() -> bool:
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized()
+
+
+@contextlib.contextmanager
+def quiet_single_process_dcp():
+    """DCP warns on every save and load without a process group that it assumes one process,
+    even with ``no_dist=True``, which asks for exactly that: that one warning is dropped."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
 
 
 def _extra_state_path(local_path: str, rank: int, world_size: int) -> str:
@@ -116,8 +127,9 @@ def save_worker_state(local_path, module, optimizer, lr_scheduler, rank, world_s
 
     os.makedirs(local_path, exist_ok=True)
     model_state, optim_state = _model_and_optim_state(module, optimizer, _state_dict_options(module))
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=os.path.join(local_path, DCP_DIR),
-             no_dist=not _distributed())
+    with quiet_single_process_dcp():
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=os.path.join(local_path, DCP_DIR),
+                 no_dist=not _distributed())
     if is_lora_model(module):
         save_lora_adapter(module, local_path, rank)
     torch.save({"lr_scheduler": lr_scheduler.state_dict(), "rng": rng_state(), "worker": dict(worker_state or {})},
@@ -175,7 +187,8 @@ def load_worker_state(local_path, module, optimizer, lr_scheduler, rank, world_s
     options = _state_dict_options(module)
     model_state, optim_state = _model_and_optim_state(module, optimizer, options)
     state = {"model": model_state, "optim": optim_state}
-    dcp.load(state, checkpoint_id=os.path.join(local_path, DCP_DIR), no_dist=not _distributed())
+    with quiet_single_process_dcp():
+        dcp.load(state, checkpoint_id=os.path.join(local_path, DCP_DIR), no_dist=not _distributed())
     set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                    options=options)
     extra = load_state_file(_extra_state_path(local_path, min(rank, saved_world - 1), saved_world))
