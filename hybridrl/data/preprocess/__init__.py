@@ -36,6 +36,15 @@ def write_split(rows: list[dict], local_dir: str, split: str) -> str:
     return path
 
 
+def write_splits(rows_by_split: dict[str, list[dict]], local_dir: str) -> tuple[str, ...]:
+    """:func:`write_split` for each split in order, saying what was written; the paths."""
+    paths = []
+    for split, rows in rows_by_split.items():
+        paths.append(write_split(rows, local_dir, split))
+        print(f"wrote {len(rows)} rows to {paths[-1]}")
+    return tuple(paths)
+
+
 def main(argv: list[str]) -> int:
     """``hybridrl preprocess <task> [args]``: runs the task's own ``main(args)``."""
     if not argv or argv[0] not in TASKS:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import random
 
-from hybridrl.data.preprocess import write_split
+from hybridrl.data.preprocess import write_splits
 from hybridrl.errors import UserError
 
 DATA_SOURCE = "arithmetic"
@@ -155,13 +155,8 @@ def main(argv: list[str] | None = None) -> tuple[str, str]:
     """Generate the data and write ``train.parquet`` and ``test.parquet``; returns their paths."""
     args = build_parser().parse_args(argv)
     test_pairs, train_pairs = generate_questions(args)
-    paths = []
-    for split, split_pairs in (("train", train_pairs), ("test", test_pairs)):
-        rows = [make_row(e, a, split, i) for i, (e, a) in enumerate(split_pairs)]
-        path = write_split(rows, args.local_dir, split)
-        paths.append(path)
-        print(f"wrote {len(rows)} rows to {path}")
-    return paths[0], paths[1]
+    return write_splits({split: [make_row(e, a, split, i) for i, (e, a) in enumerate(pairs)]
+                         for split, pairs in (("train", train_pairs), ("test", test_pairs))}, args.local_dir)
 
 
 if __name__ == "__main__":

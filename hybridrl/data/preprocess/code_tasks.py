@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from hybridrl.data.errors import DataError
-from hybridrl.data.preprocess import write_split
+from hybridrl.data.preprocess import write_splits
 
 DATA_SOURCE = "code_tasks"
 PROMPT_TEMPLATE = ("Write a Python function `{name}({params})` that {description}. For example, "
@@ -172,12 +172,7 @@ def main(argv: list[str] | None = None) -> tuple[str, str]:
     """
     args = build_parser().parse_args(argv)
     train, test = generate_rows(args.train_size, args.test_size, args.num_tests, args.seed)
-    paths = []
-    for split, rows in (("train", train), ("test", test)):
-        path = write_split(rows, args.local_dir, split)
-        paths.append(path)
-        print(f"wrote {len(rows)} rows to {path}")
-    return paths[0], paths[1]
+    return write_splits({"train": train, "test": test}, args.local_dir)
 
 
 if __name__ == "__main__":
