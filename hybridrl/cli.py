@@ -102,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"hybridrl: error: unknown command {command!r}\n{usage()}", file=sys.stderr)
         return 2
+    config_name = next((name for name, cmd in _CONFIG_COMMANDS.items() if cmd == command), None)
+    if config_name and any(arg in ("-h", "--help", "help") for arg in rest):
+        print(command_help(config_name))  # before importing the command's module (torch and all)
+        return 0
     module = importlib.import_module(COMMANDS[command][0])
     try:
         return int(module.main(rest) or 0)

@@ -20,6 +20,17 @@ def test_command_help_says_how_settings_are_given(capsys, command, config):
     assert f"hybridrl config --show --name {config}" in out and "examples/run_arithmetic_grpo.sh" in out
 
 
+def test_command_help_answers_without_importing_the_command():
+    """`hybridrl train --help` is instant: torch and the trainer load only when a command runs."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from hybridrl.cli import main; main(['train', '--help']); "
+            "print(sorted(m for m in ('torch', 'hybridrl.trainer.main_ppo') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().endswith("[]"), out
+
+
 def test_train_without_data_says_what_to_run_or_set(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))  # the default data.train_files under ~ does not exist
     assert cli(["train"]) == 2
