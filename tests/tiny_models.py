@@ -51,3 +51,10 @@ def build_tiny_model(
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return out_dir
+
+
+def actor_batch_sizes(actor_rollout_ref, world_size: int = 1) -> dict:
+    """The per-worker batch sizes the driver hands an ``ActorRolloutRefWorker`` (``config.worker_batch_sizes``)."""
+    from hybridrl.config import worker_batch_sizes
+
+    return worker_batch_sizes(actor_rollout_ref.actor, actor_rollout_ref.rollout.n, world_size)

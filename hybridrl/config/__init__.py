@@ -6,8 +6,8 @@ components (estimators, engines, reward managers, ...) sit above them, in
 Light on import: Hydra, OmegaConf and torch are imported inside the functions.
 """
 
-from hybridrl.config.batch_sizes import normalize_batch_sizes
+from hybridrl.config.batch_sizes import normalize_batch_sizes, worker_batch_sizes
 from hybridrl.config.loader import load_config
 from hybridrl.errors import ConfigError
 
-__all__ = ["ConfigError", "load_config", "normalize_batch_sizes"]
+__all__ = ["ConfigError", "load_config", "normalize_batch_sizes", "worker_batch_sizes"]

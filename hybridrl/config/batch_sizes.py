@@ -129,3 +129,17 @@ def _micro_per_worker(cfg, prefix: str, name: str, dp: int, required: bool):
             f"{prefix}.{per_gpu_key} is not set; set it (e.g. {prefix}.{per_gpu_key}=4) "
             f"or turn on {prefix}.use_dynamic_bsz=true")
     return None
+
+
+def worker_batch_sizes(section, rollout_n: int, dp: int) -> dict:
+    """What each of ``dp`` workers trains an actor or critic section with, computed once by the
+    driver and handed to the workers: :func:`normalize_batch_sizes`, with the micro batch set to
+    the whole mini batch under ``use_dynamic_bsz`` (micro batches are then cut by tokens).
+
+    Raises:
+        ConfigError: as :func:`normalize_batch_sizes`.
+    """
+    sizes = normalize_batch_sizes(section, rollout_n, dp)
+    if sizes["ppo_micro_batch_size_per_gpu"] is None:
+        sizes["ppo_micro_batch_size_per_gpu"] = sizes["ppo_mini_batch_size"]
+    return sizes

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from hybridrl.config import worker_batch_sizes
 from hybridrl.controller.local import LocalWorkerGroup
 from hybridrl.controller.ray import (RayClassWithInitArgs, RayWorkerGroup, ResourcePoolManager, Role,
                                      create_colocated_worker_cls)
@@ -91,12 +92,18 @@ def rollout_pool_spec(config) -> list[int]:
 
 
 def _roles(config, use_critic: bool, use_reference: bool, use_reward_model: bool) -> dict[str, tuple]:
-    """role name -> (worker class, args, kwargs) of the trainer's pool; ``device`` is filled in by the caller."""
+    """role name -> (worker class, args, kwargs) of the trainer's pool; ``device`` is filled in by
+    the caller. The per-worker batch sizes are computed here, once, for the run's world size."""
+    _, world_size = resolve_backend(config)
+    n = int(config.actor_rollout_ref.rollout.n)
     role = ("actor_rollout_ref" if use_reference else "actor_rollout").replace(
         "_rollout", "" if rollout_pool_spec(config) else "_rollout")  # with a rollout pool: no engine here
-    roles = {"actor_rollout": (fsdp_workers.ActorRolloutRefWorker, (config.actor_rollout_ref,), {"role": role})}
+    actor_sizes = worker_batch_sizes(config.actor_rollout_ref.actor, n, world_size)
+    roles = {"actor_rollout": (fsdp_workers.ActorRolloutRefWorker, (config.actor_rollout_ref, actor_sizes),
+                               {"role": role})}
     if use_critic:
-        roles["critic"] = (fsdp_workers.CriticWorker, (config.critic,), {})
+        critic_sizes = worker_batch_sizes(config.critic, n, world_size)
+        roles["critic"] = (fsdp_workers.CriticWorker, (config.critic, critic_sizes), {})
     if use_reward_model:
         roles["reward_model"] = (fsdp_workers.RewardModelWorker, (config.reward_model,), {})
     return roles

@@ -14,7 +14,6 @@ import logging
 import numpy as np
 
 from hybridrl.agents.manager import AgentLoopManager
-from hybridrl.config import normalize_batch_sizes
 from hybridrl.controller.decorator import Dispatch, register
 from hybridrl.controller.worker import Worker
 from hybridrl.models import load_causal_lm, load_tokenizer, load_value_model, resolve_model_path
@@ -46,17 +45,14 @@ def shard_module(module, fsdp_config, device: str):
     return apply_fsdp2(module, fsdp_config, device, mixed_precision=fsdp_config.get("mixed_precision"))
 
 
-def _with_normalized_batch_sizes(section, rollout_n: int, world_size: int):
-    """A copy of an actor/critic section with per-worker mini and micro batch sizes (rows)."""
+def _with_batch_sizes(section, batch_sizes: dict):
+    """A copy of an actor/critic section with the per-worker batch sizes the driver computed
+    (``hybridrl.config.worker_batch_sizes``: responses per mini and micro batch on this worker)."""
     from omegaconf import open_dict
 
     section = copy.deepcopy(section)
-    sizes = normalize_batch_sizes(section, rollout_n, world_size)
     with open_dict(section):
-        for key, value in sizes.items():
-            section[key] = value
-        if section.ppo_micro_batch_size_per_gpu is None:  # use_dynamic_bsz: micro batches by tokens instead
-            section.ppo_micro_batch_size_per_gpu = section.ppo_mini_batch_size
+        section.update(batch_sizes)
     return section
 
 
@@ -67,14 +63,17 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
     Args:
         config: the ``actor_rollout_ref`` section (with ``actor.optim.total_training_steps``
             filled in by the driver).
+        batch_sizes: the actor's per-worker batch sizes, computed once by the driver
+            (``hybridrl.config.worker_batch_sizes(config.actor, rollout.n, world_size)``).
         role: which of actor / rollout / reference this worker hosts.
         device: ``trainer.device`` (cpu | cuda | auto).
     """
 
-    def __init__(self, config, role: str = "actor_rollout_ref", device: str = "auto") -> None:
+    def __init__(self, config, batch_sizes: dict, role: str = "actor_rollout_ref", device: str = "auto") -> None:
         if role not in ("actor_rollout", "actor_rollout_ref", "ref", "actor", "actor_ref"):
             raise ValueError(f"ActorRolloutRefWorker: unknown role {role!r}")
         super().__init__(config, device)
+        self.batch_sizes = dict(batch_sizes)
         self.role = role
         self._is_actor = role != "ref"
         self._is_ref = role in ("ref", "actor_rollout_ref", "actor_ref")
@@ -94,8 +93,7 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
             override_config=model_cfg.get("override_config"),
             enable_gradient_checkpointing=self._is_actor and model_cfg.get("enable_gradient_checkpointing", False),
         ).to(self.device)
-        rollout_n = self.config.rollout.n
-        actor_sizes = _with_normalized_batch_sizes(self.config.actor, rollout_n, self.world_size)
+        actor_sizes = _with_batch_sizes(self.config.actor, self.batch_sizes)
         self.actor_micro_batch_size = actor_sizes.ppo_micro_batch_size_per_gpu
         sharded = self.world_size > 1
         lora = lora_settings(model_cfg) if self._is_actor else None
@@ -287,10 +285,12 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
 
 
 class CriticWorker(Worker):
-    """Value-model worker. ``config`` is the ``critic`` section."""
+    """Value-model worker. ``config`` is the ``critic`` section; ``batch_sizes`` its per-worker
+    batch sizes, computed once by the driver (``hybridrl.config.worker_batch_sizes``)."""
 
-    def __init__(self, config, device: str = "auto") -> None:
+    def __init__(self, config, batch_sizes: dict, device: str = "auto") -> None:
         super().__init__(config, device)
+        self.batch_sizes = dict(batch_sizes)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -304,7 +304,7 @@ class CriticWorker(Worker):
             override_config=model_cfg.get("override_config"),
             enable_gradient_checkpointing=model_cfg.get("enable_gradient_checkpointing", False),
         ).to(self.device)
-        critic_cfg = _with_normalized_batch_sizes(self.config, self.config.rollout_n, self.world_size)
+        critic_cfg = _with_batch_sizes(self.config, self.batch_sizes)
         lora = lora_settings(model_cfg)
         if lora:  # adapters on the backbone; the value head is trained whole (peft's TOKEN_CLS)
             module = apply_lora(module, **lora, task_type="TOKEN_CLS", config_key="critic.model", seed=0)

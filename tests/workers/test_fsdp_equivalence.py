@@ -15,6 +15,7 @@ from hybridrl.controller.local import LocalWorkerGroup
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.merge import load_merged_model, main as merge_main
 from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker
+from tests.tiny_models import actor_batch_sizes
 
 ray = pytest.importorskip("ray")
 from hybridrl.controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup  # noqa: E402
@@ -55,13 +56,14 @@ def batch():
 def runs(ray_cluster, actor_config, batch, tmp_path_factory):
     """The same update on one local worker and on two FSDP2 Ray workers; checkpoints of both."""
     out = tmp_path_factory.mktemp("fsdp")
-    local = LocalWorkerGroup(ActorRolloutRefWorker, actor_config, role="actor_rollout", device="cpu")
+    local = LocalWorkerGroup(ActorRolloutRefWorker, actor_config, actor_batch_sizes(actor_config), role="actor_rollout",
+                             device="cpu")
     local.init_model()
     result = {"local_logp": local.compute_log_prob(batch).batch["old_log_probs"],
               "local_metrics": local.update_actor(batch).meta_info["metrics"]}
     local.save_checkpoint(str(out / "local"), 1)
     sharded = RayWorkerGroup(RayResourcePool([1, 1]), RayClassWithInitArgs(
-        ActorRolloutRefWorker, actor_config, role="actor_rollout", device="cpu"))
+        ActorRolloutRefWorker, actor_config, actor_batch_sizes(actor_config, 2), role="actor_rollout", device="cpu"))
     try:
         sharded.init_model()
         result["sharded_logp"] = sharded.compute_log_prob(batch).batch["old_log_probs"]
@@ -94,7 +96,8 @@ def test_two_sharded_workers_update_like_one(runs):
 
 
 def test_sharded_checkpoint_resumes_on_one_worker(runs, actor_config, batch):
-    resumed = LocalWorkerGroup(ActorRolloutRefWorker, actor_config, role="actor_rollout", device="cpu")
+    resumed = LocalWorkerGroup(ActorRolloutRefWorker, actor_config, actor_batch_sizes(actor_config), role="actor_rollout",
+                               device="cpu")
     resumed.init_model()
     before = resumed.compute_log_prob(batch).batch["old_log_probs"]
     resumed.load_checkpoint(str(runs["dir"] / "sharded"))

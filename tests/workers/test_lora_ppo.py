@@ -10,11 +10,12 @@ import torch
 
 pytest.importorskip("peft")
 
-from hybridrl.config import load_config  # noqa: E402
+from hybridrl.config import load_config, worker_batch_sizes  # noqa: E402
 from hybridrl.controller.local import LocalWorkerGroup  # noqa: E402
 from hybridrl.protocol import DataProto  # noqa: E402
 from hybridrl.trainer.checkpoint import CheckpointError  # noqa: E402
 from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker  # noqa: E402
+from tests.tiny_models import actor_batch_sizes  # noqa: E402
 
 A, M = "actor_rollout_ref.actor", "actor_rollout_ref.model"
 RANK, ALPHA = 4, 8
@@ -73,7 +74,8 @@ def _base_log_probs(tiny_model_dir, data: DataProto) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def trained(actor_config, batch, tmp_path_factory):
     """One local LoRA worker: weights before/after one update, log-probs, and a checkpoint."""
-    group = LocalWorkerGroup(ActorRolloutRefWorker, actor_config, role="actor_rollout_ref", device="cpu")
+    group = LocalWorkerGroup(ActorRolloutRefWorker, actor_config, actor_batch_sizes(actor_config),
+                             role="actor_rollout_ref", device="cpu")
     group.init_model()
     worker = group.workers[0]
     before = {n: p.detach().clone() for n, p in worker.actor.actor_module.named_parameters()}
@@ -141,7 +143,8 @@ def test_checkpoint_holds_the_adapter_and_resumes(trained, actor_config, batch):
     keys = [k for k in dcp.FileSystemReader(str(folder / "dcp")).read_metadata().state_dict_metadata
             if k.startswith("model.")]
     assert keys and all("lora_" in k for k in keys)  # the frozen base weights stay out
-    resumed = LocalWorkerGroup(ActorRolloutRefWorker, actor_config, role="actor_rollout_ref", device="cpu")
+    resumed = LocalWorkerGroup(ActorRolloutRefWorker, actor_config, actor_batch_sizes(actor_config),
+                             role="actor_rollout_ref", device="cpu")
     resumed.init_model()
     resumed.load_checkpoint(str(folder))
     torch.testing.assert_close(resumed.compute_log_prob(batch).batch["old_log_probs"], trained["logp"],
@@ -156,8 +159,9 @@ def test_checkpoint_holds_the_adapter_and_resumes(trained, actor_config, batch):
 
 
 def test_resume_with_another_lora_rank_is_refused(trained, tiny_model_dir):
-    full = LocalWorkerGroup(ActorRolloutRefWorker, load_config(_overrides(tiny_model_dir, 0)).actor_rollout_ref,
-                            role="actor_rollout", device="cpu")
+    full_config = load_config(_overrides(tiny_model_dir, 0)).actor_rollout_ref
+    full = LocalWorkerGroup(ActorRolloutRefWorker, full_config, actor_batch_sizes(full_config), role="actor_rollout",
+                            device="cpu")
     full.init_model()
     with pytest.raises(CheckpointError, match=r"lora_rank=4 but this run has lora_rank=0"):
         full.load_checkpoint(str(trained["dir"]))
@@ -193,7 +197,8 @@ def test_critic_lora_trains_the_adapter_and_the_value_head(tiny_model_dir, batch
     cfg = load_config(_overrides(tiny_model_dir) + [
         "algorithm.adv_estimator=gae", f"critic.model.path={tiny_model_dir}", "critic.model.lora_rank=4",
         "critic.ppo_mini_batch_size=4", "critic.ppo_micro_batch_size_per_gpu=2", "critic.optim.lr=1e-2"])
-    group = LocalWorkerGroup(CriticWorker, cfg.critic, device="cpu")
+    group = LocalWorkerGroup(CriticWorker, cfg.critic, worker_batch_sizes(cfg.critic, cfg.actor_rollout_ref.rollout.n, 1),
+                             device="cpu")
     group.init_model()
     module = group.workers[0].critic.critic_module
     before = {n: p.detach().clone() for n, p in module.named_parameters()}
@@ -215,7 +220,7 @@ def test_two_sharded_lora_workers_update_like_one(ray_cluster, actor_config, bat
     from hybridrl.controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
     sharded = RayWorkerGroup(RayResourcePool([1, 1]), RayClassWithInitArgs(
-        ActorRolloutRefWorker, actor_config, role="actor_rollout_ref", device="cpu"))
+        ActorRolloutRefWorker, actor_config, actor_batch_sizes(actor_config, 2), role="actor_rollout_ref", device="cpu"))
     try:
         sharded.init_model()
         sharded.update_actor(batch)
@@ -228,7 +233,8 @@ def test_two_sharded_lora_workers_update_like_one(ray_cluster, actor_config, bat
     torch.testing.assert_close(logp[mask], trained["logp"][mask], atol=ATOL, rtol=0)
     torch.testing.assert_close(ref_logp[mask], trained["ref_logp"][mask], atol=ATOL, rtol=0)
     # the adapter written by two ranks resumes on one worker
-    resumed = LocalWorkerGroup(ActorRolloutRefWorker, actor_config, role="actor_rollout_ref", device="cpu")
+    resumed = LocalWorkerGroup(ActorRolloutRefWorker, actor_config, actor_batch_sizes(actor_config),
+                             role="actor_rollout_ref", device="cpu")
     resumed.init_model()
     resumed.load_checkpoint(str(tmp_path / "actor"))
     torch.testing.assert_close(resumed.compute_log_prob(batch).batch["old_log_probs"][mask], logp[mask],

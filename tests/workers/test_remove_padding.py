@@ -283,6 +283,7 @@ def test_two_sharded_workers_packed_chunked_dynamic_equal_one_padded_worker(ray_
     from hybridrl.controller.local import LocalWorkerGroup
     from hybridrl.controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
     from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker
+    from tests.tiny_models import actor_batch_sizes
 
     a, m = "actor_rollout_ref.actor", "actor_rollout_ref.model"
     common = [f"{m}.path={tiny_model_dir}", "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2",
@@ -300,13 +301,15 @@ def test_two_sharded_workers_packed_chunked_dynamic_equal_one_padded_worker(ray_
     b["advantages"] = torch.randn(b["responses"].shape, generator=gen) * b["response_mask"]
     batch = DataProto.from_dict(tensors=b)
 
-    local = LocalWorkerGroup(ActorRolloutRefWorker, plain.actor_rollout_ref, role="actor_rollout", device="cpu")
+    local = LocalWorkerGroup(ActorRolloutRefWorker, plain.actor_rollout_ref, actor_batch_sizes(plain.actor_rollout_ref),
+                             role="actor_rollout", device="cpu")
     local.init_model()
     expected = [local.compute_log_prob(batch).batch["old_log_probs"]]
     local_metrics = local.update_actor(batch).meta_info["metrics"]
     expected.append(local.compute_log_prob(batch).batch["old_log_probs"])
     sharded = RayWorkerGroup(RayResourcePool([1, 1]), RayClassWithInitArgs(
-        ActorRolloutRefWorker, fast.actor_rollout_ref, role="actor_rollout", device="cpu"))
+        ActorRolloutRefWorker, fast.actor_rollout_ref, actor_batch_sizes(fast.actor_rollout_ref, 2), role="actor_rollout",
+        device="cpu"))
     try:
         sharded.init_model()
         got = [sharded.compute_log_prob(batch).batch["old_log_probs"]]
