@@ -10,9 +10,6 @@ batch size make the same update as one worker on the whole batch.
 
 from __future__ import annotations
 
-import time
-
-import numpy as np
 import torch
 
 from hybridrl.algorithms.functional import logprobs_from_logits
@@ -82,7 +79,6 @@ def accumulate_gradients(model, batch: dict, micro_batch_size: int, compute_dtyp
     Returns:
         this worker's summed NLL (nats) divided by ``batch_tokens``.
     """
-    batch = trim_padding(batch)
     if batch_tokens is None:
         batch_tokens = float(batch["loss_mask"][:, 1:].sum().item())
     batch_tokens = max(batch_tokens, 1.0)
@@ -200,9 +196,8 @@ class SFTWorker(SupervisedWorker):
         """One optimizer step on this worker's rows of the batch (``SFT_KEYS``, ``(bs, seqlen)``).
 
         Returns ``meta_info["metrics"]``: ``train/loss`` (mean NLL per loss token of the whole
-        batch, nats), ``train/loss_tokens``, ``train/lr``, ``train/grad_norm``, ``perf/time_per_step``.
+        batch, nats), ``train/loss_tokens``, ``train/lr``, ``train/grad_norm``.
         """
-        start = time.perf_counter()
         batch = {k: v.to(self.device) for k, v in data.batch.items() if k in SFT_KEYS}
         tokens = data_parallel_sum(float(batch["loss_mask"][:, 1:].sum().item()), self.device)
         self.module.train()
@@ -210,7 +205,6 @@ class SFTWorker(SupervisedWorker):
         loss = accumulate_gradients(self.module, batch, int(self.config.data.micro_batch_size_per_gpu),
                                     self.compute_dtype, tokens, self.world_size)
         metrics = {"train/loss": data_parallel_sum(loss, self.device), "train/loss_tokens": tokens, **self._step()}
-        metrics["perf/time_per_step"] = time.perf_counter() - start
         return DataProto(meta_info={"metrics": metrics})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -249,13 +243,19 @@ class RewardModelTrainingWorker(SupervisedWorker):
                 param.requires_grad_(False)
         return model
 
-    def _pair_scores(self, chosen, rejected) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """``(chosen (B,), rejected (B,), tokens)`` of ``B`` pairs of id lists, in one forward."""
-        batch = {k: v.to(self.device) for k, v in pad_pairs(list(chosen), list(rejected),
-                                                             self.tokenizer.pad_token_id).items()}
-        scores = forward_sequence_scores(self.module, batch["input_ids"], batch["attention_mask"],
-                                         batch["position_ids"], self.compute_dtype)
-        return scores[: len(chosen)], scores[len(chosen):], int(batch["attention_mask"].sum())
+    def _micro_batch_scores(self, data: DataProto):
+        """Per micro batch of ``data.micro_batch_size_per_gpu`` pairs, in one forward each:
+        ``(rows, chosen (B,), rejected (B,), tokens)`` with ``rows`` the micro batch's slice."""
+        micro = int(self.config.data.micro_batch_size_per_gpu)
+        chosen_ids, rejected_ids = data.non_tensor_batch["chosen_input_ids"], data.non_tensor_batch["rejected_input_ids"]
+        for i in range(0, len(data), micro):
+            rows = slice(i, i + micro)
+            batch = {k: v.to(self.device) for k, v in pad_pairs(list(chosen_ids[rows]), list(rejected_ids[rows]),
+                                                                 self.tokenizer.pad_token_id).items()}
+            scores = forward_sequence_scores(self.module, batch["input_ids"], batch["attention_mask"],
+                                             batch["position_ids"], self.compute_dtype)
+            n = len(scores) // 2
+            yield rows, scores[:n], scores[n:], int(batch["attention_mask"].sum())
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def train_batch(self, data: DataProto) -> DataProto:
@@ -264,19 +264,15 @@ class RewardModelTrainingWorker(SupervisedWorker):
 
         Returns ``chosen_scores`` / ``rejected_scores`` ``(B,)`` and ``meta_info["metrics"]``:
         ``train/loss`` (the whole batch's mean Bradley-Terry loss), ``train/lr``,
-        ``train/grad_norm``, ``train/tokens``, ``perf/time_per_step``.
+        ``train/grad_norm``, ``train/tokens``.
         """
-        start = time.perf_counter()
         n_pairs = data_parallel_sum(float(len(data)), self.device)
-        micro = int(self.config.data.micro_batch_size_per_gpu)
-        chosen_ids, rejected_ids = data.non_tensor_batch["chosen_input_ids"], data.non_tensor_batch["rejected_input_ids"]
         margins = data.batch["margin"].to(self.device, torch.float32)
         self.module.train()
         self.optimizer.zero_grad(set_to_none=True)
         chosen_all, rejected_all, tokens, loss_total = [], [], 0, 0.0
-        for i in range(0, len(data), micro):
-            chosen, rejected, n_tokens = self._pair_scores(chosen_ids[i : i + micro], rejected_ids[i : i + micro])
-            loss = compute_bradley_terry_loss(chosen, rejected, margins[i : i + micro]) * (len(chosen) / n_pairs)
+        for rows, chosen, rejected, n_tokens in self._micro_batch_scores(data):
+            loss = compute_bradley_terry_loss(chosen, rejected, margins[rows]) * (len(chosen) / n_pairs)
             (loss * self.world_size).backward()  # FSDP averages over the workers; the sum is the batch mean
             loss_total += loss.item()
             chosen_all.append(chosen.detach())
@@ -284,7 +280,6 @@ class RewardModelTrainingWorker(SupervisedWorker):
             tokens += n_tokens
         metrics = {"train/loss": data_parallel_sum(loss_total, self.device),
                    "train/tokens": data_parallel_sum(float(tokens), self.device), **self._step()}
-        metrics["perf/time_per_step"] = time.perf_counter() - start
         return DataProto.from_dict(tensors={"chosen_scores": torch.cat(chosen_all).cpu(),
                                             "rejected_scores": torch.cat(rejected_all).cpu()},
                                    meta_info={"metrics": metrics})
@@ -294,23 +289,12 @@ class RewardModelTrainingWorker(SupervisedWorker):
     def evaluate_batch(self, data: DataProto) -> DataProto:
         """``chosen_scores`` / ``rejected_scores`` ``(B,)`` fp32 of this worker's pairs."""
         self.module.eval()
-        micro = int(self.config.data.micro_batch_size_per_gpu)
-        chosen_ids, rejected_ids = data.non_tensor_batch["chosen_input_ids"], data.non_tensor_batch["rejected_input_ids"]
-        chosen_all, rejected_all = [], []
-        for i in range(0, len(data), micro):
-            chosen, rejected, _ = self._pair_scores(chosen_ids[i : i + micro], rejected_ids[i : i + micro])
-            chosen_all.append(chosen)
-            rejected_all.append(rejected)
-        return DataProto.from_dict(tensors={"chosen_scores": torch.cat(chosen_all).cpu(),
-                                            "rejected_scores": torch.cat(rejected_all).cpu()})
+        parts = [(chosen, rejected) for _, chosen, rejected, _ in self._micro_batch_scores(data)]
+        return DataProto.from_dict(tensors={"chosen_scores": torch.cat([c for c, _ in parts]).cpu(),
+                                            "rejected_scores": torch.cat([r for _, r in parts]).cpu()})
 
 
 def pairs_to_proto(chosen: list, rejected: list, margins) -> DataProto:
     """Preference pairs (id lists and margins) as the rows the reward-model worker takes."""
-    def column(lists):
-        out = np.empty(len(lists), dtype=object)
-        out[:] = [list(ids) for ids in lists]
-        return out
-
     return DataProto.from_dict(tensors={"margin": torch.tensor([float(m) for m in margins], dtype=torch.float32)},
-                               non_tensors={"chosen_input_ids": column(chosen), "rejected_input_ids": column(rejected)})
+                               non_tensors={"chosen_input_ids": list(chosen), "rejected_input_ids": list(rejected)})
