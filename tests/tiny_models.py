@@ -58,3 +58,36 @@ def actor_batch_sizes(actor_rollout_ref, world_size: int = 1) -> dict:
     from hybridrl.config import worker_batch_sizes
 
     return worker_batch_sizes(actor_rollout_ref.actor, actor_rollout_ref.rollout.n, world_size)
+
+
+# Tests compare numbers in fp32; `auto` would be bf16 on a CPU with native bf16.
+_FP32 = {"actor_rollout_ref": {"actor": {"fsdp_config": {"mixed_precision": {"param_dtype": "fp32"}}},
+                               "rollout": {"dtype": "float32"}},
+         "critic": {"model": {"fsdp_config": {"mixed_precision": {"param_dtype": "fp32"}}}},
+         "reward_model": {"model": {"fsdp_config": {"mixed_precision": {"param_dtype": "fp32"}}},
+                          "rollout": {"dtype": "float32"}}}
+
+
+def ppo_config_with(changes: dict | None = None):
+    """The packaged PPO config as the run reads it (a structured DictConfig of
+    ``hybridrl.trainer.ppo_config.PPOConfig``, interpolations resolved), in fp32, with ``changes``
+    (nested dicts, e.g. ``{"data": {"max_prompt_length": 8}}``) merged in before resolving."""
+    from omegaconf import OmegaConf
+
+    from hybridrl.config.typed import to_dataclass
+    from hybridrl.trainer.ppo_config import PPOConfig
+
+    merged = OmegaConf.merge(_FP32, changes or {})
+    return OmegaConf.structured(to_dataclass(PPOConfig, merged, ""))
+
+
+def ppo_section(path: str, values: dict | None = None, others: dict | None = None):
+    """The ``path`` section (e.g. ``"actor_rollout_ref.rollout"``) of :func:`ppo_config_with`, with
+    ``values`` set in it and ``others`` (nested dicts) elsewhere in the config; every key the
+    section has is there, typed, with the packaged default unless set."""
+    from omegaconf import OmegaConf
+
+    nested = values or {}
+    for part in reversed(path.split(".")):
+        nested = {part: nested}
+    return OmegaConf.select(ppo_config_with(OmegaConf.merge(others or {}, nested)), path)

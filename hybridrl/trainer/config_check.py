@@ -36,6 +36,7 @@ from hybridrl.rewards.custom import RewardConfigError
 from hybridrl.rewards.manager import REWARD_MANAGERS
 from hybridrl.rewards.pool import check_num_workers
 from hybridrl.trainer.async_modes import check_async_modes
+from hybridrl.trainer.ppo_config import ppo_config
 from hybridrl.trainer.tracking import available_loggers
 from hybridrl.workers.actor import build_policy_loss_config
 from hybridrl.workers.rollout import OPTIONAL_ENGINES, ROLLOUT_REGISTRY
@@ -60,7 +61,7 @@ def validate_ppo_config(config, world_size: int = 1) -> list[str]:
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ConfigError(f"world_size={world_size!r} must be an integer >= 1 "
                           "(trainer.nnodes x trainer.n_gpus_per_node)")
-    _algorithm(config)
+    _typed(config)
     _check_values(config)
     _check_sampling(config)
     _check_registered_names(config)
@@ -73,6 +74,15 @@ def validate_ppo_config(config, world_size: int = 1) -> list[str]:
     _check_multi_turn(config)
     _check_batch_sizes(config, world_size, _uses_critic(config))
     return scoring_notes + async_notes + ignored_key_notes(config, world_size)
+
+
+def _typed(config) -> None:
+    """Every key has a field of :class:`~hybridrl.trainer.ppo_config.PPOConfig` and a value of its
+    type, and each section's own rules hold (one ConfigError line)."""
+    try:
+        ppo_config(config)
+    except (AlgorithmConfigError, UnknownAlgorithmError) as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _algorithm(config) -> AlgoConfig:
@@ -445,14 +455,10 @@ def _check_run_length(config) -> None:
     steps = _get(config, "trainer.total_training_steps", None)
     if steps is not None:
         _int_at_least(config, "trainer.total_training_steps", 1, hint="or null (total_epochs x batches per epoch)")
-    for key in ("trainer.save_freq", "trainer.test_freq"):
-        value = _get(config, key, None)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}={value!r} must be an integer (steps between events; <= 0: never)")
     optimizers = [f"{ACTOR}.optim"] + (["critic.optim"] if _uses_critic(config) else [])
-    for section in optimizers:
+    for section in optimizers:  # the typed config converts a string "1e-6" (YAML 1.1's reading)
         lr = _get(config, f"{section}.lr", None)
-        try:  # YAML 1.1 reads "1e-6" as a string; build_optimizer converts it
+        try:
             positive = not isinstance(lr, bool) and float(lr) > 0
         except (TypeError, ValueError):
             positive = False

@@ -22,6 +22,7 @@ from hybridrl.rewards.pool import build_reward_pool
 from hybridrl.rewards.sandbox import build_sandbox, set_sandbox
 from hybridrl.trainer.checkpoint import find_latest_checkpoint
 from hybridrl.trainer.config_check import validate_ppo_config
+from hybridrl.trainer.ppo_config import typed_ppo_config
 from hybridrl.trainer.ppo_trainer import PPOTrainer
 from hybridrl.trainer.rollout_correction import share_rollout_correction
 from hybridrl.trainer.step_plan import needs_critic, needs_reference_policy
@@ -71,10 +72,16 @@ def total_training_steps(config, steps_per_epoch: int) -> int:
 
 
 def run_ppo(config) -> None:
-    """Trains with a resolved config (see ``hybridrl.config.load_config``)."""
+    """Trains with a resolved config (see ``hybridrl.config.load_config``).
+
+    Raises:
+        ConfigError: a key the config has no field for, a value of the wrong type, or a broken
+            rule (:func:`~hybridrl.trainer.config_check.validate_ppo_config`); DataError: bad data.
+    """
     import torch
     from omegaconf import open_dict
 
+    config = typed_ppo_config(config)
     _check_train_files(config)
     _, world_size = resolve_backend(config)
     # A module named here may register estimators, losses or KL forms: import it before the

@@ -1,0 +1,68 @@
+"""The agent-loop sections of the PPO config, typed: ``actor_rollout_ref.rollout.multi_turn``,
+``actor_rollout_ref.rollout.agent`` and the top-level ``retriever`` (Search-R1's). Defaults are
+those of the packaged ``ppo_trainer.yaml`` (a test keeps them equal)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from hybridrl.data.config import ClassRefConfig
+
+__all__ = ["RetrieverConfig", "SearchConfig", "MultiTurnConfig", "AgentLoopConfig"]
+
+
+@dataclass
+class RetrieverConfig:
+    """``retriever``: a Search-R1 server at ``url``, else in-process BM25 over ``corpus_path``.
+
+    ``topk`` passages per search; ``timeout`` in seconds per request.
+    """
+
+    url: Optional[str] = None
+    topk: int = 3
+    timeout: float = 10
+    corpus_path: Optional[str] = None
+    index_dir: Optional[str] = None
+
+
+@dataclass
+class SearchConfig:
+    """``multi_turn.search``: turns that may search (``max_turns``), tokens per observation."""
+
+    max_turns: int = 2
+    max_obs_length: int = 256
+
+
+@dataclass
+class MultiTurnConfig:
+    """``rollout.multi_turn``: the tool agent's limits, tools and interactions (docs/agents.md).
+
+    Turn and call counts are per episode (null: no limit); ``max_tokens_per_turn`` in tokens;
+    ``max_tool_response_length`` in characters.
+    """
+
+    enable: bool = False
+    max_assistant_turns: Optional[int] = None
+    max_user_turns: Optional[int] = None
+    max_tokens_per_turn: Optional[int] = None
+    max_parallel_calls: int = 1
+    max_tool_response_length: int = 256
+    tool_response_truncate_side: str = "middle"
+    tool_config_path: Optional[str] = None
+    interaction_config_path: Optional[str] = None
+    completion_callback: Optional[str] = None
+    use_inference_chat_template: bool = False
+    tokenization_sanity_check_mode: str = "strict"
+    format: str = "hermes"
+    search: SearchConfig = field(default_factory=SearchConfig)
+    retriever: RetrieverConfig = "${retriever}"  # the top-level section, handed to the rollout worker
+
+
+@dataclass
+class AgentLoopConfig:
+    """``rollout.agent``: the loop of rows without an ``agent_name`` column."""
+
+    default_agent_loop: str = "single_turn_agent"
+    num_workers: int = 8
+    custom_async_server: ClassRefConfig = field(default_factory=ClassRefConfig)

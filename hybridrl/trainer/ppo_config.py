@@ -1,0 +1,159 @@
+"""The whole ``ppo_trainer`` config, typed: :class:`PPOConfig` nests the section dataclasses each
+component owns (``data``, ``actor_rollout_ref``, ``critic``, ``reward_model``, ``algorithm``, ...)
+with the ``trainer`` section and the small top-level ones defined here.
+
+:func:`ppo_config` builds it once at start-up from the composed YAML: a key without a field, or a
+value of the wrong type, stops the run with one line naming the key. The run then reads the typed
+fields of ``OmegaConf.structured(ppo_config(cfg))`` -- every key present, typed, defaults equal to
+the packaged YAML (tests/config/test_ppo_config.py keeps them equal, key for key). Rules across
+sections and against the registries are :func:`hybridrl.trainer.config_check.validate_ppo_config`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from hybridrl.agents.config import RetrieverConfig
+from hybridrl.algorithms.config import AlgoConfig
+from hybridrl.config.typed import to_dataclass
+from hybridrl.data.config import DataConfig
+from hybridrl.rewards.config import CustomRewardFunctionConfig, RewardConfig
+from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelConfig
+
+__all__ = ["PPOConfig", "PPOTrainerConfig", "ppo_config", "typed_ppo_config"]
+
+
+@dataclass
+class SamplerConfig:
+    """``trainer.v1.sampler``: the oldest age (policy versions behind + 1) a trained group may have,
+    and what to do with an older one (``drop`` | ``wait``)."""
+
+    max_off_policy_threshold: int = 8
+    max_off_policy_strategy: str = "drop"
+
+
+@dataclass
+class ColocateAsyncConfig:
+    num_warmup_batches: int = 1
+
+
+@dataclass
+class SeparateAsyncConfig:
+    num_warmup_batches: int = 1
+    parameter_sync_step: Optional[int] = None
+
+
+@dataclass
+class V1Config:
+    """``trainer.v1``: ``trainer_mode`` ``sync`` | ``colocate_async`` | ``separate_async`` (docs/async.md)."""
+
+    trainer_mode: str = "sync"
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    colocate_async: ColocateAsyncConfig = field(default_factory=ColocateAsyncConfig)
+    separate_async: SeparateAsyncConfig = field(default_factory=SeparateAsyncConfig)
+
+
+@dataclass
+class PPOTrainerConfig:
+    """``trainer``: the run's length, where it runs (``nnodes`` x ``n_gpus_per_node`` workers),
+    validation, logging and checkpoints. Frequencies count steps (-1: never); ``dist_timeout_s`` in
+    seconds."""
+
+    device: str = "auto"
+    backend: str = "auto"
+    balance_batch: bool = True
+    total_epochs: int = 30
+    total_training_steps: Optional[int] = None
+    profile_steps: Any = None
+    project_name: str = "hybridrl"
+    experiment_name: str = "gsm8k"
+    logger: Any = field(default_factory=lambda: ["console", "file"])
+    log_val_generations: int = 0
+    rollout_data_dir: Optional[str] = None
+    validation_data_dir: Optional[str] = None
+    nnodes: int = 1
+    n_gpus_per_node: int = 1
+    cpu_threads_per_worker: int = 1
+    cpu_malloc_reuse: bool = True
+    dist_timeout_s: float = 600
+    save_freq: int = -1
+    esi_redundant_time: float = 0
+    resume_mode: str = "auto"
+    resume_from_path: Optional[str] = None
+    val_before_train: bool = True
+    val_only: bool = False
+    test_freq: int = -1
+    critic_warmup: int = 0
+    one_step_off_policy: bool = False
+    default_hdfs_dir: Optional[str] = None
+    del_local_ckpt_after_load: bool = False
+    default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
+    max_actor_ckpt_to_keep: Optional[int] = None
+    max_critic_ckpt_to_keep: Optional[int] = None
+    use_v1: bool = True
+    v1: V1Config = field(default_factory=V1Config)
+    ray_wait_register_center_timeout: float = 300
+
+
+@dataclass
+class RayInitConfig:
+    """``ray_init`` (verl 0.4): ``num_cpus`` for ``ray.init`` (null: all)."""
+
+    num_cpus: Optional[int] = None
+    timeline_json_file: Optional[str] = None
+
+
+@dataclass
+class RayKwargsConfig:
+    """``ray_kwargs`` (verl 0.5): ``ray_init`` is passed to ``ray.init`` as it is."""
+
+    ray_init: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DistillationConfig:
+    enabled: bool = False
+
+
+@dataclass
+class TransferQueueConfig:
+    enable: bool = False
+
+
+@dataclass
+class PPOConfig:
+    """The whole ``ppo_trainer`` config (``hybridrl/config/ppo_trainer.yaml``)."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    algorithm: AlgoConfig = field(default_factory=AlgoConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    trainer: PPOTrainerConfig = field(default_factory=PPOTrainerConfig)
+    retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
+    ray_init: RayInitConfig = field(default_factory=RayInitConfig)
+    ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)
+    transfer_queue: TransferQueueConfig = field(default_factory=TransferQueueConfig)
+
+
+def ppo_config(config) -> PPOConfig:
+    """The composed ``ppo_trainer`` config (interpolations resolved) as a :class:`PPOConfig`.
+
+    Raises:
+        ConfigError: a key without a field, or a value of the wrong type (one line naming the key).
+        AlgorithmConfigError, UnknownAlgorithmError: a rule of the ``algorithm`` section.
+    """
+    return to_dataclass(PPOConfig, config, "")
+
+
+def typed_ppo_config(config):
+    """``config`` as the run reads it: a structured DictConfig of :class:`PPOConfig` (every key
+    present and typed; assigning a value of the wrong type or a new key raises). Raises as
+    :func:`ppo_config`."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.structured(ppo_config(config))

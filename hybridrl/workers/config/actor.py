@@ -1,0 +1,102 @@
+"""The ``actor_rollout_ref`` section of the PPO config, typed (verl's ``ActorConfig``,
+``RefConfig``, ``PolicyLossConfig``). Defaults are the packaged ``ppo_trainer.yaml``'s; what each
+key does is documented there and in docs/algorithms.md."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from hybridrl.algorithms.rollout_corr import RolloutCorrectionConfig
+
+from .fsdp import CheckpointConfig, OptimConfig, RefFSDPConfig, TrainingFSDPConfig
+from .model import PolicyModelConfig
+from .rollout import RolloutConfig
+
+__all__ = ["PolicyLossConfig", "ActorConfig", "RefConfig", "ActorRolloutRefConfig"]
+
+ACTOR = "${actor_rollout_ref.actor."  # the reference follows these actor keys
+
+
+@dataclass
+class PolicyLossConfig:
+    """``actor.policy_loss``: ``loss_mode`` (a name of ``hybridrl.algorithms.policy_loss``) and the
+    knobs of the losses that have them. ``rollout_correction`` is filled in by the trainer with a
+    copy of ``algorithm.rollout_correction`` (the actor workers see only this section)."""
+
+    loss_mode: str = "vanilla"
+    clip_cov_ratio: float = 0.0002
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002
+    ppo_kl_coef: float = 0.1
+    dro_beta: Optional[float] = None
+    rollout_correction: Optional[RolloutCorrectionConfig] = None
+
+
+@dataclass
+class ActorConfig:
+    """``actor_rollout_ref.actor``: the PPO update of the policy.
+
+    Batch sizes count prompts (``ppo_mini_batch_size``) or responses on one worker (micro batches);
+    token budgets count valid tokens on one worker.
+    """
+
+    strategy: str = "fsdp"
+    ppo_mini_batch_size: int = 256
+    ppo_micro_batch_size: Optional[int] = None
+    ppo_micro_batch_size_per_gpu: Optional[int] = None
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 16384
+    grad_clip: float = 1.0
+    clip_ratio: float = 0.2
+    clip_ratio_low: Optional[float] = 0.2
+    clip_ratio_high: Optional[float] = 0.2
+    clip_ratio_c: float = 3.0
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    calculate_sum_pi_squared: bool = False
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
+    loss_agg_mode: str = "token-mean"
+    loss_scale_factor: Optional[float] = None
+    entropy_coeff: float = 0
+    use_kl_loss: bool = False
+    use_torch_compile: bool = True
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    ppo_epochs: int = 1
+    skip_on_policy_old_log_prob: bool = True
+    shuffle: bool = False
+    ulysses_sequence_parallel_size: int = 1
+    entropy_from_logits_with_chunking: bool = False
+    entropy_checkpointing: bool = False
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    fsdp_config: TrainingFSDPConfig = field(default_factory=TrainingFSDPConfig)
+
+
+@dataclass
+class RefConfig:
+    """``actor_rollout_ref.ref``: the reference policy's log-prob passes (the actor's settings by default)."""
+
+    strategy: str = ACTOR + "strategy}"
+    fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
+    use_torch_compile: bool = ACTOR + "use_torch_compile}"
+    log_prob_micro_batch_size: Optional[int] = None
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    log_prob_use_dynamic_bsz: bool = ACTOR + "use_dynamic_bsz}"
+    log_prob_max_token_len_per_gpu: int = ACTOR + "ppo_max_token_len_per_gpu}"
+    ulysses_sequence_parallel_size: int = ACTOR + "ulysses_sequence_parallel_size}"
+    entropy_from_logits_with_chunking: bool = False
+    entropy_checkpointing: bool = False
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    """``actor_rollout_ref``: the policy model and its three uses (update, generation, reference)."""
+
+    hybrid_engine: bool = True
+    model: PolicyModelConfig = field(default_factory=PolicyModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)

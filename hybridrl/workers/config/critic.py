@@ -1,0 +1,42 @@
+"""The ``critic`` section of the PPO config, typed (verl's ``CriticConfig``); used when
+``algorithm.adv_estimator=gae``. Defaults are the packaged ``ppo_trainer.yaml``'s: most batch
+settings follow the actor's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .fsdp import CheckpointConfig, OptimConfig
+from .model import CriticModelConfig
+
+__all__ = ["CriticConfig"]
+
+ACTOR = "${actor_rollout_ref.actor."
+
+
+@dataclass
+class CriticConfig:
+    """``critic``: the value model's update. ``cliprange_value`` clips the value change per update
+    (PPO's value clipping); batch sizes and token budgets count as the actor's do."""
+
+    rollout_n: int = "${actor_rollout_ref.rollout.n}"
+    strategy: str = "fsdp"
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5, min_lr_ratio=None))
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    ppo_mini_batch_size: int = ACTOR + "ppo_mini_batch_size}"
+    ppo_micro_batch_size: Optional[int] = None
+    ppo_micro_batch_size_per_gpu: Optional[int] = None
+    forward_micro_batch_size: Optional[int] = "${critic.ppo_micro_batch_size}"
+    forward_micro_batch_size_per_gpu: Optional[int] = "${critic.ppo_micro_batch_size_per_gpu}"
+    use_dynamic_bsz: bool = ACTOR + "use_dynamic_bsz}"
+    ppo_max_token_len_per_gpu: int = 32768
+    forward_max_token_len_per_gpu: int = "${critic.ppo_max_token_len_per_gpu}"
+    ulysses_sequence_parallel_size: int = 1
+    ppo_epochs: int = ACTOR + "ppo_epochs}"
+    shuffle: bool = ACTOR + "shuffle}"
+    grad_clip: float = 1.0
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = ACTOR + "loss_agg_mode}"
+    loss_scale_factor: Optional[float] = ACTOR + "loss_scale_factor}"
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

@@ -1,0 +1,46 @@
+"""The ``reward_model`` section of the PPO config, typed: the reward model or LLM judge, the
+reward manager and how scoring fails (verl's ``RewardModelConfig`` plus hybridrl's scoring keys).
+Defaults are the packaged ``ppo_trainer.yaml``'s; docs/rewards.md and docs/rlhf.md explain them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from hybridrl.rewards.config import JudgeConfig, OverlongBufferConfig, SandboxConfig, SandboxFusionConfig
+
+from .model import RewardModelModelConfig
+from .rollout import EngineConfig
+
+__all__ = ["RewardModelConfig"]
+
+
+@dataclass
+class RewardModelConfig:
+    """``reward_model``: ``enable`` a trained reward model (``model``, micro batches of responses
+    per worker, ``max_length`` tokens), the ``reward_manager`` that scores, its failure policy
+    (``on_error``, ``retries``, ``timeout_s`` seconds per scoring call) and the scoring processes
+    (``num_workers``)."""
+
+    enable: bool = False
+    strategy: str = "fsdp"
+    model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
+    micro_batch_size: Optional[int] = None
+    micro_batch_size_per_gpu: Optional[int] = None
+    max_length: Optional[int] = None
+    ulysses_sequence_parallel_size: int = 1
+    use_dynamic_bsz: bool = "${critic.use_dynamic_bsz}"
+    forward_max_token_len_per_gpu: int = "${critic.forward_max_token_len_per_gpu}"
+    reward_manager: str = "naive"
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    launch_reward_fn_async: bool = False
+    reward_kwargs: Dict[str, Any] = field(default_factory=dict)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)
+    on_error: str = "raise"
+    retries: int = 2
+    timeout_s: float = 60
+    use_reward_loop: bool = False
+    rollout: EngineConfig = field(default_factory=EngineConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    num_workers: Optional[int] = None
