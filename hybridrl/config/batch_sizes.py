@@ -34,7 +34,7 @@ def _check_batch_sizes(config, dp: int, use_critic: bool) -> None:
     for prefix in (ROLLOUT, REF):  # optional: the worker falls back to its own default
         _micro_per_worker(_get(config, prefix), prefix, "log_prob_micro_batch_size", dp, required=False)
     _check_token_budgets(config, use_critic)
-    if _get(config, "reward_model.enable", False) and not _get(config, "reward_model.use_dynamic_bsz", False):
+    if _get(config, "reward_model.enable") and not _get(config, "reward_model.use_dynamic_bsz"):
         _micro_per_worker(_get(config, "reward_model"), "reward_model", "micro_batch_size", dp, required=True)
 
 
@@ -49,7 +49,7 @@ def _check_token_budgets(config, use_critic: bool) -> None:
         budgets += [("critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu"),
                     ("critic.use_dynamic_bsz", "critic.forward_max_token_len_per_gpu")]
     for switch, key in budgets:
-        if not _get(config, switch, False):
+        if not _get(config, switch):
             continue
         budget = _int_at_least(config, key, 1)
         if budget < longest:
@@ -92,7 +92,7 @@ def normalize_batch_sizes(actor_cfg_or_critic_cfg, rollout_n: int, dp: int,
             f"{prefix}.ppo_mini_batch_size={mini} x {ROLLOUT}.n={rollout_n} = {total} responses do not "
             f"split over {dp} workers; make ppo_mini_batch_size x n a multiple of {dp}")
     per_worker = total // dp
-    dynamic = bool(_get(cfg, "use_dynamic_bsz", False))
+    dynamic = bool(_get(cfg, "use_dynamic_bsz"))
     micro = _micro_per_worker(cfg, prefix, "ppo_micro_batch_size", dp, required=not dynamic)
     if micro is not None and not dynamic and per_worker % micro:
         raise ConfigError(
@@ -109,8 +109,8 @@ def normalize_batch_sizes(actor_cfg_or_critic_cfg, rollout_n: int, dp: int,
 def _micro_per_worker(cfg, prefix: str, name: str, dp: int, required: bool):
     """Per-worker micro batch from ``<name>_per_gpu`` or the deprecated global ``<name>`` // dp."""
     per_gpu_key = f"{name}_per_gpu"
-    global_mb = _get(cfg, name, None)
-    per_gpu = _get(cfg, per_gpu_key, None)
+    global_mb = _get(cfg, name)
+    per_gpu = _get(cfg, per_gpu_key)
     if global_mb is not None and per_gpu is not None:
         raise ConfigError(
             f"{prefix}.{name}={global_mb} and {prefix}.{per_gpu_key}={per_gpu} are both set; "

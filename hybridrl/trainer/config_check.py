@@ -36,7 +36,7 @@ from hybridrl.rewards.custom import RewardConfigError
 from hybridrl.rewards.manager import REWARD_MANAGERS
 from hybridrl.rewards.pool import check_num_workers
 from hybridrl.trainer.async_modes import check_async_modes
-from hybridrl.trainer.ppo_config import ppo_config
+from hybridrl.trainer.ppo_config import typed_ppo_config
 from hybridrl.trainer.tracking import available_loggers
 from hybridrl.workers.actor import build_policy_loss_config
 from hybridrl.workers.rollout import OPTIONAL_ENGINES, ROLLOUT_REGISTRY
@@ -61,7 +61,7 @@ def validate_ppo_config(config, world_size: int = 1) -> list[str]:
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ConfigError(f"world_size={world_size!r} must be an integer >= 1 "
                           "(trainer.nnodes x trainer.n_gpus_per_node)")
-    _typed(config)
+    config = _typed(config)
     _check_values(config)
     _check_sampling(config)
     _check_registered_names(config)
@@ -76,11 +76,12 @@ def validate_ppo_config(config, world_size: int = 1) -> list[str]:
     return scoring_notes + async_notes + ignored_key_notes(config, world_size)
 
 
-def _typed(config) -> None:
-    """Every key has a field of :class:`~hybridrl.trainer.ppo_config.PPOConfig` and a value of its
-    type, and each section's own rules hold (one ConfigError line)."""
+def _typed(config):
+    """``config`` as the run reads it (:func:`~hybridrl.trainer.ppo_config.typed_ppo_config`): every
+    key has a field and a value of its type, and each section's own rules hold (else one
+    ConfigError line). The checks below read its keys without fallbacks."""
     try:
-        ppo_config(config)
+        return typed_ppo_config(config)
     except (AlgorithmConfigError, UnknownAlgorithmError) as exc:
         raise ConfigError(str(exc)) from None
 
@@ -96,7 +97,7 @@ def _algorithm(config) -> AlgoConfig:
 
 def _uses_critic(config) -> bool:
     """The estimator needs values (GAE), so the critic's keys are in use."""
-    return estimator_needs(_get(config, "algorithm.adv_estimator", None), "needs_values")
+    return estimator_needs(_get(config, "algorithm.adv_estimator"), "needs_values")
 
 
 def _choices(config) -> dict[str, tuple]:
@@ -132,10 +133,10 @@ def _check_values(config) -> None:
         if value not in allowed:
             raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}; set one of them")
     for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
-        value = _get(config, f"{ACTOR}.{key}", None)
+        value = _get(config, f"{ACTOR}.{key}")
         if value is not None and not _number_above(value, 0):
             raise ConfigError(f"{ACTOR}.{key}={value!r} must be a number > 0 (0.2 is usual)")
-    clip_c = _get(config, f"{ACTOR}.clip_ratio_c", None)
+    clip_c = _get(config, f"{ACTOR}.clip_ratio_c")
     if clip_c is not None and not _number_above(clip_c, 1):
         raise ConfigError(f"{ACTOR}.clip_ratio_c={clip_c!r} must be > 1 (the dual-clip bound; 3.0 is usual)")
     _check_policy_loss_knobs(config)
@@ -143,7 +144,7 @@ def _check_values(config) -> None:
     _check_dapo(config)
     _check_gdpo(config)
     _check_token_baseline(config)
-    if _get(config, "trainer.resume_mode") == "resume_path" and not _get(config, "trainer.resume_from_path", None):
+    if _get(config, "trainer.resume_mode") == "resume_path" and not _get(config, "trainer.resume_from_path"):
         raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path; "
                           "set it to a global_step_* folder or use trainer.resume_mode=auto")
     if _get(config, "trainer.device") == "cuda":
@@ -154,7 +155,7 @@ def _check_values(config) -> None:
                               f"{torch.__version__}; set trainer.device=cpu or trainer.device=auto")
     if _uses_critic(config):
         _int_at_least(config, "critic.ppo_epochs", 1)
-        value = _get(config, "critic.cliprange_value", None)
+        value = _get(config, "critic.cliprange_value")
         if value is not None and not _number_above(value, 0):
             raise ConfigError(f"critic.cliprange_value={value!r} must be a number > 0 (0.5 is usual)")
 
@@ -171,14 +172,14 @@ def _check_rollout_correction(config) -> None:
     """``algorithm.rollout_correction``: its values, the engine log-probs it needs, and the loss
     bypass mode replaces."""
     corr = _algorithm(config).rollout_correction
-    loss_mode = _get(config, f"{ACTOR}.policy_loss.loss_mode", "vanilla")
+    loss_mode = _get(config, f"{ACTOR}.policy_loss.loss_mode")
     if loss_mode == "bypass_mode" and not corr.bypass_mode:
         raise ConfigError(f"{ACTOR}.policy_loss.loss_mode=bypass_mode is chosen by {SECTION}.bypass_mode=true; "
                           "set that instead (it also makes the rollout log-probs the old ones)")
     if corr.bypass_mode and loss_mode not in ("vanilla", "bypass_mode"):
         raise ConfigError(f"{SECTION}.bypass_mode=true uses its own loss ({SECTION}.loss_type=ppo_clip|reinforce), "
                           f"so {ACTOR}.policy_loss.loss_mode={loss_mode} cannot apply; set it back to vanilla")
-    if (corr.corrects or corr.bypass_mode) and not _get(config, f"{ROLLOUT}.calculate_log_probs", True):
+    if (corr.corrects or corr.bypass_mode) and not _get(config, f"{ROLLOUT}.calculate_log_probs"):
         used = "bypass_mode=true" if corr.bypass_mode else f"rollout_is={corr.rollout_is}, rollout_rs={corr.rollout_rs}"
         raise ConfigError(f"{SECTION}: {used} needs the engine's log-probs of the sampled tokens; set "
                           f"{ROLLOUT}.calculate_log_probs=true")
@@ -186,23 +187,19 @@ def _check_rollout_correction(config) -> None:
 
 def _check_dapo(config) -> None:
     """Dynamic sampling (``algorithm.filter_groups``, ``data.gen_batch_size``) and the overlong buffer."""
-    filtering = bool(_get(config, "algorithm.filter_groups.enable", False))
-    gen_batch_size = _get(config, "data.gen_batch_size", None)
+    filtering = bool(_get(config, "algorithm.filter_groups.enable"))
+    gen_batch_size = _get(config, "data.gen_batch_size")
     if gen_batch_size is not None:
         _int_at_least(config, "data.gen_batch_size", 1)
         if not filtering and gen_batch_size != _get(config, "data.train_batch_size"):
             raise ConfigError(f"data.gen_batch_size={gen_batch_size} only applies to dynamic sampling; set "
                               "algorithm.filter_groups.enable=true or remove it")
     if filtering:
-        limit = _get(config, "algorithm.filter_groups.max_num_gen_batches", 0)
-        if isinstance(limit, bool) or not isinstance(limit, int):
-            raise ConfigError(f"algorithm.filter_groups.max_num_gen_batches={limit!r} must be an integer "
-                              "(<= 0: no limit; DAPO uses 10)")
-        if (_get(config, "algorithm.filter_groups.metric", None) == "seq_final_reward"
-                and _get(config, "algorithm.use_kl_in_reward", False)):
+        if (_get(config, "algorithm.filter_groups.metric") == "seq_final_reward"
+                and _get(config, "algorithm.use_kl_in_reward")):
             raise ConfigError("algorithm.filter_groups.metric=seq_final_reward with algorithm.use_kl_in_reward=true: "
                               "groups are filtered before the KL penalty exists here; use seq_reward")
-    if (_get(config, "reward_model.overlong_buffer.enable", False)
+    if (_get(config, "reward_model.overlong_buffer.enable")
             and _get(config, "reward_model.reward_manager") != "dapo"):
         raise ConfigError("reward_model.overlong_buffer.enable=true is DAPO's shaping; set "
                           "reward_model.reward_manager=dapo")
@@ -211,8 +208,7 @@ def _check_dapo(config) -> None:
 def _check_token_baseline(config) -> None:
     """The optimal token baseline reads ``sum_pi_squared``, which only the actor's old-log-prob pass makes."""
     estimator = _get(config, "algorithm.adv_estimator")
-    if estimator in ("optimal_token_baseline", "tir_optimal_token_baseline") and not _get(
-            config, f"{ACTOR}.calculate_sum_pi_squared", False):
+    if estimator in ("optimal_token_baseline", "tir_optimal_token_baseline") and not _get(config, f"{ACTOR}.calculate_sum_pi_squared"):
         raise ConfigError(f"algorithm.adv_estimator={estimator} needs sum_pi_squared from the old-log-prob pass; "
                           f"set {ACTOR}.calculate_sum_pi_squared=true")
 
@@ -221,8 +217,8 @@ def _check_gdpo(config) -> None:
     """``adv_estimator=gdpo`` names its reward components (and at most one weight each)."""
     if _get(config, "algorithm.adv_estimator") != "gdpo":
         return
-    keys = _plain(_get(config, "algorithm.gdpo_reward_keys", None))
-    weights = _plain(_get(config, "algorithm.gdpo_reward_weights", None))
+    keys = _plain(_get(config, "algorithm.gdpo_reward_keys"))
+    weights = _plain(_get(config, "algorithm.gdpo_reward_weights"))
     if not isinstance(keys, list) or not keys or not all(isinstance(k, str) for k in keys):
         raise ConfigError(f"algorithm.adv_estimator=gdpo needs algorithm.gdpo_reward_keys, a list of the keys "
                           f"your compute_score returns in its dict (got {keys!r}), e.g. "
@@ -235,8 +231,8 @@ def _check_gdpo(config) -> None:
 def _check_not_yet_supported(config) -> None:
     defaults = packaged_defaults()
     for key, feature in NOT_YET_SUPPORTED.items():
-        value = _get(config, key, _UNSET)
-        if value is not _UNSET and _plain(value) != _plain(_get(defaults, key, _UNSET)):
+        value = _get(config, key)
+        if _plain(value) != _plain(_get(defaults, key, _UNSET)):
             raise ConfigError(f"{key}={_plain(value)!r}: {feature} is not in this build of hybridrl yet; "
                               f"remove the key (or set it back to {_plain(_get(defaults, key, None))!r})")
 
@@ -245,17 +241,17 @@ def _check_lora(config) -> None:
     """``lora_rank`` / ``lora_alpha`` / ``target_modules`` of the actor (and of the critic with GAE)."""
     prefixes = ["actor_rollout_ref.model"] + (["critic.model"] if _uses_critic(config) else [])
     for prefix in prefixes:
-        rank = _get(config, f"{prefix}.lora_rank", 0)
+        rank = _get(config, f"{prefix}.lora_rank")
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
             raise ConfigError(f"{prefix}.lora_rank={rank!r} must be 0 (full fine-tuning) or a whole number > 0 "
                               "(8-64 is usual)")
         if rank == 0:
             continue
-        alpha = _get(config, f"{prefix}.lora_alpha", 16)
+        alpha = _get(config, f"{prefix}.lora_alpha")
         if not _number_above(alpha, 0):
             raise ConfigError(f"{prefix}.lora_alpha={alpha!r} must be a number > 0 (the update is scaled by "
                               "lora_alpha / lora_rank; 16 or 2 x lora_rank is usual)")
-        targets = _plain(_get(config, f"{prefix}.target_modules", "all-linear"))
+        targets = _plain(_get(config, f"{prefix}.target_modules"))
         names = [targets] if isinstance(targets, str) else targets
         if not isinstance(names, list) or not names or not all(isinstance(t, str) and t for t in names):
             raise ConfigError(f"{prefix}.target_modules={targets!r} must be all-linear or a list of module names, "
@@ -278,8 +274,8 @@ def _check_rollout_engine(config, world_size: int) -> None:
             f"{ROLLOUT}.name=vllm with {world_size} workers needs {ROLLOUT}.mode=async: the colocated (sync) engine "
             "runs in the worker's process and would start a process group beside the trainer's; the async engine "
             "runs in a process of its own, one per worker")
-    tp = _get(config, f"{ROLLOUT}.tensor_model_parallel_size", 1)
-    if _get(config, f"{ROLLOUT}.name") == "vllm" and isinstance(tp, int) and tp > 1:
+    tp = _get(config, f"{ROLLOUT}.tensor_model_parallel_size")
+    if _get(config, f"{ROLLOUT}.name") == "vllm" and tp > 1:
         raise ConfigError(
             f"{ROLLOUT}.tensor_model_parallel_size={tp} with {ROLLOUT}.name=vllm: tensor parallelism inside the "
             "colocated engine is not in this build (vLLM's CPU backend has none; the CUDA path is not written); "
@@ -290,27 +286,25 @@ def _check_multi_turn(config) -> None:
     """Agent-loop keys (``rollout.multi_turn``, ``rollout.agent``, ``retriever``): files, ranges, names."""
     mt = f"{ROLLOUT}.multi_turn"
     for key in (f"{mt}.tool_config_path", f"{mt}.interaction_config_path", "retriever.corpus_path"):
-        path = _get(config, key, None)
+        path = _get(config, key)
         if path and not os.path.isfile(os.path.expanduser(str(path))):
             raise ConfigError(f"{key}={path}: file not found; fix the path or set {key}=null")
     _int_at_least(config, f"{mt}.max_parallel_calls", 1)
     _int_at_least(config, f"{mt}.max_tool_response_length", 1)
     for key in (f"{mt}.max_assistant_turns", f"{mt}.max_user_turns", f"{mt}.max_tokens_per_turn"):
-        if _get(config, key, None) is not None:
+        if _get(config, key) is not None:
             _int_at_least(config, key, 1)
-    if _get(config, f"{mt}.search", None) is not None:
-        _int_at_least(config, f"{mt}.search.max_turns", 0)
-        _int_at_least(config, f"{mt}.search.max_obs_length", 1)
-    if _get(config, "retriever", None) is not None:
-        _int_at_least(config, "retriever.topk", 1)
-        if not _number_above(_get(config, "retriever.timeout"), 0):
-            raise ConfigError(f"retriever.timeout={_get(config, 'retriever.timeout')!r} must be a number of seconds > 0")
-    default = _get(config, f"{ROLLOUT}.agent.default_agent_loop", "single_turn_agent")
+    _int_at_least(config, f"{mt}.search.max_turns", 0)
+    _int_at_least(config, f"{mt}.search.max_obs_length", 1)
+    _int_at_least(config, "retriever.topk", 1)
+    if not _number_above(_get(config, "retriever.timeout"), 0):
+        raise ConfigError(f"retriever.timeout={_get(config, 'retriever.timeout')!r} must be a number of seconds > 0")
+    default = _get(config, f"{ROLLOUT}.agent.default_agent_loop")
     if default not in known_agent_loops():
         raise ConfigError(f"{ROLLOUT}.agent.default_agent_loop={default!r} is unknown; known: "
                           f"{', '.join(known_agent_loops())}; pick one or register yours with @register_agent_loop")
-    uses_chat = _get(config, f"{mt}.tool_config_path", None) or _get(config, f"{mt}.interaction_config_path", None)
-    if _get(config, f"{mt}.enable", False) and uses_chat and not _get(config, "data.return_raw_chat", False):
+    uses_chat = _get(config, f"{mt}.tool_config_path") or _get(config, f"{mt}.interaction_config_path")
+    if _get(config, f"{mt}.enable") and uses_chat and not _get(config, "data.return_raw_chat"):
         raise ConfigError(f"{mt}.tool_config_path / interaction_config_path need the chat messages of each row; "
                           "set data.return_raw_chat=True")
 
@@ -320,18 +314,18 @@ def _check_reward_model(config) -> None:
     placeholder) and a sane ``max_length``; the micro batch is checked with the batch sizes."""
     import os
 
-    if not _get(config, "reward_model.enable", False):
+    if not _get(config, "reward_model.enable"):
         return
     hint = "`hybridrl rm` writes one to <trainer.default_local_dir>/global_step_<N>/huggingface"
-    if not _get(config, "reward_model.model.path", None):
+    if not _get(config, "reward_model.model.path"):
         raise ConfigError(f"reward_model.enable=True needs reward_model.model.path, a trained reward model; {hint}")
     for key in ("reward_model.model.path", "reward_model.model.input_tokenizer"):
-        value = _get(config, key, None)
+        value = _get(config, key)
         exists = os.path.exists(os.path.expanduser(str(value))) or str(value).lower() in EMBEDDED_MODEL_NAMES
         if value and not exists:
             what = hint if key.endswith(".path") else "set it to the policy's model or tokenizer folder, or null"
             raise ConfigError(f"{key}={value!r} does not exist; {what}")
-    if _get(config, "reward_model.max_length", None) is not None:
+    if _get(config, "reward_model.max_length") is not None:
         _int_at_least(config, "reward_model.max_length", 2)
 
 
@@ -342,13 +336,10 @@ def _check_reward_scoring(config) -> list[str]:
     before the log-prob passes, so they are computed first, as verl's DAPO trainer does.
     """
     try:
-        check_num_workers(_plain(_get(config, "reward_model.num_workers", None)))
+        check_num_workers(_plain(_get(config, "reward_model.num_workers")))
     except RewardConfigError as exc:
         raise ConfigError(str(exc)) from None
-    launch = _get(config, "reward_model.launch_reward_fn_async", False)
-    if not isinstance(launch, bool):
-        raise ConfigError(f"reward_model.launch_reward_fn_async={launch!r} must be true or false")
-    if launch and _get(config, "algorithm.filter_groups.enable", False):
+    if _get(config, "reward_model.launch_reward_fn_async") and _get(config, "algorithm.filter_groups.enable"):
         return ["reward_model.launch_reward_fn_async=True: with algorithm.filter_groups.enable=True the scores "
                 "decide which groups are kept before the log-prob passes, so scoring runs before them "
                 "(no overlap; as verl's DAPO trainer does)"]
@@ -362,7 +353,7 @@ def _check_sampling(config) -> None:
         raise ConfigError(
             f"{ROLLOUT}.temperature={temperature!r} must be a number > 0 (training samples and their "
             f"log-probs divide the logits by it); for greedy decoding set {ROLLOUT}.val_kwargs.temperature=0")
-    val_temperature = _get(config, f"{ROLLOUT}.val_kwargs.temperature", 0)
+    val_temperature = _get(config, f"{ROLLOUT}.val_kwargs.temperature")
     if isinstance(val_temperature, bool) or not isinstance(val_temperature, (int, float)) or val_temperature < 0:
         raise ConfigError(f"{ROLLOUT}.val_kwargs.temperature={val_temperature!r} must be a number >= 0 "
                           "(0: greedy validation)")
@@ -384,10 +375,10 @@ def _check_registered_names(config) -> None:
             f"algorithm.adv_estimator={estimator} compares the responses to one prompt with each other, "
             f"but {ROLLOUT}.n={n} samples one per prompt; set {ROLLOUT}.n to 2 or more (4-16 is usual), "
             "or use adv_estimator=gae, reinforce_plus_plus or remax")
-    if _get(config, f"{ACTOR}.use_kl_loss", False):
+    if _get(config, f"{ACTOR}.use_kl_loss"):
         check(f"{ACTOR}.kl_loss_type", _get(config, f"{ACTOR}.kl_loss_type"), kl_penalty_names(),
               "register_kl_penalty")
-    if _get(config, "algorithm.use_kl_in_reward", False):
+    if _get(config, "algorithm.use_kl_in_reward"):
         check("algorithm.kl_penalty", _get(config, "algorithm.kl_penalty"), kl_penalty_names(),
               "register_kl_penalty")
     check(f"{ACTOR}.policy_loss.loss_mode", _get(config, f"{ACTOR}.policy_loss.loss_mode"),
@@ -419,16 +410,16 @@ def ignored_key_notes(config, world_size: int = 1) -> list[str]:
     engine (runs on HF)."""
     defaults = packaged_defaults()
     notes = []
-    name = _get(config, f"{ROLLOUT}.name", "hf")
+    name = _get(config, f"{ROLLOUT}.name")
     for key, (reason, when) in IGNORED_KEYS.items():
         if (when == "single" and world_size > 1) or (when == "hf" and name not in ("hf", *OPTIONAL_ENGINES)):
             continue
-        value = _get(config, key, _UNSET)
+        value = _get(config, key)
         default = _get(defaults, key, _UNSET)
-        if value is _UNSET or default is _UNSET or _plain(value) == _plain(default):
+        if default is _UNSET or _plain(value) == _plain(default):
             continue
         source = _interpolation_source(key)
-        if source is not None and _plain(value) == _plain(_get(config, source, _UNSET)):
+        if source is not None and _plain(value) == _plain(_get(config, source)):
             continue  # it still copies its source key; that key's own note (if any) says it once
         notes.append(f"{key}={_plain(value)!r} is ignored: {reason}")
     if isinstance(name, str) and name in OPTIONAL_ENGINES:
@@ -452,15 +443,11 @@ def _check_run_length(config) -> None:
     loads, so a typo does not fail after the first step, and a run that would train nothing
     (``total_epochs=0``, ``total_training_steps=-1``) does not exit 0 having done nothing."""
     _int_at_least(config, "trainer.total_epochs", 1)
-    steps = _get(config, "trainer.total_training_steps", None)
+    steps = _get(config, "trainer.total_training_steps")
     if steps is not None:
         _int_at_least(config, "trainer.total_training_steps", 1, hint="or null (total_epochs x batches per epoch)")
     optimizers = [f"{ACTOR}.optim"] + (["critic.optim"] if _uses_critic(config) else [])
-    for section in optimizers:  # the typed config converts a string "1e-6" (YAML 1.1's reading)
-        lr = _get(config, f"{section}.lr", None)
-        try:
-            positive = not isinstance(lr, bool) and float(lr) > 0
-        except (TypeError, ValueError):
-            positive = False
-        if not positive:
+    for section in optimizers:
+        lr = _get(config, f"{section}.lr")
+        if not _number_above(lr, 0):
             raise ConfigError(f"{section}.lr={lr!r} must be a number > 0 (1e-6 is usual for full fine-tuning)")

@@ -119,7 +119,7 @@ MT = "actor_rollout_ref.rollout.multi_turn"
     ([f"{MT}.format=json"], f"{MT}.format='json' is not one of hermes"),
     ([f"{MT}.search.max_obs_length=0"], "max_obs_length=0 must be an integer >= 1"),
     (["retriever.topk=0"], "retriever.topk=0 must be an integer >= 1"),
-    (["retriever.timeout=0"], "retriever.timeout=0 must be a number of seconds > 0"),
+    (["retriever.timeout=0"], "retriever.timeout=0.0 must be a number of seconds > 0"),
     (["actor_rollout_ref.rollout.agent.default_agent_loop=robot"], "default_agent_loop='robot' is unknown"),
     ([f"{MT}.enable=True", f"{MT}.tool_config_path={EXAMPLES}/gsm8k_tool_config.yaml"], "set data.return_raw_chat=True"),
 ])

@@ -108,7 +108,7 @@ def test_strategy_and_mode_choices(base_cfg):
 @pytest.mark.parametrize("bad", [0, 0.0, -0.5])
 def test_training_temperature_must_be_positive(base_cfg, bad):
     msg = error_of(with_keys(base_cfg, {f"{R}.temperature": bad}))
-    assert f"{R}.temperature={bad!r} must be a number > 0" in msg
+    assert f"{R}.temperature={float(bad)!r} must be a number > 0" in msg  # typed: a float
     assert f"{R}.val_kwargs.temperature=0" in msg  # where greedy decoding goes
 
 
@@ -120,7 +120,7 @@ def test_a_temperature_that_is_not_a_number_is_refused_by_its_type(base_cfg):
 def test_validation_may_be_greedy_but_not_negative(base_cfg):
     validate_ppo_config(with_keys(base_cfg, {f"{R}.val_kwargs.temperature": 0, f"{R}.temperature": 0.7}))
     msg = error_of(with_keys(base_cfg, {f"{R}.val_kwargs.temperature": -1}))
-    assert f"{R}.val_kwargs.temperature=-1 must be a number >= 0" in msg
+    assert f"{R}.val_kwargs.temperature=-1.0 must be a number >= 0" in msg
 
 
 # ---------------------------------------------------------------- rollout engines
@@ -247,7 +247,7 @@ def test_a_key_copied_by_interpolation_is_noted_once():
     ("trainer.save_freq", "abc", "trainer.save_freq: Value 'abc' of type 'str' could not be converted to Integer"),
     ("trainer.test_freq", 1.5, "trainer.test_freq: Value '1.5' of type 'float' could not be converted to Integer"),
     (f"{A}.optim.lr", "abc", f"{A}.optim.lr: Value 'abc' of type 'str' could not be converted to Float"),
-    (f"{A}.optim.lr", -1, f"{A}.optim.lr=-1 must be a number > 0"),
+    (f"{A}.optim.lr", -1, f"{A}.optim.lr=-1.0 must be a number > 0"),
 ])
 def test_run_length_and_learning_rate_are_checked_at_start_up(base_cfg, key, value, expected):
     """A run that would train nothing, or fail only after its first step, stops before loading a model."""
