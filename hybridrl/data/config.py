@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 __all__ = ["DataConfig", "ClassRefConfig", "SamplerRefConfig"]
 
@@ -54,6 +54,7 @@ class DataConfig:
     filter_overlong_prompts: bool = False
     filter_overlong_prompts_workers: int = 1
     truncation: str = "error"
+    apply_chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
     image_key: str = "images"
     video_key: str = "videos"
     trust_remote_code: bool = False

@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from hybridrl.config.typed import to_dataclass
+from hybridrl.data.config import DataConfig
 from hybridrl.data.errors import DataError
 
 TRUNCATIONS = ("error", "left", "right", "middle")
@@ -112,11 +114,11 @@ class RLHFDataset(torch.utils.data.Dataset):
     Args:
         data_files: parquet path or list of paths (``~`` allowed).
         tokenizer: a Hugging Face tokenizer with a chat template.
-        config: the ``data`` config section (DictConfig or dict). Keys read (default):
-            ``prompt_key`` ("prompt"), ``max_prompt_length`` (512), ``truncation``
-            ("error" | "left" | "right" | "middle"), ``filter_overlong_prompts`` (False),
-            ``return_raw_chat`` (False), ``return_full_prompt`` (False),
-            ``apply_chat_template_kwargs`` ({}), ``seed`` (1, picks the ``max_samples`` subset).
+        config: the ``data`` section (:class:`~hybridrl.data.config.DataConfig`; a DictConfig or
+            a mapping of some of its keys, the others taking the packaged defaults). Keys read:
+            ``prompt_key``, ``max_prompt_length``, ``truncation`` ("error" | "left" | "right" |
+            "middle"), ``filter_overlong_prompts``, ``return_raw_chat``, ``return_full_prompt``,
+            ``apply_chat_template_kwargs``, ``seed`` (picks the ``max_samples`` subset).
         config_key: the key ``data_files`` came from, named in errors ("data.val_files" ...).
         max_samples: keep a seeded random subset of this many rows (-1: all).
 
@@ -137,18 +139,19 @@ class RLHFDataset(torch.utils.data.Dataset):
     def __init__(
         self, data_files, tokenizer, config=None, config_key: str = "data.train_files", max_samples: int = -1
     ):
-        cfg = config if config is not None else {}
+        # Typed once here: the PPO run hands its typed ``data`` section, ``hybridrl generate`` a
+        # mapping of the four keys its own ``data`` section shares with it.
+        cfg = to_dataclass(DataConfig, config, "data")
         self.tokenizer = tokenizer
         self.config_key = config_key
-        self.prompt_key = cfg.get("prompt_key", "prompt")
-        self.max_prompt_length = int(cfg.get("max_prompt_length", 512))
-        self.truncation = cfg.get("truncation", "error")
-        self.filter_overlong_prompts = bool(cfg.get("filter_overlong_prompts", False))
-        self.return_raw_chat = bool(cfg.get("return_raw_chat", False))
-        self.return_full_prompt = bool(cfg.get("return_full_prompt", False))
-        self.apply_chat_template_kwargs = dict(cfg.get("apply_chat_template_kwargs", None) or {})
-        seed = cfg.get("seed", None)
-        self.seed = 1 if seed is None else int(seed)
+        self.prompt_key = cfg.prompt_key
+        self.max_prompt_length = cfg.max_prompt_length
+        self.truncation = cfg.truncation
+        self.filter_overlong_prompts = cfg.filter_overlong_prompts
+        self.return_raw_chat = cfg.return_raw_chat
+        self.return_full_prompt = cfg.return_full_prompt
+        self.apply_chat_template_kwargs = dict(cfg.apply_chat_template_kwargs)
+        self.seed = cfg.seed
         self._check_config()
 
         rows = read_parquet_rows(data_files, self.prompt_key, config_key)

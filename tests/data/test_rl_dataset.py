@@ -166,3 +166,15 @@ def test_max_samples_is_a_seeded_subset(tokenizer, train_file):
     idx = [a[i]["index"] for i in range(len(a))]
     assert len(a) == 10 and idx == [b[i]["index"] for i in range(10)]
     assert idx == sorted(set(idx)) and all(0 <= i < 64 for i in idx)
+
+
+def test_the_runs_typed_section_and_a_mapping_give_the_same_rows_and_a_wrong_key_is_one_line(tokenizer, train_file):
+    from hybridrl.config import ConfigError
+    from tests.tiny_models import ppo_section
+
+    # the PPO run hands its typed `data` section; `hybridrl generate` a mapping of a few keys
+    typed = RLHFDataset(train_file, tokenizer, ppo_section("data", {"max_prompt_length": 256}))
+    mapping = RLHFDataset(train_file, tokenizer, {"max_prompt_length": 256})
+    assert torch.equal(typed.input_ids, mapping.input_ids) and typed.seed == mapping.seed == 1
+    with pytest.raises(ConfigError, match=r"^data.max_prompt_len is not a key"):
+        RLHFDataset(train_file, tokenizer, {"max_prompt_len": 256})
