@@ -147,11 +147,12 @@ class PreferenceDataset(torch.utils.data.Dataset):
     Args:
         data_files: parquet / jsonl(.gz) path or list of paths.
         tokenizer: the reward model's tokenizer (with a chat template).
-        config: the ``data`` section. Keys (default): ``prompt_key`` ("prompt"), ``chosen_key``
-            ("chosen"), ``rejected_key`` ("rejected"), ``margin_key`` (None: no margin),
-            ``max_length`` (512 tokens per side), ``truncation`` ("left": keep the last
-            ``max_length`` tokens, where the score is read; "drop": drop the pair; "error"),
-            ``seed`` (picks the ``max_samples`` subset).
+        config: the typed ``data`` section of ``rm_trainer``
+            (``hybridrl.trainer.supervised_config.RMDataConfig``). Keys read: ``prompt_key``,
+            ``chosen_key``, ``rejected_key``, ``margin_key`` (null: no margin), ``max_length``
+            (tokens per side), ``truncation`` ("left": keep the last ``max_length`` tokens, where
+            the score is read; "drop": drop the pair; "error"), ``seed`` (picks the
+            ``max_samples`` subset).
         config_key: the key ``data_files`` came from, named in errors.
         max_samples: keep a seeded random subset of this many pairs (-1: all).
 
@@ -160,20 +161,19 @@ class PreferenceDataset(torch.utils.data.Dataset):
             with an over-long pair, or no pair left.
     """
 
-    def __init__(self, data_files, tokenizer, config=None, config_key: str = "data.train_files",
+    def __init__(self, data_files, tokenizer, config, config_key: str = "data.train_files",
                  max_samples: int = -1) -> None:
-        cfg = config if config is not None else {}
-        keys = {k: cfg.get(k) or k.removesuffix("_key") for k in ("prompt_key", "chosen_key", "rejected_key")}
-        self.margin_key = cfg.get("margin_key")
-        self.max_length = int(cfg.get("max_length", 512))
-        self.truncation = cfg.get("truncation", "left")
+        keys = {"prompt_key": config.prompt_key, "chosen_key": config.chosen_key, "rejected_key": config.rejected_key}
+        self.margin_key = config.margin_key
+        self.max_length = config.max_length
+        self.truncation = config.truncation
         if self.truncation not in PREFERENCE_TRUNCATIONS:
             raise DataError(f"data.truncation={self.truncation!r} is not one of {', '.join(PREFERENCE_TRUNCATIONS)}")
         if self.max_length < 2:
             raise DataError(f"data.max_length={self.max_length} must be at least 2 tokens")
         rows = read_table_rows(data_files, config_key)
         if 0 < max_samples < len(rows):
-            rng = np.random.default_rng(int(cfg.get("seed", 1) or 1))
+            rng = np.random.default_rng(config.seed)
             keep = np.sort(rng.choice(len(rows), max_samples, replace=False))
             rows = [rows[i] for i in keep]
         pairs = [(row, row_to_pair(row, keys)) for row in rows]

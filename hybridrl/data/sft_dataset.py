@@ -116,21 +116,22 @@ def _check_chat(chat: Any, column: str, where: str) -> list[dict]:
 
 
 def row_to_messages(row: dict, config, where: str) -> list[dict]:
-    """The conversation of one parquet row (see the module docstring for the layouts).
+    """The conversation of one parquet row (see the module docstring for the layouts);
+    ``config`` is the typed ``data`` section (as :class:`SFTDataset` takes it).
 
     Raises:
         DataError: a value of the wrong type or a missing dict key (naming row, file and key).
     """
-    if config.get("multiturn", {}).get("enable", False):
-        key = config.get("multiturn", {}).get("messages_key", "messages")
+    if config.multiturn.enable:
+        key = config.multiturn.messages_key
         messages = _check_chat(row[key], key, where)
         if not any(m["role"] == "assistant" for m in messages):
             raise DataError(f"{where}: column '{key}' has no assistant message, so nothing to train on")
         return messages
-    p_key, r_key = config.get("prompt_key", "prompt"), config.get("response_key", "response")
-    prompt = _follow_keys(row[p_key], _as_list(config.get("prompt_dict_keys")), p_key,
+    p_key, r_key = config.prompt_key, config.response_key
+    prompt = _follow_keys(row[p_key], _as_list(config.prompt_dict_keys), p_key,
                           "data.prompt_dict_keys", where)
-    response = _follow_keys(row[r_key], _as_list(config.get("response_dict_keys")), r_key,
+    response = _follow_keys(row[r_key], _as_list(config.response_dict_keys), r_key,
                             "data.response_dict_keys", where)
     if not isinstance(response, str):
         raise DataError(f"{where}: the response ('{r_key}') is {type(response).__name__}, expected str; "
@@ -195,9 +196,10 @@ class SFTDataset(torch.utils.data.Dataset):
     Args:
         data_files: parquet path or list of paths (``~`` allowed).
         tokenizer: a fast Hugging Face tokenizer with a chat template.
-        config: the ``data`` config section (DictConfig or dict). Keys read: ``prompt_key``,
+        config: the typed ``data`` section of ``sft_trainer``
+            (``hybridrl.trainer.supervised_config.SFTDataConfig``). Keys read: ``prompt_key``,
             ``response_key``, ``prompt_dict_keys``, ``response_dict_keys``, ``multiturn.enable``,
-            ``multiturn.messages_key``, ``max_length`` (1024), ``truncation`` (error|left|right).
+            ``multiturn.messages_key``, ``max_length``, ``truncation`` (error|left|right).
         config_key: the key ``data_files`` came from, named in errors ("data.val_files" ...).
 
     ``__getitem__(i)`` returns LongTensors of shape ``(max_length,)``: ``input_ids`` (padded with
@@ -210,19 +212,16 @@ class SFTDataset(torch.utils.data.Dataset):
             ``max_length`` with ``truncation=error`` (naming file, row, length and limit).
     """
 
-    def __init__(self, data_files, tokenizer, config=None, config_key: str = "data.train_files"):
-        cfg = config if config is not None else {}
-        self.config, self.config_key = cfg, config_key
-        self.max_length = int(cfg.get("max_length", 1024))
-        self.truncation = cfg.get("truncation", "error")
+    def __init__(self, data_files, tokenizer, config, config_key: str = "data.train_files"):
+        self.config, self.config_key = config, config_key
+        self.max_length = config.max_length
+        self.truncation = config.truncation
         self.tokenizer = tokenizer
         self._check_setup()
-        multiturn = cfg.get("multiturn", {}).get("enable", False)
-        if multiturn:
-            columns = {cfg.get("multiturn", {}).get("messages_key", "messages"): "data.multiturn.messages_key"}
+        if config.multiturn.enable:
+            columns = {config.multiturn.messages_key: "data.multiturn.messages_key"}
         else:
-            columns = {cfg.get("prompt_key", "prompt"): "data.prompt_key",
-                       cfg.get("response_key", "response"): "data.response_key"}
+            columns = {config.prompt_key: "data.prompt_key", config.response_key: "data.response_key"}
         rows = read_sft_columns(data_files, columns, config_key)
         self.input_ids, self.loss_masks = self._tokenize(rows)
 

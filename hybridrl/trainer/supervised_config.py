@@ -241,6 +241,7 @@ class RMDataConfig:
     chat_template: Optional[str] = None
     train_max_samples: int = -1
     val_max_samples: int = -1
+    seed: int = 1
 
     def __post_init__(self):
         _check_batches(self, divides=True)

@@ -6,13 +6,21 @@ import os
 
 import pandas as pd
 import pytest
+from omegaconf import OmegaConf
 
+from hybridrl.config.typed import to_dataclass
 from hybridrl.data.errors import DataError
 from hybridrl.data.preference_dataset import PreferenceDataset, encode_rm_inputs, pad_pairs
 from hybridrl.data.preprocess import hh_rlhf
+from hybridrl.trainer.supervised_config import RMDataConfig
 
 HH_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "hh_rlhf"))
 HH_FILE = os.path.join(HH_DIR, "harmless-base-test.jsonl.gz")
+
+
+def _data(keys: dict):
+    """The ``data`` section as ``hybridrl rm`` hands it (typed, the packaged defaults) with ``keys`` set."""
+    return OmegaConf.structured(to_dataclass(RMDataConfig, keys, "data"))
 
 
 def test_split_pair_cuts_at_the_last_assistant_turn():
@@ -79,7 +87,7 @@ def test_encode_matches_the_policy_prompt_plus_response_plus_eos(tokenizer):
 
 
 def test_dataset_reads_both_row_forms_the_same(hh_parquet, tokenizer, tmp_path):
-    from_parquet = PreferenceDataset(str(hh_parquet / "test.parquet"), tokenizer, {"max_length": 4096})
+    from_parquet = PreferenceDataset(str(hh_parquet / "test.parquet"), tokenizer, _data({"max_length": 4096}))
     # the same pairs as whole HH dialogues (no prompt column), in a jsonl file
     test = pd.read_parquet(hh_parquet / "test.parquet")
     speaker = {"user": "Human", "assistant": "Assistant"}
@@ -90,32 +98,32 @@ def test_dataset_reads_both_row_forms_the_same(hh_parquet, tokenizer, tmp_path):
                       "rejected": f"{context}\n\nAssistant: {row['rejected']}"})
     path = tmp_path / "whole.jsonl"
     path.write_text("\n".join(json.dumps(line) for line in lines))
-    from_dialogues = PreferenceDataset(str(path), tokenizer, {"max_length": 4096})
+    from_dialogues = PreferenceDataset(str(path), tokenizer, _data({"max_length": 4096}))
     assert from_dialogues.chosen == from_parquet.chosen and from_dialogues.rejected == from_parquet.rejected
 
 
 def test_truncation_keeps_the_end_or_drops_or_fails(hh_parquet, tokenizer):
     path = str(hh_parquet / "test.parquet")
-    full = PreferenceDataset(path, tokenizer, {"max_length": 4096})
-    cut = PreferenceDataset(path, tokenizer, {"max_length": 64})
+    full = PreferenceDataset(path, tokenizer, _data({"max_length": 4096}))
+    cut = PreferenceDataset(path, tokenizer, _data({"max_length": 64}))
     assert len(cut) == len(full)
     for whole, short in zip(full.chosen, cut.chosen):
         assert short == whole[-64:]
-    dropped = PreferenceDataset(path, tokenizer, {"max_length": 64, "truncation": "drop"})
+    dropped = PreferenceDataset(path, tokenizer, _data({"max_length": 64, "truncation": "drop"}))
     assert len(dropped) == sum(max(len(c), len(r)) <= 64 for c, r in zip(full.chosen, full.rejected))
     with pytest.raises(DataError, match="data.max_length=64"):
-        PreferenceDataset(path, tokenizer, {"max_length": 64, "truncation": "error"})
+        PreferenceDataset(path, tokenizer, _data({"max_length": 64, "truncation": "error"}))
 
 
 def test_margin_column_and_bad_rows(tokenizer, tmp_path):
     rows = pd.DataFrame({"prompt": ["Q1", "Q2"], "chosen": ["a", "b"], "rejected": ["c", "d"], "gap": [1.5, 0.0]})
     rows.to_parquet(tmp_path / "m.parquet")
-    ds = PreferenceDataset(str(tmp_path / "m.parquet"), tokenizer, {"margin_key": "gap"})
+    ds = PreferenceDataset(str(tmp_path / "m.parquet"), tokenizer, _data({"margin_key": "gap"}))
     assert ds.margins == [1.5, 0.0] and ds[0]["margin"] == 1.5
     with pytest.raises(DataError, match="data.chosen_key: column 'better'"):
-        PreferenceDataset(str(tmp_path / "m.parquet"), tokenizer, {"chosen_key": "better"})
+        PreferenceDataset(str(tmp_path / "m.parquet"), tokenizer, _data({"chosen_key": "better"}))
     with pytest.raises(DataError, match="data.train_files: file .* does not exist"):
-        PreferenceDataset(str(tmp_path / "none.parquet"), tokenizer)
+        PreferenceDataset(str(tmp_path / "none.parquet"), tokenizer, _data({}))
 
 
 def test_pad_pairs_puts_chosen_first_and_right_pads():

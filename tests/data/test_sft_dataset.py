@@ -4,8 +4,12 @@ import pandas as pd
 import pytest
 import torch
 
+from omegaconf import OmegaConf
+
+from hybridrl.config.typed import to_dataclass
 from hybridrl.data.errors import DataError
 from hybridrl.data.sft_dataset import SFTDataset, assistant_char_spans
+from hybridrl.trainer.supervised_config import SFTDataConfig
 
 CONVERSATION = [
     {"role": "system", "content": "S"},
@@ -22,6 +26,11 @@ def _parquet(tmp_path, rows, name="data.parquet"):
     return str(path)
 
 
+def _data(keys: dict):
+    """The ``data`` section as ``hybridrl sft`` hands it (typed, the packaged defaults) with ``keys`` set."""
+    return OmegaConf.structured(to_dataclass(SFTDataConfig, keys, "data"))
+
+
 def _unpadded(ds, i):
     item = ds[i]
     n = int(item["attention_mask"].sum())
@@ -30,7 +39,8 @@ def _unpadded(ds, i):
 
 def test_multiturn_mask_is_exactly_the_assistant_tokens(tokenizer, tmp_path):
     path = _parquet(tmp_path, [{"messages": CONVERSATION}])
-    ds = SFTDataset(path, tokenizer, {"multiturn": {"enable": True, "messages_key": "messages"}, "max_length": 64})
+    ds = SFTDataset(path, tokenizer, _data({"multiturn": {"enable": True, "messages_key": "messages"},
+                                            "max_length": 64}))
     ids, mask = _unpadded(ds, 0)
     # SmolLM2's ChatML, tokenised by hand: role headers, system and user turns and the newline
     # after each <|im_end|> are 0; the assistant's words and its <|im_end|> are 1.
@@ -52,7 +62,7 @@ def test_multiturn_mask_is_exactly_the_assistant_tokens(tokenizer, tmp_path):
 
 def test_single_turn_is_the_prompt_template_then_response_and_eos(tokenizer, tmp_path):
     path = _parquet(tmp_path, [{"question": "What is 2+3?", "answer": "It is 5."}])
-    ds = SFTDataset(path, tokenizer, {"prompt_key": "question", "response_key": "answer", "max_length": 128})
+    ds = SFTDataset(path, tokenizer, _data({"prompt_key": "question", "response_key": "answer", "max_length": 128}))
     ids, mask = _unpadded(ds, 0)
     prompt_ids = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2+3?"}],
                                                add_generation_prompt=True, tokenize=True, return_dict=False)
@@ -68,13 +78,13 @@ def test_dict_columns_and_chat_list_prompts(tokenizer, tmp_path):
     rows = [{"prompt": [{"role": "user", "content": "Q?"}],
              "extra_info": {"question": "Q?", "answer": "A.", "index": 0}}]
     path = _parquet(tmp_path, rows)
-    via_dict = SFTDataset(path, tokenizer, {"prompt_key": "extra_info", "response_key": "extra_info",
-                                            "prompt_dict_keys": ["question"], "response_dict_keys": ["answer"]})
-    via_chat = SFTDataset(path, tokenizer, {"prompt_key": "prompt", "response_key": "extra_info",
-                                            "response_dict_keys": ["answer"]})
+    via_dict = SFTDataset(path, tokenizer, _data({"prompt_key": "extra_info", "response_key": "extra_info",
+                                                  "prompt_dict_keys": ["question"], "response_dict_keys": ["answer"]}))
+    via_chat = SFTDataset(path, tokenizer, _data({"prompt_key": "prompt", "response_key": "extra_info",
+                                                  "response_dict_keys": ["answer"]}))
     conversation = [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": "A."}]
     as_messages = SFTDataset(_parquet(tmp_path, [{"messages": conversation}], "m.parquet"), tokenizer,
-                             {"multiturn": {"enable": True}})
+                             _data({"multiturn": {"enable": True}}))
     assert _unpadded(via_dict, 0) == _unpadded(via_chat, 0) == _unpadded(as_messages, 0)
 
 
@@ -82,11 +92,11 @@ def test_dict_columns_and_chat_list_prompts(tokenizer, tmp_path):
 def test_truncation_keeps_the_end_or_the_start(tokenizer, tmp_path, mode):
     rows = [{"question": "Add the numbers one two three four five six.", "answer": "The sum is twenty one."}]
     path = _parquet(tmp_path, rows)
-    full_ids, full_mask = _unpadded(SFTDataset(path, tokenizer, {"prompt_key": "question",
-                                                                 "response_key": "answer", "max_length": 512}), 0)
+    full = SFTDataset(path, tokenizer, _data({"prompt_key": "question", "response_key": "answer", "max_length": 512}))
+    full_ids, full_mask = _unpadded(full, 0)
     limit = len(full_ids) - 7
-    ds = SFTDataset(path, tokenizer, {"prompt_key": "question", "response_key": "answer",
-                                      "max_length": limit, "truncation": mode})
+    ds = SFTDataset(path, tokenizer, _data({"prompt_key": "question", "response_key": "answer",
+                                            "max_length": limit, "truncation": mode}))
     ids, mask = _unpadded(ds, 0)
     kept = slice(-limit, None) if mode == "left" else slice(0, limit)
     assert ids == full_ids[kept] and mask == full_mask[kept]
@@ -99,7 +109,7 @@ def test_too_long_row_with_truncation_error_names_file_row_length_and_limit(toke
     long_len = len(tokenizer(assistant_char_spans(tokenizer, [
         {"role": "user", "content": "long " * 40}, {"role": "assistant", "content": "ok"}])[0])["input_ids"])
     with pytest.raises(DataError) as err:
-        SFTDataset(path, tokenizer, {"prompt_key": "question", "response_key": "answer", "max_length": 40},
+        SFTDataset(path, tokenizer, _data({"prompt_key": "question", "response_key": "answer", "max_length": 40}),
                    config_key="data.val_files")
     message = str(err.value)
     for part in ("data.val_files", path, "row 1", f"{long_len} tokens", "data.max_length=40", "data.truncation"):
@@ -110,21 +120,23 @@ def test_too_long_row_with_truncation_error_names_file_row_length_and_limit(toke
 def test_missing_columns_are_all_named(tokenizer, tmp_path):
     path = _parquet(tmp_path, [{"q": "x", "a": "y"}])
     with pytest.raises(DataError, match=r"'question' \(data.prompt_key\), 'answer' \(data.response_key\).*q, a"):
-        SFTDataset(path, tokenizer, {"prompt_key": "question", "response_key": "answer"})
+        SFTDataset(path, tokenizer, _data({"prompt_key": "question", "response_key": "answer"}))
     with pytest.raises(DataError, match=r"'messages' \(data.multiturn.messages_key\)"):
-        SFTDataset(path, tokenizer, {"multiturn": {"enable": True}})
+        SFTDataset(path, tokenizer, _data({"multiturn": {"enable": True}}))
 
 
 def test_bad_rows_get_clear_errors(tokenizer, tmp_path):
     path = _parquet(tmp_path, [{"extra_info": {"question": "x"}, "answer": "y"}])
     with pytest.raises(DataError, match=r"row 0 of .*no key 'problem'.*data.prompt_dict_keys"):
-        SFTDataset(path, tokenizer, {"prompt_key": "extra_info", "response_key": "answer",
-                                     "prompt_dict_keys": ["problem"]})
+        SFTDataset(path, tokenizer, _data({"prompt_key": "extra_info", "response_key": "answer",
+                                           "prompt_dict_keys": ["problem"]}))
     no_assistant = _parquet(tmp_path, [{"messages": [{"role": "user", "content": "x"}]}], "n.parquet")
     with pytest.raises(DataError, match="no assistant message"):
-        SFTDataset(no_assistant, tokenizer, {"multiturn": {"enable": True}})
+        SFTDataset(no_assistant, tokenizer, _data({"multiturn": {"enable": True}}))
+    bad = _data({})
+    bad.truncation = "middle"  # past the section's own check: the dataset guards its input too
     with pytest.raises(DataError, match="data.truncation='middle'"):
-        SFTDataset(path, tokenizer, {"truncation": "middle"})
+        SFTDataset(path, tokenizer, bad)
 
 
 def test_a_template_that_rewrites_earlier_turns_is_refused(tokenizer, tmp_path):
@@ -142,7 +154,7 @@ def test_loss_mask_rows_collate_to_batches(tokenizer, tmp_path):
     from hybridrl.data.collate import collate_fn
 
     path = _parquet(tmp_path, [{"question": "a", "answer": "b"}, {"question": "c d e f", "answer": "g h i"}])
-    ds = SFTDataset(path, tokenizer, {"prompt_key": "question", "response_key": "answer", "max_length": 48})
+    ds = SFTDataset(path, tokenizer, _data({"prompt_key": "question", "response_key": "answer", "max_length": 48}))
     batch = collate_fn([ds[0], ds[1]])
     assert batch["input_ids"].shape == batch["loss_mask"].shape == (2, 48)
     assert batch["input_ids"].dtype == torch.long

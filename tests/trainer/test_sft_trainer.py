@@ -63,10 +63,11 @@ def test_micro_batches_accumulate_to_the_whole_batch_gradient(gsm8k_parquet, tin
     from hybridrl.data.collate import collate_fn
     from hybridrl.data.sft_dataset import SFTDataset
     from hybridrl.models import load_causal_lm, load_tokenizer
+    from hybridrl.trainer.supervised_config import SFTDataConfig
 
-    cfg = OmegaConf.create({"prompt_key": "extra_info", "response_key": "extra_info", "max_length": 48,
-                            "prompt_dict_keys": ["question"], "response_dict_keys": ["answer"],
-                            "truncation": "left"})
+    cfg = OmegaConf.structured(SFTDataConfig(prompt_key="extra_info", response_key="extra_info", max_length=48,
+                                             prompt_dict_keys=["question"], response_dict_keys=["answer"],
+                                             truncation="left"))
     ds = SFTDataset(f"{gsm8k_parquet}/test.parquet", load_tokenizer(tiny_model_dir), cfg)
     batch = collate_fn([ds[i] for i in range(4)])
     batch["loss_mask"][0, 30:] = 0  # rows with different token counts: per-micro means would differ
