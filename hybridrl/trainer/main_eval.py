@@ -14,11 +14,13 @@ import sys
 from collections import defaultdict
 from typing import Any, Callable
 
+from omegaconf import OmegaConf
+
 from hybridrl.data.errors import DataError
-from hybridrl.errors import ConfigError
 from hybridrl.rewards import default_compute_score, get_scorer
 from hybridrl.rewards.custom import load_custom_reward_fn
 from hybridrl.rewards.manager import RewardFunctionError
+from hybridrl.trainer.eval_config import eval_config
 from hybridrl.trainer.eval_metrics import compute_eval_metrics
 
 _GENERATE_HINT = "write one with `hybridrl generate` (or set data.response_key to the column that holds them)"
@@ -69,20 +71,19 @@ def read_eval_rows(data_files, response_key: str, data_source_key: str, reward_m
 
 
 def load_scorer(config, data_sources: list[str]) -> Callable[..., Any]:
-    """``custom_reward_function`` when set, else :func:`default_compute_score` after checking
-    that every data source has a built-in or registered scorer.
+    """``custom_reward_function`` when its ``path`` is set, else :func:`default_compute_score`
+    after checking that every data source has a built-in or registered scorer. ``config`` is the
+    typed ``evaluation`` config (:mod:`.eval_config`).
 
     Raises:
         RewardConfigError: a bad custom function.
         UnknownDataSourceError: a data source has no scorer (the message lists the known ones).
     """
-    from omegaconf import OmegaConf
-
-    custom = config.get("custom_reward_function") or {}
-    if custom.get("path"):
-        kwargs = custom.get("reward_kwargs") or {}
+    custom = config.custom_reward_function
+    if custom.path:
+        kwargs = custom.reward_kwargs
         kwargs = OmegaConf.to_container(kwargs) if OmegaConf.is_config(kwargs) else dict(kwargs)
-        return load_custom_reward_fn(custom.path, custom.get("name") or "compute_score", kwargs)
+        return load_custom_reward_fn(custom.path, custom.name, kwargs)
     for source in data_sources:
         get_scorer(source)
     return default_compute_score
@@ -108,7 +109,8 @@ def score_response(compute_score, row: dict, j: int) -> tuple[float, Any, Any, b
 
 
 def summarize(rows: list[dict], compute_score, metrics_cfg) -> tuple[dict, list[str]]:
-    """Score all rows; per data source, the metrics of :func:`compute_eval_metrics`.
+    """Score all rows; per data source, the metrics of :func:`compute_eval_metrics` (``metrics_cfg``:
+    the typed ``metrics`` section).
 
     Rows of one data source with more responses than the fewest are cut to that number (a note
     says so), so that N means the same for every prompt.
@@ -121,7 +123,7 @@ def summarize(rows: list[dict], compute_score, metrics_cfg) -> tuple[dict, list[
     by_source: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
         by_source[row["data_source"]].append(row)
-    threshold = float(metrics_cfg.get("pass_threshold", 1.0))
+    threshold = metrics_cfg.pass_threshold
     report, notes = {}, []
     for source in sorted(by_source):
         group = by_source[source]
@@ -133,7 +135,7 @@ def summarize(rows: list[dict], compute_score, metrics_cfg) -> tuple[dict, list[
         scores = np.array([[res[0] for res in rr] for rr in results])
         correct = np.array([[bool(res[1]) if res[1] is not None else res[0] >= threshold for res in rr]
                             for rr in results])
-        too_large = [k for k in (metrics_cfg.get("pass_k") or []) if k > n]
+        too_large = [k for k in (metrics_cfg.pass_k or []) if k > n]  # null: powers of two up to n
         if too_large:
             notes.append(f"{source}: pass@k left out for k={too_large}: only {n} responses per prompt")
         preds = None
@@ -143,9 +145,8 @@ def summarize(rows: list[dict], compute_score, metrics_cfg) -> tuple[dict, list[
             notes.append(f"{source}: maj@{n} left out: the scorer returns no 'pred' (the extracted answer); "
                          "return a dict with 'score' and 'pred' to get it")
         metrics = compute_eval_metrics(
-            scores, correct, preds, k_list=metrics_cfg.get("pass_k"),
-            n_resamples=int(metrics_cfg.get("bootstrap_samples", 1000)),
-            confidence=float(metrics_cfg.get("confidence", 0.95)), seed=int(metrics_cfg.get("seed", 0)),
+            scores, correct, preds, k_list=metrics_cfg.pass_k, n_resamples=metrics_cfg.bootstrap_samples,
+            confidence=metrics_cfg.confidence, seed=metrics_cfg.seed,
         )
         report[source] = {"num_prompts": len(group), "num_responses": n, "metrics": metrics}
     return report, notes
@@ -170,43 +171,33 @@ def default_output_path(data_files) -> str:
     return (first[: -len(".parquet")] if first.endswith(".parquet") else first) + ".eval.json"
 
 
-def _check_metrics_config(metrics_cfg) -> None:
-    pass_k = metrics_cfg.get("pass_k")
-    if pass_k is not None and (isinstance(pass_k, (str, int)) or not all(isinstance(k, int) and k >= 1 for k in pass_k)):
-        raise ConfigError(f"metrics.pass_k={pass_k!r} must be null or a list of whole numbers >= 1, e.g. '[1,8]'")
-    if int(metrics_cfg.get("bootstrap_samples", 1000)) < 1:
-        raise ConfigError("metrics.bootstrap_samples must be >= 1")
-    if not 0.0 < float(metrics_cfg.get("confidence", 0.95)) < 1.0:
-        raise ConfigError(f"metrics.confidence={metrics_cfg.get('confidence')} must be between 0 and 1, e.g. 0.95")
-
-
 def run_eval(config) -> dict:
-    """Runs the evaluation with a resolved config; prints the table, writes the JSON report and
-    returns it.
+    """Runs the evaluation with a resolved ``evaluation`` config; prints the table, writes the
+    JSON report and returns it.
 
     Raises:
-        ConfigError, DataError, RewardConfigError, UnknownDataSourceError, RewardFunctionError.
+        ConfigError (a bad key or value, see :class:`~hybridrl.trainer.eval_config.EvalConfig`),
+        DataError, RewardConfigError, UnknownDataSourceError, RewardFunctionError.
     """
-    data = config.data
-    metrics_cfg = config.get("metrics") or {}
-    _check_metrics_config(metrics_cfg)
+    config = OmegaConf.structured(eval_config(config))
+    data, metrics_cfg = config.data, config.metrics
     rows = read_eval_rows(data.path, data.response_key, data.data_source_key, data.reward_model_key)
     compute_score = load_scorer(config, sorted({r["data_source"] for r in rows}))
     per_source, notes = summarize(rows, compute_score, metrics_cfg)
     files = [data.path] if isinstance(data.path, str) else list(data.path)
     report = {
         "data_path": [os.path.abspath(os.path.expanduser(f)) for f in files],
-        "custom_reward_function": (config.get("custom_reward_function") or {}).get("path"),
-        "bootstrap_samples": int(metrics_cfg.get("bootstrap_samples", 1000)),
-        "confidence": float(metrics_cfg.get("confidence", 0.95)),
-        "seed": int(metrics_cfg.get("seed", 0)),
+        "custom_reward_function": config.custom_reward_function.path,
+        "bootstrap_samples": metrics_cfg.bootstrap_samples,
+        "confidence": metrics_cfg.confidence,
+        "seed": metrics_cfg.seed,
         "data_sources": per_source,
         "notes": notes,
     }
     for note in notes:
         print(f"hybridrl eval: note: {note}", flush=True)
     print(format_report(per_source, report["confidence"]), flush=True)
-    path = os.path.expanduser(config.get("output_path") or default_output_path(data.path))
+    path = os.path.expanduser(config.output_path or default_output_path(data.path))  # null: next to the data
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
