@@ -122,11 +122,9 @@ class SupervisedWorker(Worker):
             ModelPathError / ModelDependencyError / ModelConfigError: see ``hybridrl.models``.
             ConfigError: ``model.target_modules`` names no module of the model.
         """
-        from omegaconf import OmegaConf
-
         model_cfg = self.config.model
         import_external_lib(model_cfg.external_lib)
-        path = resolve_model_path(OmegaConf.select(self.config, self.model_key), config_key=self.model_key)
+        path = resolve_model_path(self._model_path(), config_key=self.model_key)
         self.tokenizer = load_tokenizer(path, trust_remote_code=model_cfg.trust_remote_code,
                                         padding_side=self.padding_side, chat_template=self.config.data.chat_template)
         module = self._adapt(self._load_module(path).to(self.device))
@@ -139,6 +137,10 @@ class SupervisedWorker(Worker):
         schedule = {"lr_warmup_steps": -1, "lr_warmup_steps_ratio": optim.warmup_steps_ratio,
                     "warmup_style": optim.lr_scheduler, "min_lr_ratio": 0.0, "num_cycles": 0.5}
         self.lr_scheduler = build_lr_scheduler(self.optimizer, schedule, self.total_training_steps)
+
+    def _model_path(self) -> str:
+        """The value of ``model_key``: the model to train, as the config names it."""
+        return self.config.model.path
 
     def _load_module(self, path: str) -> torch.nn.Module:
         raise NotImplementedError
@@ -175,6 +177,9 @@ class SFTWorker(SupervisedWorker):
 
     model_key = "model.partial_pretrain"  # verl's key
     role = "sft"
+
+    def _model_path(self) -> str:
+        return self.config.model.partial_pretrain
 
     def _adapt(self, module: torch.nn.Module) -> torch.nn.Module:
         """LoRA adapters (``model.lora_rank > 0``) on ``model.target_modules``, drawn from ``trainer.seed``."""
