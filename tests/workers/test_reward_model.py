@@ -195,7 +195,7 @@ def test_two_sharded_ray_workers_score_like_one(ray_cluster, rm_dir, tokenizer):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["reward_model.model.path=null"], "needs reward_model.model.path"),
+    (["reward_model.model.path=null"], "reward_model.model.path: Incompatible value 'None'"),  # the typed config
     (["reward_model.model.path=/nonexistent/rm"], "reward_model.model.path='/nonexistent/rm' does not exist"),
     (["reward_model.micro_batch_size_per_gpu=null"], "reward_model.micro_batch_size_per_gpu is not set"),
     (["reward_model.micro_batch_size_per_gpu=0"], "reward_model.micro_batch_size_per_gpu=0 must be"),
