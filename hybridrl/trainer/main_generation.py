@@ -27,6 +27,7 @@ from hybridrl.data.errors import DataError
 from hybridrl.errors import ConfigError
 from hybridrl.models import load_causal_lm, load_tokenizer, resolve_model_path
 from hybridrl.protocol import DataProto
+from hybridrl.trainer.generation_config import generation_config
 from hybridrl.trainer.stages import GEN_BATCH_KEYS, trim_left_padding
 from hybridrl.workers.fsdp_workers import import_external_lib
 from hybridrl.workers.rollout import get_rollout_cls
@@ -51,7 +52,7 @@ def check_generation_config(config) -> None:
     inputs = [data.path] if isinstance(data.path, str) else list(data.path)
     if os.path.abspath(os.path.expanduser(data.output_path)) in {os.path.abspath(os.path.expanduser(p)) for p in inputs}:
         raise ConfigError(f"data.output_path={data.output_path!r} is also data.path; write the responses to a new file")
-    greedy = not rollout.get("do_sample", True) or rollout.temperature == 0
+    greedy = not rollout.do_sample or rollout.temperature == 0
     if greedy and data.n_samples > 1:
         raise ConfigError(
             f"data.n_samples={data.n_samples} with greedy decoding (rollout.do_sample=false or "
@@ -163,7 +164,7 @@ def write_output(data_files, folder: str, num_batches: int, output_path: str) ->
 def _manifest(config, dataset, model_path: str) -> dict:
     """What decides the content of the parts: a resumed run must match it exactly."""
     prompts = hashlib.sha256("\x00".join(dataset.full_prompts).encode()).hexdigest()
-    rollout = {k: config.rollout.get(k) for k in ("name", "temperature", "top_k", "top_p", "do_sample",
+    rollout = {k: getattr(config.rollout, k) for k in ("name", "temperature", "top_k", "top_p", "do_sample",
                                                    "response_length", "ignore_eos", "dtype")}
     return {"prompts_sha256": prompts, "num_prompts": len(dataset), "batch_size": int(config.data.batch_size),
             "n_samples": int(config.data.n_samples), "seed": int(config.data.seed),
@@ -175,10 +176,9 @@ def _build_rollout(config, model_path: str, tokenizer):
         rollout_cls = get_rollout_cls(config.rollout.name)
     except ValueError as exc:
         raise ConfigError(str(exc).replace("actor_rollout_ref.rollout.name", "rollout.name")) from exc
-    import_external_lib(config.model.get("external_lib"))
-    module = load_causal_lm(model_path, dtype=config.rollout.get("dtype", "bfloat16"),
-                            trust_remote_code=config.model.get("trust_remote_code", False))
-    module.to(resolve_device(config.trainer.get("device", "auto")))
+    import_external_lib(config.model.external_lib)
+    module = load_causal_lm(model_path, dtype=config.rollout.dtype, trust_remote_code=config.model.trust_remote_code)
+    module.to(resolve_device(config.trainer.device))
     return rollout_cls(module, config.rollout, tokenizer, getattr(module, "generation_config", None))
 
 
@@ -189,15 +189,17 @@ def run_generation(config) -> str:
         a :class:`~hybridrl.errors.UserError` (ConfigError, DataError, ModelPathError, ...).
     """
     import torch
+    from omegaconf import OmegaConf
 
+    config = OmegaConf.structured(generation_config(config))  # every key present, typed
     check_generation_config(config)
     data = config.data
     model_path = resolve_model_path(config.model.path, config_key="model.path")
-    tokenizer = load_tokenizer(model_path, trust_remote_code=config.model.get("trust_remote_code", False),
-                               chat_template=config.model.get("custom_chat_template"))
+    tokenizer = load_tokenizer(model_path, trust_remote_code=config.model.trust_remote_code,
+                               chat_template=config.model.custom_chat_template)
     dataset = RLHFDataset(data.path, tokenizer, {
         "prompt_key": data.prompt_key, "max_prompt_length": data.max_prompt_length,
-        "truncation": data.truncation, "apply_chat_template_kwargs": data.get("apply_chat_template_kwargs"),
+        "truncation": data.truncation, "apply_chat_template_kwargs": data.apply_chat_template_kwargs,
     }, config_key="data.path")
     batch_size, n_samples = int(data.batch_size), int(data.n_samples)
     num_batches = -(-len(dataset) // batch_size)

@@ -14,6 +14,7 @@ validation managers of a run.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -23,6 +24,7 @@ from typing import Any
 import torch
 
 from hybridrl.config.precision import resolve_auto_dtype
+from hybridrl.config.typed import to_dataclass
 from hybridrl.controller.worker import resolve_device
 from hybridrl.models import load_causal_lm, load_tokenizer, resolve_model_path
 from hybridrl.models.loader import EMBEDDED_MODEL_NAMES
@@ -33,9 +35,10 @@ from hybridrl.rewards.judge import (JudgeParseError, JudgePromptError, JudgeSett
 from hybridrl.rewards.manager import (DEFAULT_RETRIES, DEFAULT_SCORE_TIMEOUT_S, NaiveRewardManager,
                                       register_reward_manager)
 from hybridrl.rewards.pool import ScoreTimeoutError, call_with_deadline
+from hybridrl.workers.config import EngineConfig
 from hybridrl.workers.rollout import RolloutEngineError, get_rollout_cls
 
-__all__ = ["JudgeBusyError", "JudgeEngine", "JudgeRewardManager", "shared_judge_engine"]
+__all__ = ["JudgeBusyError", "JudgeEngine", "JudgeRewardManager", "judge_engine_config", "shared_judge_engine"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +55,8 @@ class JudgeEngine:
 
     Args:
         model_path: ``reward_model.model.path`` (any form :func:`hybridrl.models.resolve_model_path` takes).
-        rollout: the engine's section (``reward_model.rollout``: ``name``, ``mode``, ``dtype``,
-            ``response_length``, sampling and engine keys, as ``actor_rollout_ref.rollout``).
+        rollout: the engine's section (``reward_model.rollout``, :class:`EngineConfig`'s keys; a
+            mapping: keys it lacks take the packaged defaults).
         device: ``cpu`` or ``cuda``: where the judge model runs.
         trust_remote_code: ``reward_model.model.trust_remote_code``.
 
@@ -62,19 +65,19 @@ class JudgeEngine:
         RolloutEngineError: the engine cannot run the judge (missing package, unsupported model).
     """
 
-    def __init__(self, model_path: str, rollout: dict, device: str, trust_remote_code: bool = False) -> None:
+    def __init__(self, model_path: str, rollout: Any, device: str, trust_remote_code: bool = False) -> None:
         from omegaconf import OmegaConf
 
         folder = resolve_model_path(model_path, config_key="reward_model.model.path")
         self.tokenizer = load_tokenizer(folder, trust_remote_code=trust_remote_code)
-        dtype = _engine_dtype(rollout.get("dtype"), device)
+        engine = judge_engine_config(rollout)
+        dtype = _engine_dtype(engine.dtype, device)
         module = load_causal_lm(folder, dtype=dtype, trust_remote_code=trust_remote_code)
         module = module.requires_grad_(False).eval().to(device)
         module.config.use_cache = True
-        self.response_length = int(rollout["response_length"])
-        engine_cfg = OmegaConf.create({**rollout, "dtype": dtype, "n": 1, "calculate_log_probs": False,
-                                       "ignore_eos": False})
-        engine_cls = get_rollout_cls(str(rollout.get("name") or "hf"), str(rollout.get("mode") or "sync"))
+        self.response_length = int(engine.response_length)
+        engine_cfg = OmegaConf.structured(dataclasses.replace(engine, dtype=dtype))
+        engine_cls = get_rollout_cls(engine.name, engine.mode)
         self.engine = engine_cls(module, engine_cfg, self.tokenizer, getattr(module, "generation_config", None))
         self.pad_token_id = self.tokenizer.pad_token_id
         if self.pad_token_id is None:
@@ -116,9 +119,19 @@ class JudgeEngine:
                                    meta_info={"response_length": self.response_length})
 
 
-def _engine_dtype(value: Any, device: str) -> str:
-    """``reward_model.rollout.dtype`` with ``auto`` (or unset) resolved for ``device`` (bf16 where native)."""
-    if value in (None, "auto"):
+def judge_engine_config(rollout: Any) -> EngineConfig:
+    """``reward_model.rollout`` (:attr:`JudgeSettings.rollout`, a mapping) as the typed section the
+    engines read.
+
+    Raises:
+        ConfigError: a key :class:`EngineConfig` has no field for, or a value of the wrong type.
+    """
+    return to_dataclass(EngineConfig, rollout, "reward_model.rollout")
+
+
+def _engine_dtype(value: str, device: str) -> str:
+    """``reward_model.rollout.dtype`` with ``auto`` resolved for ``device`` (bf16 where native)."""
+    if value == "auto":
         return resolve_auto_dtype(device)[0]
     return str(value)
 
@@ -195,9 +208,9 @@ class JudgeRewardManager(NaiveRewardManager):
             raise RewardConfigError(f"reward_model.model.path={path!r} does not exist; with "
                                     "reward_model.reward_manager=judge set it to the judge model (an HF folder, a .gguf"
                                     " file, or HuggingFaceTB/SmolLM2-135M-Instruct for the bundled one)")
-        name, mode = settings.rollout.get("name") or "hf", settings.rollout.get("mode") or "sync"
+        engine = judge_engine_config(settings.rollout)
         try:
-            get_rollout_cls(str(name), str(mode))
+            get_rollout_cls(engine.name, engine.mode)
         except (ValueError, RolloutEngineError) as exc:  # the message names the policy's keys: name the judge's
             raise RewardConfigError(str(exc).replace("actor_rollout_ref.rollout", "reward_model.rollout")) from None
 
@@ -331,6 +344,4 @@ class JudgeRewardManager(NaiveRewardManager):
 
 
 def _device(config: Any) -> str:
-    trainer = config.get("trainer") if hasattr(config, "get") else None
-    device = trainer.get("device", "auto") if hasattr(trainer, "get") else "auto"
-    return resolve_device(str(device or "auto"))
+    return resolve_device(str(config.trainer.device))

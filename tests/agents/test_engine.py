@@ -6,7 +6,6 @@ import threading
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from hybridrl.agents.engine import AsyncBatchEngine
 from hybridrl.workers.rollout.hf import HFRollout, _trim_new_ids
@@ -115,8 +114,11 @@ def rollout(tiny_model_dir, tokenizer):
         for name, p in model.named_parameters():
             if ".layers." in name and p.dim() == 2:
                 p.add_(0.3 * torch.randn(p.shape, generator=gen))
-    cfg = OmegaConf.create({"dtype": "fp32", "response_length": 8, "do_sample": False, "temperature": 1.0,
-                            "top_p": 1.0, "top_k": -1, "micro_batch_size": 2})
+    from tests.tiny_models import ppo_section
+
+    cfg = ppo_section("actor_rollout_ref.rollout", {  # the engine reads the section as the run has it
+        "dtype": "fp32", "response_length": 8, "do_sample": False, "temperature": 1.0, "top_p": 1.0, "top_k": -1,
+        "micro_batch_size": 2})
     return HFRollout(model, cfg, tokenizer)
 
 

@@ -72,19 +72,19 @@ def test_sampler_temperature_top_k_and_top_p():
 
 def test_rollout_samples_with_fast_decoding_and_without(tiny_model_dir, tokenizer):
     """Both decoding paths give valid sampled responses; greedy is pinned by test_rollout.py."""
-    from omegaconf import OmegaConf
-
     from hybridrl.models import load_causal_lm
     from hybridrl.protocol import DataProto
     from hybridrl.workers.rollout.hf import HFRollout
+    from tests.tiny_models import ppo_section
 
     base = load_causal_lm(tiny_model_dir)
     ids = torch.tensor([tokenizer("What is 2 + 3?")["input_ids"]] * 4)
     prompts = DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": torch.ones_like(ids),
                                            "position_ids": torch.arange(ids.shape[1]).expand_as(ids)})
     for fast in (True, False):
-        cfg = OmegaConf.create({"dtype": "float32", "response_length": 6, "do_sample": True, "temperature": 1.0,
-                                "top_p": 1.0, "top_k": -1, "fast_decoding": fast})
+        cfg = ppo_section("actor_rollout_ref.rollout", {"dtype": "float32", "response_length": 6, "do_sample": True,
+                                                        "temperature": 1.0, "top_p": 1.0, "top_k": -1,
+                                                        "fast_decoding": fast})
         rollout = HFRollout(copy.deepcopy(base), cfg, tokenizer)
         assert (rollout.module.config._attn_implementation == "hybridrl") == fast
         torch.manual_seed(0)

@@ -6,11 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from omegaconf import OmegaConf
-
 from hybridrl.protocol import DataProto
 from hybridrl.workers.rollout.base import get_response_mask
 from hybridrl.workers.rollout.hf import HFRollout
+from tests.tiny_models import ppo_section
 
 R = 8  # response_length
 TEXTS = ["Hello", "What is 2 + 3? Answer:", "The quick brown fox jumps"]
@@ -74,7 +73,7 @@ def prompts(tokenizer):
 
 
 def _rollout_config(dtype, do_sample=False, **extra):
-    return OmegaConf.create({
+    return ppo_section("actor_rollout_ref.rollout", {
         "name": "hf", "dtype": dtype, "response_length": R, "do_sample": do_sample,
         "temperature": 1.0, "top_p": 1.0, "top_k": -1, **extra,
     })

@@ -4,9 +4,9 @@ import copy
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from hybridrl.protocol import DataProto
+from tests.tiny_models import ppo_section
 
 R = 10  # response length
 TEXTS = ["The capital of France is", "1 + 1 =", "Once upon a time, in a land far"]
@@ -16,7 +16,7 @@ def engine_config(**overrides):
     cfg = {"name": "vllm", "dtype": "fp32", "prompt_length": 32, "response_length": R, "do_sample": True,
            "temperature": 1.0, "top_k": -1, "top_p": 1.0, "ignore_eos": False, "calculate_log_probs": True,
            "load_format": "dummy_dtensor", "kv_cache_memory_gb": 0.05, "max_num_seqs": 4096}
-    return OmegaConf.create({**cfg, **overrides})
+    return ppo_section("actor_rollout_ref.rollout", {**cfg, **overrides})
 
 
 def make_prompts(tokenizer, texts, n=1, **meta):

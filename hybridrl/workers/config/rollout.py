@@ -18,9 +18,11 @@ ACTOR = "${actor_rollout_ref.actor."
 @dataclass
 class EngineConfig:
     """An engine that generates: ``name`` (``hf`` | ``vllm``), ``mode`` (``sync`` | ``async``), its
-    sampling, and lengths in tokens. The vLLM keys size the engine (``kv_cache_memory_gb`` in GiB;
-    null: 1 on CPU); ``engine_timeout_s`` is the longest wait on it, in seconds. The defaults are
-    the judge's (``reward_model.rollout``)."""
+    sampling, and lengths in tokens (``ignore_eos``: always ``response_length``); with
+    ``calculate_log_probs`` it also returns ``rollout_log_probs``. The vLLM keys size the engine
+    (``kv_cache_memory_gb`` in GiB; null: 1 on CPU); ``engine_timeout_s`` is the longest wait on
+    it, in seconds. The defaults are the judge's (``reward_model.rollout``); ``hybridrl gen`` has
+    its own (:class:`hybridrl.trainer.generation_config.GenerationRolloutConfig`)."""
 
     name: str = "hf"
     mode: str = "sync"
@@ -33,6 +35,9 @@ class EngineConfig:
     top_p: float = 1.0
     micro_batch_size: Optional[int] = 64
     fast_decoding: bool = True
+    ignore_eos: bool = False
+    calculate_log_probs: bool = False
+    disable_log_stats: bool = True
     tensor_model_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5
     kv_cache_memory_gb: Optional[float] = None
@@ -84,13 +89,11 @@ class RolloutConfig(EngineConfig):
     use_fire_sampling: bool = False
     nnodes: int = 0
     n_gpus_per_node: int = 1
-    ignore_eos: bool = False
     layered_summon: bool = False
     log_prob_micro_batch_size: Optional[int] = None
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
     log_prob_use_dynamic_bsz: bool = ACTOR + "use_dynamic_bsz}"
     log_prob_max_token_len_per_gpu: int = ACTOR + "ppo_max_token_len_per_gpu}"
-    disable_log_stats: bool = True
     n: int = 1
     multi_stage_wake_up: bool = False
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)

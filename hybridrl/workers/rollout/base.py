@@ -140,15 +140,15 @@ def resolve_sampling(meta_info: dict, config) -> dict:
 
     Returns ``{"do_sample": False}`` for greedy decoding (``do_sample`` false or temperature 0),
     else ``do_sample``, ``temperature`` (> 0), ``top_p``, ``top_k`` (0: off)."""
-    do_sample = meta_info.get("do_sample", config.get("do_sample", True))
-    temperature = meta_info.get("temperature", config.get("temperature", 1.0))
+    do_sample = meta_info.get("do_sample", config.do_sample)
+    temperature = meta_info.get("temperature", config.temperature)
     if not do_sample or temperature == 0:
         return {"do_sample": False}
-    top_k = meta_info.get("top_k", config.get("top_k", -1))
+    top_k = meta_info.get("top_k", config.top_k)
     return {
         "do_sample": True,
         "temperature": float(temperature),
-        "top_p": float(meta_info.get("top_p", config.get("top_p", 1.0))),
+        "top_p": float(meta_info.get("top_p", config.top_p)),
         "top_k": int(top_k) if top_k and top_k > 0 else 0,
     }
 

@@ -32,12 +32,12 @@ class HFRollout(BaseRollout):
     def __init__(self, actor_module: torch.nn.Module, config, tokenizer, generation_config=None) -> None:
         self.config = config
         self.tokenizer = tokenizer
-        dtype = to_torch_dtype(config.get("dtype", "bfloat16"))
+        dtype = to_torch_dtype(config.dtype)
         if dtype == next(actor_module.parameters()).dtype:
             self.module = actor_module
         else:
             self.module = copy.deepcopy(actor_module).to(dtype)
-        self.fast_decoding = bool(config.get("fast_decoding", True))
+        self.fast_decoding = bool(config.fast_decoding)
         if self.fast_decoding:
             use_hybridrl_attention(self.module)
         elif self.module is not actor_module and self.module.config._attn_implementation == ATTENTION_NAME:
@@ -91,16 +91,16 @@ class HFRollout(BaseRollout):
         """Generates in chunks of ``rollout.micro_batch_size`` prompts (bounds KV-cache memory)."""
         self.module.eval()  # the module may be the actor itself, left in train mode by an update
         response_length = int(prompts.meta_info.get("response_length", self.config.response_length))
-        stop_ids = [] if self.config.get("ignore_eos", False) else self.eos_token_ids
+        stop_ids = [] if self.config.ignore_eos else self.eos_token_ids
         sampling = resolve_sampling(prompts.meta_info, self.config)
         fields = dict(max_new_tokens=response_length, eos_token_id=stop_ids or None, pad_token_id=self.pad_token_id,
                       use_cache=True)
-        chunk = self.config.get("micro_batch_size") or len(prompts)
+        chunk = self.config.micro_batch_size or len(prompts)
         parts = [self._generate(part.batch["input_ids"], part.batch["attention_mask"], sampling, fields, response_length)
                  for part in prompts.split(chunk)]
         responses = torch.cat([r for r, _ in parts])
         response_mask = get_response_mask(responses, stop_ids) if stop_ids else torch.ones_like(responses)
-        log_probs = torch.cat([lp for _, lp in parts]) if self.config.get("calculate_log_probs", True) else None
+        log_probs = torch.cat([lp for _, lp in parts]) if self.config.calculate_log_probs else None
         return rollout_output(prompts, responses, response_mask, log_probs, self.pad_token_id)
 
     @torch.no_grad()
@@ -128,7 +128,7 @@ class HFRollout(BaseRollout):
         input_ids = torch.tensor([[self.pad_token_id] * (width - len(ids)) + list(ids) for ids in prompt_ids])
         attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompt_ids])
         extra = {"tokenizer": self.tokenizer} if stop_strings else {}
-        chunk = self.config.get("micro_batch_size") or len(prompt_ids)
+        chunk = self.config.micro_batch_size or len(prompt_ids)
         out = []
         for start in range(0, len(prompt_ids), chunk):
             rows = slice(start, start + chunk)

@@ -131,19 +131,19 @@ class VLLMRollout(BaseRollout):
         self.tokenizer = tokenizer
         self.eos_token_ids = _eos_ids(tokenizer, generation_config)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
-        self.dtype = to_torch_dtype(config.get("dtype") or "fp32")
+        self.dtype = to_torch_dtype(config.dtype)
         self.device = next(actor_module.parameters()).device
-        self.cpu_threads = config.get("cpu_threads")
-        self.sleep_mode = bool(config.get("free_cache_engine", False)) and self.device.type == "cuda"
+        self.cpu_threads = config.cpu_threads
+        self.sleep_mode = bool(config.free_cache_engine) and self.device.type == "cuda"
         self.sleeping = False
-        self.max_model_len = int(config.get("max_model_len") or (config.prompt_length + config.response_length))
+        self.max_model_len = int(config.max_model_len or (config.prompt_length + config.response_length))
         base = actor_module.get_base_model() if hasattr(actor_module, "get_base_model") else actor_module  # LoRA
         self.architectures = ", ".join(base.config.architectures or [type(base).__name__])
         self._start(actor_module, base)
 
     def _start(self, actor_module: torch.nn.Module, base: torch.nn.Module) -> None:
         """Writes the folder the engine starts from and starts it with the actor's weights."""
-        load_format = str(self.config.get("load_format") or "dummy")
+        load_format = str(self.config.load_format)
         dummy_load = load_format.startswith("dummy")
         self._folder = tempfile.TemporaryDirectory(prefix="hybridrl-vllm-")
         _write_model_folder(base, self.tokenizer, self._folder.name, weights=not dummy_load)
@@ -155,25 +155,26 @@ class VLLMRollout(BaseRollout):
         """Keyword arguments of ``vllm.LLM`` from the rollout section (verl's keys)."""
         cfg = self.config
         kwargs = dict(
-            model=self._folder.name, dtype=_DTYPES[self.dtype], load_format=load_format, seed=int(cfg.get("seed") or 0),
-            enforce_eager=bool(cfg.get("enforce_eager", True)), max_model_len=self.max_model_len,
-            max_num_seqs=int(cfg.get("max_num_seqs") or 1024),
-            max_num_batched_tokens=max(int(cfg.get("max_num_batched_tokens") or 8192), self.max_model_len),
-            enable_chunked_prefill=bool(cfg.get("enable_chunked_prefill", True)),
-            enable_prefix_caching=bool(cfg.get("enable_prefix_caching", True)),
-            disable_log_stats=bool(cfg.get("disable_log_stats", True)), use_tqdm_on_load=False,
+            model=self._folder.name, dtype=_DTYPES[self.dtype], load_format=load_format, seed=int(cfg.seed),
+            enforce_eager=bool(cfg.enforce_eager), max_model_len=self.max_model_len,
+            max_num_seqs=int(cfg.max_num_seqs),
+            max_num_batched_tokens=max(int(cfg.max_num_batched_tokens), self.max_model_len),
+            enable_chunked_prefill=bool(cfg.enable_chunked_prefill),
+            enable_prefix_caching=bool(cfg.enable_prefix_caching),
+            disable_log_stats=bool(cfg.disable_log_stats), use_tqdm_on_load=False,
             distributed_executor_backend="uni", logprobs_mode="processed_logprobs",
             generation_config="vllm",  # no sampling defaults from the model folder
             enable_sleep_mode=self.sleep_mode,
         )
-        kv_gb = cfg.get("kv_cache_memory_gb")
+        kv_gb = cfg.kv_cache_memory_gb
         if kv_gb is None and self.device.type == "cpu":
             kv_gb = CPU_DEFAULT_KV_CACHE_GB
         if kv_gb is not None:
             kwargs["kv_cache_memory_bytes"] = int(float(kv_gb) * 1024 ** 3)
         else:
-            kwargs["gpu_memory_utilization"] = float(cfg.get("gpu_memory_utilization") or 0.5)
-        extra = {k: v for k, v in dict((cfg.get("engine_kwargs") or {}).get("vllm") or {}).items() if v is not None}
+            kwargs["gpu_memory_utilization"] = float(cfg.gpu_memory_utilization)
+        # engine_kwargs is a free-form map (not config keys): its "vllm" entry is optional
+        extra = {k: v for k, v in dict(cfg.engine_kwargs.get("vllm") or {}).items() if v is not None}
         extra.pop("disable_mm_preprocessor_cache", None)  # verl's multimodal key; no multimodal inputs here
         return {**kwargs, **extra}
 
@@ -222,7 +223,7 @@ class VLLMRollout(BaseRollout):
     def _sampling_params(self, sampling: dict, max_tokens: int, n: int = 1, stop=None):
         """vLLM's SamplingParams for ``sampling`` (:func:`resolve_sampling`'s result), ``n`` samples."""
         greedy = not sampling["do_sample"]
-        ignore_eos = bool(self.config.get("ignore_eos", False))
+        ignore_eos = bool(self.config.ignore_eos)
         return self.vllm.SamplingParams(
             n=n, temperature=0.0 if greedy else sampling["temperature"],
             top_k=-1 if greedy or sampling["top_k"] <= 0 else sampling["top_k"],
@@ -290,10 +291,10 @@ class VLLMRollout(BaseRollout):
                 log_probs[i, : len(ids)] = torch.tensor(ids.log_probs)
         lengths = torch.tensor([len(ids) for ids in samples])
         generated = (torch.arange(response_length)[None] < lengths[:, None]).long()  # the pad after a short row is not EOS
-        if not self.config.get("ignore_eos", False):
+        if not self.config.ignore_eos:
             generated = generated * get_response_mask(responses, self.eos_token_ids)
         return rollout_output(prompts, responses, generated,
-                              log_probs if self.config.get("calculate_log_probs", True) else None, self.pad_token_id)
+                              log_probs if self.config.calculate_log_probs else None, self.pad_token_id)
 
     @torch.no_grad()
     def generate_token_ids(self, prompt_ids: list[list[int]], max_new_tokens: int, sampling_kwargs: dict | None = None,

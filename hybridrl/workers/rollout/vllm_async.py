@@ -132,7 +132,7 @@ class AsyncVLLMRollout(VLLMRollout):
     """
 
     def _start(self, actor_module: torch.nn.Module, base: torch.nn.Module) -> None:
-        self.timeout_s = float(self.config.get("engine_timeout_s") or DEFAULT_ENGINE_TIMEOUT_S)
+        self.timeout_s = float(self.config.engine_timeout_s)
         sweep_orphan_folders(_ram_dir())
         self._folder = tempfile.TemporaryDirectory(prefix=f"{FOLDER_PREFIX}{os.getpid()}-", dir=_ram_dir())
         _write_model_folder(base, self.tokenizer, self._folder.name, weights=False)
