@@ -34,13 +34,13 @@ def _peft():
 
 def lora_settings(model_cfg) -> dict | None:
     """``{lora_rank, lora_alpha, target_modules, exclude_modules}`` of a ``model`` config section,
-    or None when ``lora_rank`` is 0 / absent (full fine-tuning)."""
-    rank = int(model_cfg.get("lora_rank", 0) or 0)
+    or None when ``lora_rank`` is 0 (full fine-tuning)."""
+    rank = int(model_cfg.lora_rank)
     if rank <= 0:
         return None
-    targets = model_cfg.get("target_modules", "all-linear")
-    excluded = model_cfg.get("exclude_modules")
-    return {"lora_rank": rank, "lora_alpha": model_cfg.get("lora_alpha", 16),
+    targets = model_cfg.target_modules
+    excluded = model_cfg.exclude_modules
+    return {"lora_rank": rank, "lora_alpha": model_cfg.lora_alpha,
             "target_modules": targets if isinstance(targets, str) else list(targets),
             "exclude_modules": excluded if excluded is None or isinstance(excluded, str) else list(excluded)}
 

@@ -29,33 +29,31 @@ from hybridrl.workers.optim import optimizer_step
 from hybridrl.workers.sharding import loss_normalizers
 
 
-def compute_dtype_of(section) -> torch.dtype:
-    """The ``fsdp_config.mixed_precision.param_dtype`` of an actor/ref/critic section."""
-    fsdp_config = section.get("fsdp_config") or section.get("model", {}).get("fsdp_config") or {}
-    return to_torch_dtype((fsdp_config.get("mixed_precision") or {}).get("param_dtype", "fp32"))
+def compute_dtype_of(fsdp_config) -> torch.dtype:
+    """The forward's compute dtype: ``mixed_precision.param_dtype`` of a role's ``fsdp_config``."""
+    return to_torch_dtype(fsdp_config.mixed_precision.param_dtype)
 
 
 def build_policy_loss_config(section) -> PolicyLossConfig:
     """The policy-loss hyper-parameters of an ``actor_rollout_ref.actor`` section.
 
-    Keys under ``policy_loss`` that are left out or null keep :class:`PolicyLossConfig`'s
-    defaults (verl's). Raises ``AlgorithmConfigError`` for a value the losses cannot use; the
+    Knobs under ``policy_loss`` that are null keep :class:`PolicyLossConfig`'s defaults (verl's). Raises ``AlgorithmConfigError`` for a value the losses cannot use; the
     start-up check calls this too, so a bad value fails before any model loads.
     """
-    policy_loss = section.get("policy_loss") or {}
-    knobs = {key: policy_loss[key] for key in POLICY_LOSS_KEYS if policy_loss.get(key) is not None}
-    if policy_loss.get("loss_mode") == "dro" and policy_loss.get("dro_beta") is None:
+    policy_loss = section.policy_loss
+    knobs = {key: getattr(policy_loss, key) for key in POLICY_LOSS_KEYS if getattr(policy_loss, key) is not None}
+    if policy_loss.loss_mode == "dro" and policy_loss.dro_beta is None:
         raise AlgorithmConfigError("actor_rollout_ref.actor.policy_loss.loss_mode=dro needs policy_loss.dro_beta "
                                    "(> 0, the weight of its quadratic log-ratio penalty); set it, e.g. 0.1")
-    correction = policy_loss.get("rollout_correction")  # copied from algorithm.* by the driver
+    correction = policy_loss.rollout_correction  # copied from algorithm.* by the driver
     return PolicyLossConfig(
         rollout_correction=RolloutCorrectionConfig.from_section(correction) if correction is not None else None,
         clip_ratio=section.clip_ratio,
-        clip_ratio_low=section.get("clip_ratio_low"),
-        clip_ratio_high=section.get("clip_ratio_high"),
-        clip_ratio_c=section.get("clip_ratio_c", 3.0),
-        tau_pos=section.get("tau_pos", 1.0),
-        tau_neg=section.get("tau_neg", 1.05),
+        clip_ratio_low=section.clip_ratio_low,
+        clip_ratio_high=section.clip_ratio_high,
+        clip_ratio_c=section.clip_ratio_c,
+        tau_pos=section.tau_pos,
+        tau_neg=section.tau_neg,
         **knobs,
     )
 
@@ -78,10 +76,9 @@ class PPOActor:
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
         self.ref_module = ref_module  # the frozen reference, for kl_loss_type=full
-        self.compute_dtype = compute_dtype_of(config)
+        self.compute_dtype = compute_dtype_of(config.fsdp_config)
         if actor_optimizer is not None:
-            policy_loss = config.get("policy_loss") or {}
-            self.policy_loss_fn = get_policy_loss_fn(policy_loss.get("loss_mode", "vanilla"))
+            self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
             self.policy_loss_config = build_policy_loss_config(config)
 
     def forward_options(self, meta_info: dict) -> ForwardOptions:
@@ -90,8 +87,8 @@ class PPOActor:
         ``entropy_from_logits_with_chunking`` / ``entropy_checkpointing``."""
         return ForwardOptions(
             use_remove_padding=bool(meta_info.get("use_remove_padding", False)),
-            logits_chunking=bool(self.config.get("entropy_from_logits_with_chunking", False)),
-            entropy_checkpointing=bool(self.config.get("entropy_checkpointing", False)),
+            logits_chunking=bool(self.config.entropy_from_logits_with_chunking),
+            entropy_checkpointing=bool(self.config.entropy_checkpointing),
         )
 
     def _forward_micro_batches(self, data: DataProto) -> tuple[list[DataProto], list[int] | None]:
@@ -199,14 +196,14 @@ class PPOActor:
                            options: ForwardOptions, on_policy: bool = False) -> torch.Tensor | None:
         """One optimizer step; returns the detached log-probs of an on-policy mini batch, else None."""
         cfg = self.config
-        norm = loss_normalizers(mini_batch.batch["response_mask"], cfg.get("loss_scale_factor"))
+        norm = loss_normalizers(mini_batch.batch["response_mask"], cfg.loss_scale_factor)
         self.actor_optimizer.zero_grad(set_to_none=True)
         # Micro losses are already scaled by the mini-batch size: their sums are the mini-batch
         # values, however the rows fall into micro batches (fixed row counts or token budgets).
         loss_sums: dict[str, float] = defaultdict(float)
         micros, order = split_micro_batches(
-            mini_batch, cfg.ppo_micro_batch_size_per_gpu, bool(cfg.get("use_dynamic_bsz", False)),
-            cfg.get("ppo_max_token_len_per_gpu"), key="actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
+            mini_batch, cfg.ppo_micro_batch_size_per_gpu, bool(cfg.use_dynamic_bsz),
+            cfg.ppo_max_token_len_per_gpu, key="actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
         full_kl = cfg.use_kl_loss and cfg.kl_loss_type == FULL_KL
         own_log_probs = []
         for micro in micros:

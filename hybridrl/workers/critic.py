@@ -22,9 +22,9 @@ class PPOCritic:
         self.config = config
         self.critic_module = critic_module
         self.critic_optimizer = critic_optimizer
-        self.compute_dtype = compute_dtype_of(config)
+        self.compute_dtype = compute_dtype_of(config.model.fsdp_config)
         self.forward_options = ForwardOptions(
-            use_remove_padding=bool((config.get("model") or {}).get("use_remove_padding", False)))
+            use_remove_padding=bool(config.model.use_remove_padding))
 
     @torch.no_grad()
     def compute_values(self, data: DataProto) -> torch.Tensor:
@@ -37,7 +37,7 @@ class PPOCritic:
         keys = ["responses", "input_ids", "attention_mask", "position_ids"]
         micros, order = split_micro_batches(
             data.select(batch_keys=keys), data.meta_info.get("micro_batch_size"),
-            bool(self.config.get("use_dynamic_bsz", False)), self.config.get("forward_max_token_len_per_gpu"),
+            bool(self.config.use_dynamic_bsz), self.config.forward_max_token_len_per_gpu,
             key="critic.forward_max_token_len_per_gpu")
         values = [forward_response_values(self.critic_module, micro, self.compute_dtype, self.forward_options)
                   for micro in micros]
@@ -58,11 +58,11 @@ class PPOCritic:
 
     def _update_mini_batch(self, mini_batch: DataProto, metrics) -> None:
         cfg = self.config
-        norm = loss_normalizers(mini_batch.batch["response_mask"], cfg.get("loss_scale_factor"))
+        norm = loss_normalizers(mini_batch.batch["response_mask"], cfg.loss_scale_factor)
         self.critic_optimizer.zero_grad(set_to_none=True)
         vf_loss_sum = 0.0
         micros, _ = split_micro_batches(mini_batch, cfg.ppo_micro_batch_size_per_gpu,
-                                        bool(cfg.get("use_dynamic_bsz", False)), cfg.get("ppo_max_token_len_per_gpu"),
+                                        bool(cfg.use_dynamic_bsz), cfg.ppo_max_token_len_per_gpu,
                                         key="critic.ppo_max_token_len_per_gpu")
         for micro in micros:
             mb = micro.batch

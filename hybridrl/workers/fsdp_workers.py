@@ -22,7 +22,7 @@ from hybridrl.protocol import DataProto
 from hybridrl.workers.actor import PPOActor
 from hybridrl.workers.checkpoint_io import load_worker_state, save_worker_state
 from hybridrl.workers.critic import PPOCritic
-from hybridrl.workers.engine_lock import DEFAULT_ENGINE_TIMEOUT_S, EngineLock
+from hybridrl.workers.engine_lock import EngineLock
 from hybridrl.workers.optim import build_lr_scheduler, build_optimizer
 from hybridrl.workers.reward_model import load_reward_model
 from hybridrl.workers.rollout.base import get_rollout_cls
@@ -82,16 +82,16 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         model_cfg = self.config.model
-        import_external_lib(model_cfg.get("external_lib"))
+        import_external_lib(model_cfg.external_lib)
         self.model_path = resolve_model_path(model_cfg.path, config_key="actor_rollout_ref.model.path")
-        self.tokenizer = load_tokenizer(self.model_path, trust_remote_code=model_cfg.get("trust_remote_code", False),
-                                        chat_template=model_cfg.get("custom_chat_template"))
+        self.tokenizer = load_tokenizer(self.model_path, trust_remote_code=model_cfg.trust_remote_code,
+                                        chat_template=model_cfg.custom_chat_template)
         module = load_causal_lm(
             self.model_path,
-            dtype=self.config.actor.fsdp_config.get("model_dtype", "fp32"),
-            trust_remote_code=model_cfg.get("trust_remote_code", False),
-            override_config=model_cfg.get("override_config"),
-            enable_gradient_checkpointing=self._is_actor and model_cfg.get("enable_gradient_checkpointing", False),
+            dtype=self.config.actor.fsdp_config.model_dtype,
+            trust_remote_code=model_cfg.trust_remote_code,
+            override_config=model_cfg.override_config,
+            enable_gradient_checkpointing=self._is_actor and model_cfg.enable_gradient_checkpointing,
         ).to(self.device)
         actor_sizes = _with_batch_sizes(self.config.actor, self.batch_sizes)
         self.actor_micro_batch_size = actor_sizes.ppo_micro_batch_size_per_gpu
@@ -119,25 +119,25 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
         if sharded:
             shard_module(module, self.config.actor.fsdp_config, self.device)
         self.actor_optimizer = build_optimizer(module, actor_sizes.optim)
-        total_steps = actor_sizes.optim.get("total_training_steps") or 1
+        total_steps = actor_sizes.optim.total_training_steps or 1
         self.actor_lr_scheduler = build_lr_scheduler(self.actor_optimizer, actor_sizes.optim, total_steps)
         ref_module = self.ref_policy.actor_module if self._is_ref else None
         self.actor = PPOActor(actor_sizes, module, self.actor_optimizer, ref_module=ref_module)
         self._start_engine_bookkeeping()
         if not self._is_rollout:
             return
-        rollout_cls = get_rollout_cls(self.config.rollout.name, self.config.rollout.get("mode", "sync"))
+        rollout_cls = get_rollout_cls(self.config.rollout.name, self.config.rollout.mode)
         self.rollout = rollout_cls(rollout_module, self.config.rollout, self.tokenizer,
                                    getattr(module, "generation_config", None))
         self.agent_loop_manager = None  # multi-turn agent loops (hybridrl.agents)
-        if (self.config.rollout.get("multi_turn") or {}).get("enable", False):
+        if self.config.rollout.multi_turn.enable:
             self._agent_loops(force=True)  # at start-up, so a bad tool/interaction file fails early
 
     def _start_engine_bookkeeping(self) -> None:
         """The engine lock and the policy versions (verl's ``param_version``): ``param_version``
         counts the actor updates applied to the actor's weights, ``rollout_param_version`` those
         in the engine's weights (they differ between an update and the next weight sync)."""
-        self.engine_lock = EngineLock(float(self.config.rollout.get("engine_timeout_s") or DEFAULT_ENGINE_TIMEOUT_S))
+        self.engine_lock = EngineLock(float(self.config.rollout.engine_timeout_s))
         self.param_version = 0
         self.rollout_param_version = 0
         self.stream = None  # fully async training: the RolloutStream, made by the first stream_submit
@@ -160,15 +160,15 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
         ``log_prob_micro_batch_size`` / workers, else the actor's training micro batch), or with
         ``log_prob_use_dynamic_bsz`` tokens per forward (``log_prob_max_token_len_per_gpu``);
         packed or padded (``model.use_remove_padding``)."""
-        micro = section.get("log_prob_micro_batch_size_per_gpu")
-        if not micro and section.get("log_prob_micro_batch_size"):
+        micro = section.log_prob_micro_batch_size_per_gpu
+        if not micro and section.log_prob_micro_batch_size:
             micro = max(1, section.log_prob_micro_batch_size // self.world_size)
         micro = micro or self.actor_micro_batch_size
         return {"micro_batch_size": int(micro), "temperature": float(self.config.rollout.temperature),
-                "use_dynamic_bsz": bool(section.get("log_prob_use_dynamic_bsz", False)),
-                "max_token_len": section.get("log_prob_max_token_len_per_gpu"),
+                "use_dynamic_bsz": bool(section.log_prob_use_dynamic_bsz),
+                "max_token_len": section.log_prob_max_token_len_per_gpu,
                 "max_token_len_key": f"actor_rollout_ref.{name}.log_prob_max_token_len_per_gpu",
-                "use_remove_padding": bool(self.config.model.get("use_remove_padding", False))}
+                "use_remove_padding": bool(self.config.model.use_remove_padding)}
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -218,7 +218,7 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
         data.meta_info.update(self._log_prob_meta(self.config.rollout))
         log_probs, entropys, sum_pi_squared = self.actor.compute_log_prob(
             data, calculate_entropy=True,
-            calculate_sum_pi_squared=bool(self.config.actor.get("calculate_sum_pi_squared", False)))
+            calculate_sum_pi_squared=bool(self.config.actor.calculate_sum_pi_squared))
         tensors = {"old_log_probs": log_probs, "entropys": entropys}
         if sum_pi_squared is not None:
             tensors["sum_pi_squared"] = sum_pi_squared
@@ -256,8 +256,8 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
         ``(bs, response_length)``, the update's own."""
         data = data.to(self.device)
         data.meta_info["temperature"] = float(self.config.rollout.temperature)
-        data.meta_info["use_remove_padding"] = bool(self.config.model.get("use_remove_padding", False))
-        offload = self.config.actor.fsdp_config.get("optimizer_offload", False)
+        data.meta_info["use_remove_padding"] = bool(self.config.model.use_remove_padding)
+        offload = self.config.actor.fsdp_config.optimizer_offload
         with optimizer_on_device(self.actor_optimizer, self.device, offload):
             metrics, own_log_probs = self.actor.update_policy(data, on_policy=on_policy)
         metrics["actor/lr"] = [self.actor_lr_scheduler.get_last_lr()[0]]
@@ -295,14 +295,14 @@ class CriticWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         model_cfg = self.config.model
-        import_external_lib(model_cfg.get("external_lib"))
+        import_external_lib(model_cfg.external_lib)
         path = resolve_model_path(model_cfg.path, config_key="critic.model.path")
         module = load_value_model(
             path,
-            dtype=model_cfg.fsdp_config.get("model_dtype", "fp32"),
-            trust_remote_code=model_cfg.get("trust_remote_code", False),
-            override_config=model_cfg.get("override_config"),
-            enable_gradient_checkpointing=model_cfg.get("enable_gradient_checkpointing", False),
+            dtype=model_cfg.fsdp_config.model_dtype,
+            trust_remote_code=model_cfg.trust_remote_code,
+            override_config=model_cfg.override_config,
+            enable_gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
         ).to(self.device)
         critic_cfg = _with_batch_sizes(self.config, self.batch_sizes)
         lora = lora_settings(model_cfg)
@@ -311,7 +311,7 @@ class CriticWorker(Worker):
         if self.world_size > 1:
             shard_module(module, model_cfg.fsdp_config, self.device)
         self.critic_optimizer = build_optimizer(module, critic_cfg.optim)
-        total_steps = critic_cfg.optim.get("total_training_steps") or 1
+        total_steps = critic_cfg.optim.total_training_steps or 1
         self.critic_lr_scheduler = build_lr_scheduler(self.critic_optimizer, critic_cfg.optim, total_steps)
         self.critic = PPOCritic(critic_cfg, module, self.critic_optimizer)
 
@@ -319,12 +319,12 @@ class CriticWorker(Worker):
     def compute_values(self, data: DataProto) -> DataProto:
         data = data.to(self.device)
         cfg = self.critic.config
-        data.meta_info["micro_batch_size"] = int(cfg.get("forward_micro_batch_size_per_gpu") or cfg.ppo_micro_batch_size_per_gpu)
+        data.meta_info["micro_batch_size"] = int(cfg.forward_micro_batch_size_per_gpu or cfg.ppo_micro_batch_size_per_gpu)
         return DataProto.from_dict(tensors={"values": self.critic.compute_values(data)}).to("cpu")
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_critic(self, data: DataProto) -> DataProto:
-        offload = self.config.model.fsdp_config.get("optimizer_offload", False)
+        offload = self.config.model.fsdp_config.optimizer_offload
         with optimizer_on_device(self.critic_optimizer, self.device, offload):
             metrics = self.critic.update_critic(data.to(self.device))
         metrics["critic/lr"] = [self.critic_lr_scheduler.get_last_lr()[0]]
@@ -357,7 +357,7 @@ class RewardModelWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        import_external_lib(self.config.model.get("external_lib"))
+        import_external_lib(self.config.model.external_lib)
         self.reward_model = load_reward_model(self.config, self.device)
         if self.world_size > 1:
             shard_module(self.reward_model.reward_module, self.config.model.fsdp_config, self.device)
@@ -366,9 +366,9 @@ class RewardModelWorker(Worker):
         """``micro_batch_size_per_gpu``, else the deprecated global ``micro_batch_size`` / workers,
         else (``use_dynamic_bsz``, not in this build yet) all rows at once."""
         cfg = self.config
-        if cfg.get("micro_batch_size_per_gpu"):
+        if cfg.micro_batch_size_per_gpu:
             return int(cfg.micro_batch_size_per_gpu)
-        if cfg.get("micro_batch_size"):
+        if cfg.micro_batch_size:
             return max(1, int(cfg.micro_batch_size) // self.world_size)
         return max(1, n_rows)
 

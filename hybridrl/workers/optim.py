@@ -14,13 +14,13 @@ logger = logging.getLogger(__name__)
 
 
 def build_optimizer(module: torch.nn.Module, optim_cfg) -> torch.optim.Optimizer:
-    """AdamW with ``lr``, ``betas``, ``weight_decay`` from ``optim_cfg``."""
-    betas = tuple(optim_cfg.get("betas", (0.9, 0.999)))
+    """AdamW with ``lr``, ``betas``, ``weight_decay`` from ``optim_cfg`` (an ``optim`` section)."""
+    betas = tuple(optim_cfg.betas)
     return torch.optim.AdamW(
         [p for p in module.parameters() if p.requires_grad],
         lr=float(optim_cfg.lr),  # YAML 1.1 reads "1e-6" as a string
         betas=betas,
-        weight_decay=optim_cfg.get("weight_decay", 0.01),
+        weight_decay=optim_cfg.weight_decay,
     )
 
 
@@ -34,10 +34,12 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg, total_traini
     """
     from transformers import get_constant_schedule_with_warmup, get_cosine_with_min_lr_schedule_with_warmup
 
-    warmup = optim_cfg.get("lr_warmup_steps", -1)
-    if warmup is None or warmup < 0:
-        warmup = int(optim_cfg.get("lr_warmup_steps_ratio", 0.0) * total_training_steps)
-    style = optim_cfg.get("warmup_style", "constant")
+    # Subscripts, not attributes: the SFT/RM worker hands a plain dict of these five keys; every
+    # key is required (no defaults here that could contradict the YAML).
+    warmup = optim_cfg["lr_warmup_steps"]
+    if warmup < 0:
+        warmup = int(optim_cfg["lr_warmup_steps_ratio"] * total_training_steps)
+    style = optim_cfg["warmup_style"]
     if style == "constant":
         return get_constant_schedule_with_warmup(optimizer, num_warmup_steps=warmup)
     if style == "cosine":
@@ -45,8 +47,8 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg, total_traini
             optimizer,
             num_warmup_steps=warmup,
             num_training_steps=total_training_steps,
-            num_cycles=optim_cfg.get("num_cycles", 0.5),
-            min_lr_rate=optim_cfg.get("min_lr_ratio", 0.0) or 0.0,
+            num_cycles=optim_cfg["num_cycles"],
+            min_lr_rate=optim_cfg["min_lr_ratio"] or 0.0,  # null (the critic's default): 0
         )
 
     raise ConfigError(f"optim.warmup_style={style!r} is not one of constant, cosine")

@@ -156,7 +156,7 @@ def load_reward_model(config, device: str) -> RewardModel:
     """Build :class:`RewardModel` from the ``reward_model`` config section.
 
     Reads ``model.path``, ``model.input_tokenizer`` (null: never re-tokenise),
-    ``model.trust_remote_code``, ``model.override_config``, ``model.fsdp_config.model_dtype`` /
+    ``model.trust_remote_code``, ``model.fsdp_config.model_dtype`` /
     ``mixed_precision.param_dtype`` and ``max_length``.
 
     Raises:
@@ -164,11 +164,10 @@ def load_reward_model(config, device: str) -> RewardModel:
         ConfigError: ``model.path`` holds no trained scalar head (a plain causal LM).
     """
     model_cfg = config.model
-    trust = bool(model_cfg.get("trust_remote_code", False))
+    trust = bool(model_cfg.trust_remote_code)
     path = resolve_model_path(model_cfg.path, config_key="reward_model.model.path")
-    fsdp_config = model_cfg.get("fsdp_config") or {}
-    module = load_value_model(path, dtype=fsdp_config.get("model_dtype", "fp32"), trust_remote_code=trust,
-                              override_config=model_cfg.get("override_config"))
+    fsdp_config = model_cfg.fsdp_config
+    module = load_value_model(path, dtype=fsdp_config.model_dtype, trust_remote_code=trust)
     if head_is_untrained(module):
         raise ConfigError(
             f"reward_model.model.path={model_cfg.path}: the model has no trained reward head (it looks like a plain "
@@ -176,7 +175,7 @@ def load_reward_model(config, device: str) -> RewardModel:
     module.requires_grad_(False).eval().to(device)
     tokenizer = load_tokenizer(path, trust_remote_code=trust, padding_side="right")
     input_tokenizer = None
-    if model_cfg.get("input_tokenizer"):
+    if model_cfg.input_tokenizer:
         source = os.path.expanduser(str(model_cfg.input_tokenizer))
         if not os.path.isdir(source):  # a tokenizer-only folder is fine; anything else resolves as a model
             source = resolve_model_path(source, config_key="reward_model.model.input_tokenizer")
@@ -186,4 +185,4 @@ def load_reward_model(config, device: str) -> RewardModel:
         else:
             logger.warning("reward model: its tokenizer differs from %s; rows are re-templated for it",
                            model_cfg.input_tokenizer)
-    return RewardModel(module, tokenizer, input_tokenizer, config.get("max_length"), compute_dtype_of(config))
+    return RewardModel(module, tokenizer, input_tokenizer, config.max_length, compute_dtype_of(fsdp_config))

@@ -4,7 +4,6 @@ passes them) add up to the full-batch loss and gradients; config validation and 
 import pytest
 import torch
 import torch.nn.functional as F
-from omegaconf import OmegaConf
 
 from hybridrl.algorithms import (
     POLICY_LOSS_KEYS,
@@ -107,16 +106,19 @@ def test_unknown_loss_agg_mode_is_refused_by_fixed_aggregation_losses():
 def test_actor_builds_the_policy_loss_config_from_its_section():
     from hybridrl.workers.actor import PPOActor
 
+    from tests.tiny_models import ppo_section
+
     module = torch.nn.Linear(2, 2)
     section = {"clip_ratio": 0.2, "clip_ratio_low": 0.1, "clip_ratio_high": None,
-               "policy_loss": {"loss_mode": "kl_cov", "kl_cov_ratio": 0.01, "ppo_kl_coef": 1.0,
-                               "clip_cov_lb": None}}
-    actor = PPOActor(OmegaConf.create(section), module, torch.optim.SGD(module.parameters(), lr=0.1))
+               "policy_loss": {"loss_mode": "kl_cov", "kl_cov_ratio": 0.01, "ppo_kl_coef": 1.0, "dro_beta": None}}
+    actor = PPOActor(ppo_section("actor_rollout_ref.actor", section), module,
+                     torch.optim.SGD(module.parameters(), lr=0.1))
     cfg = actor.policy_loss_config
     assert actor.policy_loss_fn is get_policy_loss_fn("kl_cov")
     assert (cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.kl_cov_ratio, cfg.ppo_kl_coef) == (0.1, 0.2, 0.01, 1.0)
-    assert cfg.clip_cov_lb == PolicyLossConfig().clip_cov_lb  # null keeps the default
+    assert cfg.clip_cov_lb == PolicyLossConfig().clip_cov_lb  # the packaged default is the loss's
+    assert cfg.dro_beta == PolicyLossConfig().dro_beta  # null keeps the default
     assert set(POLICY_LOSS_KEYS) <= set(vars(cfg))
     section["policy_loss"]["clip_cov_ratio"] = 2.0
     with pytest.raises(AlgorithmConfigError, match="policy_loss.clip_cov_ratio=2.0"):
-        PPOActor(OmegaConf.create(section), module, torch.optim.SGD(module.parameters(), lr=0.1))
+        PPOActor(ppo_section("actor_rollout_ref.actor", section), module, torch.optim.SGD(module.parameters(), lr=0.1))

@@ -78,17 +78,13 @@ def test_dro_is_the_policy_gradient_minus_a_quadratic_pull_back():
 
 def test_dro_needs_its_beta_at_start_up_and_in_the_loss():
     from hybridrl.workers.actor import build_policy_loss_config
+    from tests.tiny_models import ppo_section
 
-    section = {"clip_ratio": 0.2, "policy_loss": {"loss_mode": "dro"}}
+    section = ppo_section("actor_rollout_ref.actor", {"clip_ratio": 0.2, "policy_loss": {"loss_mode": "dro"}})
     with pytest.raises(AlgorithmConfigError, match=r"loss_mode=dro needs policy_loss.dro_beta"):
-        build_policy_loss_config(_Section(section))
+        build_policy_loss_config(section)
     with pytest.raises(AlgorithmConfigError, match=r"dro_beta=None must be > 0"):
         _run("dro", PolicyLossConfig())
-
-
-class _Section(dict):
-    def __getattr__(self, key):
-        return self[key]
 
 
 @pytest.mark.parametrize("tau", [0.0, -1.0])

@@ -108,8 +108,11 @@ def test_target_modules_that_match_nothing(base):
 
 
 def test_lora_settings_of_a_config_section():
-    assert lora_settings(OmegaConf.create({"lora_rank": 0})) is None
-    section = OmegaConf.create({"lora_rank": 8, "lora_alpha": 32, "target_modules": ["q_proj", "v_proj"]})
+    from tests.tiny_models import ppo_section
+
+    assert lora_settings(ppo_section("actor_rollout_ref.model", {"lora_rank": 0})) is None
+    section = ppo_section("actor_rollout_ref.model", {"lora_rank": 8, "lora_alpha": 32,
+                                                      "target_modules": ["q_proj", "v_proj"]})
     assert lora_settings(section) == {"lora_rank": 8, "lora_alpha": 32, "target_modules": ["q_proj", "v_proj"],
                                       "exclude_modules": None}
 

@@ -5,10 +5,10 @@ import copy
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from hybridrl.protocol import DataProto
 from hybridrl.workers.actor import PPOActor
+from tests.tiny_models import ppo_section
 
 # fp32 tolerance for gradients summed in a different order (micro batches vs one pass):
 # relative 1e-4, absolute 1e-6 on the weight deltas (weights are ~0.02, deltas up to ~1).
@@ -26,7 +26,7 @@ def base_model(tiny_model_dir):
 
 
 def _actor_config(micro, loss_agg_mode="token-mean", entropy_coeff=0.0, use_kl_loss=False, **extra):
-    return OmegaConf.create({
+    return ppo_section("actor_rollout_ref.actor", {
         "ppo_mini_batch_size": 4,
         "ppo_micro_batch_size_per_gpu": micro,
         "ppo_epochs": 1,

@@ -5,11 +5,11 @@ import copy
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from hybridrl.algorithms.errors import NonFiniteError
 from hybridrl.protocol import DataProto
 from hybridrl.workers.actor import PPOActor
+from tests.tiny_models import ppo_section
 
 PROMPT_LENS, RESPONSE_LENS = [6, 3, 1, 4], [5, 2, 4, 1]
 KL_COEF = 0.5
@@ -28,7 +28,7 @@ def models(tiny_model_dir):
 
 
 def _config(kl_loss_type, micro=2):
-    return OmegaConf.create({
+    return ppo_section("actor_rollout_ref.actor", {
         "ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": micro, "ppo_epochs": 1,
         "clip_ratio": 0.2, "clip_ratio_c": 3.0, "loss_agg_mode": "token-mean", "entropy_coeff": 0.0,
         "use_kl_loss": True, "kl_loss_coef": KL_COEF, "kl_loss_type": kl_loss_type, "grad_clip": 1.0e6,

@@ -4,10 +4,10 @@ import copy
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from hybridrl.protocol import DataProto
 from hybridrl.workers.critic import PPOCritic
+from tests.tiny_models import ppo_section
 
 PROMPT_LENS = [6, 3, 1, 4]
 RESPONSE_LENS = [5, 2, 4, 1]
@@ -32,13 +32,14 @@ def value_model(tiny_model_dir):
 
 
 def _critic_config(micro=2, cliprange_value=100.0):
-    return OmegaConf.create({
+    return ppo_section("critic", {
         "ppo_mini_batch_size": 4,
         "ppo_micro_batch_size_per_gpu": micro,
         "ppo_epochs": 1,
         "cliprange_value": cliprange_value,
         "loss_agg_mode": "token-mean",
         "grad_clip": 1.0,
+        "model": {"use_remove_padding": False},  # padded forwards, as the full forward compared with
     })
 
 

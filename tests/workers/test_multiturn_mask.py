@@ -7,11 +7,11 @@ from unittest import mock
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from hybridrl.algorithms.advantages import get_adv_estimator_fn
 from hybridrl.protocol import DataProto
 from hybridrl.workers.actor import PPOActor
+from tests.tiny_models import ppo_section
 
 R = 10
 # Row 0: model(3) obs(4) model(2) pad(1); row 1: model(2) obs(2) model(4) obs(1) model(1)
@@ -27,7 +27,7 @@ def model(tiny_model_dir):
 
 
 def _config():
-    return OmegaConf.create({
+    return ppo_section("actor_rollout_ref.actor", {
         "ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_gpu": 2, "ppo_epochs": 1, "clip_ratio": 0.2,
         "clip_ratio_c": 3.0, "loss_agg_mode": "token-mean", "entropy_coeff": 0.01, "use_kl_loss": True,
         "kl_loss_coef": 0.1, "kl_loss_type": "low_var_kl", "grad_clip": 1.0e6, "policy_loss": {"loss_mode": "vanilla"},

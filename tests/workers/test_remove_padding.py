@@ -12,11 +12,11 @@ from unittest import mock
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from hybridrl.protocol import DataProto
 from hybridrl.workers.actor import PPOActor
 from hybridrl.workers.critic import PPOCritic
+from tests.tiny_models import ppo_section
 
 PROMPT_LENS = [6, 3, 1, 4, 2, 5]
 RESPONSE_LENS = [5, 2, 4, 1, 3, 5]
@@ -32,14 +32,19 @@ def base_model(tiny_model_dir):
 
 def _actor_config(micro=2, dynamic=False, budget=None, chunking=False, loss_agg_mode="token-mean",
                   kl_loss_type="low_var_kl", param_dtype="fp32"):
-    return OmegaConf.create({
+    return ppo_section("actor_rollout_ref.actor", {
         "ppo_mini_batch_size": 6, "ppo_micro_batch_size_per_gpu": micro, "ppo_epochs": 1,
         "clip_ratio": 0.2, "clip_ratio_c": 3.0, "loss_agg_mode": loss_agg_mode, "entropy_coeff": 0.01,
         "use_kl_loss": True, "kl_loss_coef": 0.1, "kl_loss_type": kl_loss_type, "grad_clip": 1.0e6,
-        "policy_loss": {"loss_mode": "vanilla"}, "use_dynamic_bsz": dynamic, "ppo_max_token_len_per_gpu": budget,
+        "policy_loss": {"loss_mode": "vanilla"}, "use_dynamic_bsz": dynamic, **_budget("ppo_max_token_len_per_gpu", budget),
         "entropy_from_logits_with_chunking": chunking,
         "fsdp_config": {"mixed_precision": {"param_dtype": param_dtype}},
     })
+
+
+def _budget(key, budget):
+    """``{key: budget}``, or nothing for no budget (the packaged one, unused without use_dynamic_bsz)."""
+    return {} if budget is None else {key: budget}
 
 
 def _ppo_batch(make_batch, seed=0):
@@ -233,11 +238,11 @@ def value_model(tiny_model_dir):
 
 
 def _critic(model, rmpad, dynamic=False, budget=None):
-    cfg = OmegaConf.create({
+    cfg = ppo_section("critic", {
         "ppo_mini_batch_size": 6, "ppo_micro_batch_size_per_gpu": 2, "ppo_epochs": 1, "cliprange_value": 0.5,
         "loss_agg_mode": "token-mean", "grad_clip": 1.0e6, "use_dynamic_bsz": dynamic,
-        "ppo_max_token_len_per_gpu": budget, "forward_max_token_len_per_gpu": budget,
-        "model": {"use_remove_padding": rmpad, "fsdp_config": {}},
+        **_budget("ppo_max_token_len_per_gpu", budget), **_budget("forward_max_token_len_per_gpu", budget),
+        "model": {"use_remove_padding": rmpad},
     })
     module = copy.deepcopy(model)
     critic = PPOCritic(cfg, module, torch.optim.SGD(module.parameters(), lr=0.0))

@@ -58,6 +58,7 @@ class CriticModelConfig:
     lora_rank: int = 0
     lora_alpha: float = 16
     target_modules: Any = "all-linear"
+    exclude_modules: Any = None
     fsdp_config: TrainingFSDPConfig = field(default_factory=TrainingFSDPConfig)
 
 
