@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from hybridrl.config.typed import ignored, refused
 from hybridrl.data.config import ClassRefConfig
 
 __all__ = ["RetrieverConfig", "SearchConfig", "MultiTurnConfig", "AgentLoopConfig"]
@@ -51,9 +52,10 @@ class MultiTurnConfig:
     tool_response_truncate_side: str = "middle"
     tool_config_path: Optional[str] = None
     interaction_config_path: Optional[str] = None
-    completion_callback: Optional[str] = None
-    use_inference_chat_template: bool = False
-    tokenization_sanity_check_mode: str = "strict"
+    completion_callback: Optional[str] = refused(None, "custom multi-turn completion callbacks")
+    use_inference_chat_template: bool = ignored(False, "the prompt's own chat template is used")
+    tokenization_sanity_check_mode: str = ignored(
+        "strict", "agent loops append token ids turn by turn and never re-tokenise")
     format: str = "hermes"
     search: SearchConfig = field(default_factory=SearchConfig)
     retriever: RetrieverConfig = "${retriever}"  # the top-level section, handed to the rollout worker
@@ -64,5 +66,6 @@ class AgentLoopConfig:
     """``rollout.agent``: the loop of rows without an ``agent_name`` column."""
 
     default_agent_loop: str = "single_turn_agent"
-    num_workers: int = 8
-    custom_async_server: ClassRefConfig = field(default_factory=ClassRefConfig)
+    num_workers: int = ignored(8, "the agent loops run as asyncio tasks in the rollout worker")
+    custom_async_server: ClassRefConfig = refused(factory=ClassRefConfig,
+                                                  subkeys={"path": "a custom async rollout server"})

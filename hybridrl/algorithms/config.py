@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from hybridrl.config.typed import to_dataclass
+from hybridrl.config.typed import refused, to_dataclass
 
 from .errors import AlgorithmConfigError
 from .kl import get_kl_controller
@@ -99,7 +99,7 @@ class AlgoConfig:
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
-    use_pf_ppo: bool = False
+    use_pf_ppo: bool = refused(False, "preference-feedback PPO reweighting")
     pf_ppo: PFPPOConfig = field(default_factory=PFPPOConfig)
 
     def __post_init__(self):

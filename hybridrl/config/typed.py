@@ -5,17 +5,70 @@ Each component owns the dataclass of its section (``hybridrl.algorithms.config.A
 ``__post_init__``. :func:`to_dataclass` builds one with OmegaConf's structured configs, so an
 unknown key or a value of the wrong type is refused before any rule runs. Nested dataclass fields
 are nested sections. Code reads the typed fields, never ``.get(key, default)``.
+
+verl keys that are accepted but mean nothing in this build carry their reason as field metadata
+(:func:`ignored`), keys of features this build lacks carry the feature (:func:`refused`);
+:func:`marked_keys` lists them by dotted key for the start-up check and its notes.
 """
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+import dataclasses
+import typing
+from typing import Any, Literal, TypeVar
 
 from hybridrl.errors import ConfigError
 
 T = TypeVar("T")
 
-__all__ = ["to_dataclass"]
+__all__ = ["to_dataclass", "ignored", "refused", "marked_keys", "IGNORED", "REFUSED"]
+
+IGNORED = "ignored"  # field metadata: (why the key means nothing here, when: always | single | hf)
+REFUSED = "refused"  # field metadata: the feature the key asks for, which this build does not have
+
+When = Literal["always", "single", "hf"]
+
+
+def ignored(default=dataclasses.MISSING, reason: str = "", when: When = "always", *, factory=dataclasses.MISSING,
+            subkeys: dict | None = None):
+    """A field kept so verl command lines run; a value other than its default prints ``reason``
+    once at start-up. ``when``: ``single`` notes it only with one worker (FSDP keys), ``hf`` only
+    when the section's engine is the HF one (vLLM keys). ``subkeys`` (for a free-form mapping
+    field): ``{"a.b": (reason, when)}`` for keys inside it, instead of the field itself."""
+    marks = {IGNORED: {sub: tuple(mark) for sub, mark in subkeys.items()} if subkeys else (reason, when)}
+    if factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=factory, metadata=marks)
+    return dataclasses.field(default=default, metadata=marks)
+
+
+def refused(default=dataclasses.MISSING, feature: str = "", *, factory=dataclasses.MISSING,
+            subkeys: dict | None = None):
+    """A field for a verl feature this build does not have: any value but ``default`` stops the
+    run. ``subkeys`` (for a nested section): ``{"key": feature}`` for keys inside it."""
+    marks = {REFUSED: dict(subkeys) if subkeys else feature}
+    if factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=factory, metadata=marks)
+    return dataclasses.field(default=default, metadata=marks)
+
+
+def marked_keys(cls: type, mark: str, prefix: str = "") -> dict[str, Any]:
+    """``{dotted key: metadata}`` of every field of ``cls`` (nested sections included) marked with
+    ``mark`` (:data:`IGNORED` or :data:`REFUSED`). A nested section whose default is an
+    interpolation (``${...}``) copies another section, whose own keys carry the marks."""
+    out = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        if mark in f.metadata:
+            marks = f.metadata[mark]
+            if isinstance(marks, dict):
+                out.update({f"{key}.{sub}": value for sub, value in marks.items()})
+            else:
+                out[key] = marks
+        copies = isinstance(f.default, str) and f.default.startswith("${")
+        if dataclasses.is_dataclass(hints[f.name]) and not copies:
+            out.update(marked_keys(hints[f.name], mark, key + "."))
+    return out
 
 
 def to_dataclass(cls: type[T], section: Any, prefix: str) -> T:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
+from hybridrl.config.typed import ignored, refused
+
 __all__ = ["DataConfig", "ClassRefConfig", "SamplerRefConfig"]
 
 
@@ -21,7 +23,7 @@ class ClassRefConfig:
 class SamplerRefConfig:
     """verl's custom sampler: a class by ``class_path`` and ``class_name``."""
 
-    class_path: Optional[str] = None
+    class_path: Optional[str] = refused(None, "custom samplers")
     class_name: Optional[str] = None
 
 
@@ -34,7 +36,7 @@ class DataConfig:
     """
 
     tokenizer: Optional[str] = None
-    use_shm: bool = False
+    use_shm: bool = ignored(False, "models load from their own path")
     train_files: Any = "~/data/rlhf/gsm8k/train.parquet"
     val_files: Any = "~/data/rlhf/gsm8k/test.parquet"
     prompt_key: str = "prompt"
@@ -44,21 +46,22 @@ class DataConfig:
     train_batch_size: int = 1024
     gen_batch_size: Optional[int] = None
     val_batch_size: Optional[int] = None
-    return_raw_input_ids: bool = False
+    return_raw_input_ids: bool = ignored(
+        False, "a reward model with another tokenizer re-templates the chat messages (data.return_raw_chat=True)")
     return_raw_chat: bool = False
     return_full_prompt: bool = False
     shuffle: bool = True
-    validation_shuffle: bool = False
+    validation_shuffle: bool = ignored(False, "validation runs over the whole set in file order")
     seed: int = 1
     dataloader_num_workers: int = 0
     filter_overlong_prompts: bool = False
-    filter_overlong_prompts_workers: int = 1
+    filter_overlong_prompts_workers: int = ignored(1, "prompts are filtered in this process")
     truncation: str = "error"
     apply_chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
-    image_key: str = "images"
-    video_key: str = "videos"
-    trust_remote_code: bool = False
-    return_multi_modal_inputs: bool = True
-    custom_cls: ClassRefConfig = field(default_factory=ClassRefConfig)
+    image_key: str = refused("images", "image inputs (multimodal data)")
+    video_key: str = refused("videos", "video inputs (multimodal data)")
+    trust_remote_code: bool = ignored(False, "the tokenizer loads with actor_rollout_ref.model.trust_remote_code")
+    return_multi_modal_inputs: bool = ignored(True, "this build has no multimodal inputs")
+    custom_cls: ClassRefConfig = refused(factory=ClassRefConfig, subkeys={"path": "custom dataset classes"})
     sampler: SamplerRefConfig = field(default_factory=SamplerRefConfig)
-    datagen: ClassRefConfig = field(default_factory=ClassRefConfig)
+    datagen: ClassRefConfig = refused(factory=ClassRefConfig, subkeys={"path": "dynamic data generation"})

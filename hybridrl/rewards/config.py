@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from hybridrl.config.typed import refused
 from hybridrl.data.config import ClassRefConfig
 
 __all__ = ["SandboxConfig", "SandboxFusionConfig", "OverlongBufferConfig", "JudgeConfig",
@@ -98,7 +99,9 @@ class SpelledRewardFunctionConfig:
 class SpelledRewardManagerConfig:
     source: str = "register"
     name: Optional[str] = None
-    module: ClassRefConfig = field(default_factory=ClassRefConfig)
+    module: ClassRefConfig = refused(factory=ClassRefConfig, subkeys={"path": (
+        "a reward manager class loaded from a file (register yours with @register_reward_manager in a module "
+        "named by actor_rollout_ref.model.external_lib)")})
 
 
 @dataclass

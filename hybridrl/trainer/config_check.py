@@ -22,13 +22,8 @@ from hybridrl.algorithms.rollout_corr import SECTION
 from hybridrl.config.access import _UNSET, _get, _int_at_least, _number_above, _plain
 from hybridrl.config.batch_sizes import _check_batch_sizes
 from hybridrl.config.defaults import packaged_defaults
-from hybridrl.config.key_tables import (  # noqa: F401  (re-exported: tests and the rollout read them here)
-    ACTOR,
-    IGNORED_KEYS,
-    NOT_YET_SUPPORTED,
-    REF,
-    ROLLOUT,
-)
+from hybridrl.config.key_tables import ACTOR, ROLLOUT
+from hybridrl.config.typed import IGNORED, REFUSED, marked_keys
 from hybridrl.data import rl_dataset
 from hybridrl.errors import ConfigError
 from hybridrl.models.loader import EMBEDDED_MODEL_NAMES
@@ -36,10 +31,15 @@ from hybridrl.rewards.custom import RewardConfigError
 from hybridrl.rewards.manager import REWARD_MANAGERS
 from hybridrl.rewards.pool import check_num_workers
 from hybridrl.trainer.async_modes import check_async_modes
-from hybridrl.trainer.ppo_config import typed_ppo_config
+from hybridrl.trainer.ppo_config import PPOConfig, typed_ppo_config
 from hybridrl.trainer.tracking import available_loggers
 from hybridrl.workers.actor import build_policy_loss_config
 from hybridrl.workers.rollout import OPTIONAL_ENGINES, ROLLOUT_REGISTRY
+
+# From the typed config's field metadata: key -> (reason, when) for keys that mean nothing here,
+# key -> feature for keys of features this build lacks.
+IGNORED_KEYS: dict[str, tuple[str, str]] = marked_keys(PPOConfig, IGNORED)
+NOT_YET_SUPPORTED: dict[str, str] = marked_keys(PPOConfig, REFUSED)
 
 
 def validate_ppo_config(config, world_size: int = 1) -> list[str]:
@@ -412,7 +412,7 @@ def ignored_key_notes(config, world_size: int = 1) -> list[str]:
     notes = []
     name = _get(config, f"{ROLLOUT}.name")
     for key, (reason, when) in IGNORED_KEYS.items():
-        if (when == "single" and world_size > 1) or (when == "hf" and name not in ("hf", *OPTIONAL_ENGINES)):
+        if (when == "single" and world_size > 1) or (when == "hf" and not _on_hf_engine(config, key)):
             continue
         value = _get(config, key)
         default = _get(defaults, key, _UNSET)
@@ -427,6 +427,13 @@ def ignored_key_notes(config, world_size: int = 1) -> list[str]:
             notes.append(f"{ROLLOUT}.name={name}: this build has no {OPTIONAL_ENGINES[name]} engine; "
                          "generating with the HF engine")
     return notes
+
+
+def _on_hf_engine(config, key: str) -> bool:
+    """Whether the engine section ``key`` belongs to (the policy's rollout or the judge's) generates
+    with HF, for which its vLLM keys mean nothing."""
+    section = key.split(".engine_kwargs.")[0] if ".engine_kwargs." in key else key.rpartition(".")[0]
+    return _get(config, f"{section}.name") in ("hf", *OPTIONAL_ENGINES)
 
 
 def _interpolation_source(key: str) -> str | None:

@@ -16,7 +16,7 @@ from typing import Any, Dict, Optional
 
 from hybridrl.agents.config import RetrieverConfig
 from hybridrl.algorithms.config import AlgoConfig
-from hybridrl.config.typed import to_dataclass
+from hybridrl.config.typed import ignored, refused, to_dataclass
 from hybridrl.data.config import DataConfig
 from hybridrl.rewards.config import CustomRewardFunctionConfig, RewardConfig
 from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelConfig
@@ -62,10 +62,10 @@ class PPOTrainerConfig:
 
     device: str = "auto"
     backend: str = "auto"
-    balance_batch: bool = True
+    balance_batch: bool = ignored(True, "one worker has nothing to balance", "single")
     total_epochs: int = 30
     total_training_steps: Optional[int] = None
-    profile_steps: Any = None
+    profile_steps: Any = ignored(None, "no profiler integration")
     project_name: str = "hybridrl"
     experiment_name: str = "gsm8k"
     logger: Any = field(default_factory=lambda: ["console", "file"])
@@ -78,7 +78,7 @@ class PPOTrainerConfig:
     cpu_malloc_reuse: bool = True
     dist_timeout_s: float = 600
     save_freq: int = -1
-    esi_redundant_time: float = 0
+    esi_redundant_time: float = ignored(0, "no elastic-instance deadline")
     resume_mode: str = "auto"
     resume_from_path: Optional[str] = None
     val_before_train: bool = True
@@ -86,14 +86,16 @@ class PPOTrainerConfig:
     test_freq: int = -1
     critic_warmup: int = 0
     one_step_off_policy: bool = False
-    default_hdfs_dir: Optional[str] = None
-    del_local_ckpt_after_load: bool = False
+    default_hdfs_dir: Optional[str] = ignored(None, "checkpoints are written to trainer.default_local_dir only")
+    del_local_ckpt_after_load: bool = ignored(False, "the loaded checkpoint is kept")
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     max_actor_ckpt_to_keep: Optional[int] = None
-    max_critic_ckpt_to_keep: Optional[int] = None
-    use_v1: bool = True
+    max_critic_ckpt_to_keep: Optional[int] = ignored(
+        None, "actor and critic share one step folder; trainer.max_actor_ckpt_to_keep governs both")
+    use_v1: bool = ignored(True, "hybridrl has one trainer; its loop is verl's v1 trainer_mode=sync")
     v1: V1Config = field(default_factory=V1Config)
-    ray_wait_register_center_timeout: float = 300
+    ray_wait_register_center_timeout: float = ignored(
+        300, "workers are ready when their constructor returns (no register center)")
 
 
 @dataclass
@@ -101,7 +103,7 @@ class RayInitConfig:
     """``ray_init`` (verl 0.4): ``num_cpus`` for ``ray.init`` (null: all)."""
 
     num_cpus: Optional[int] = None
-    timeline_json_file: Optional[str] = None
+    timeline_json_file: Optional[str] = ignored(None, "no Ray timeline dump")
 
 
 @dataclass
@@ -113,12 +115,12 @@ class RayKwargsConfig:
 
 @dataclass
 class DistillationConfig:
-    enabled: bool = False
+    enabled: bool = refused(False, "on-policy distillation from a teacher model")
 
 
 @dataclass
 class TransferQueueConfig:
-    enable: bool = False
+    enable: bool = ignored(False, "batches move between the driver and the workers directly")
 
 
 @dataclass

@@ -39,10 +39,14 @@ def import_external_lib(name: str | None) -> None:
         importlib.import_module(name)
 
 
-def shard_module(module, fsdp_config, device: str):
-    """FSDP2-shards ``module`` over the worker group with the role's ``fsdp_config``
-    (``fsdp_size``, ``param_offload``, ``reshard_after_forward``, ``mixed_precision``)."""
-    return apply_fsdp2(module, fsdp_config, device, mixed_precision=fsdp_config.get("mixed_precision"))
+def shard_module(module, fsdp_config, device: str, reduce_dtype: str = "fp32"):
+    """FSDP2-shards ``module`` over the worker group with the role's typed ``fsdp_config``
+    (``hybridrl.workers.config.FSDPConfig``); ``reduce_dtype``: a trained role's
+    ``mixed_precision.reduce_dtype`` (forward-only roles never reduce gradients)."""
+    return apply_fsdp2(module, device, fsdp_size=fsdp_config.fsdp_size,
+                       reshard_after_forward=fsdp_config.reshard_after_forward,
+                       param_offload=fsdp_config.param_offload,
+                       param_dtype=fsdp_config.mixed_precision.param_dtype, reduce_dtype=reduce_dtype)
 
 
 def _with_batch_sizes(section, batch_sizes: dict):
@@ -117,7 +121,8 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
         if not self._is_actor:
             return
         if sharded:
-            shard_module(module, self.config.actor.fsdp_config, self.device)
+            fsdp_config = self.config.actor.fsdp_config
+            shard_module(module, fsdp_config, self.device, reduce_dtype=fsdp_config.mixed_precision.reduce_dtype)
         self.actor_optimizer = build_optimizer(module, actor_sizes.optim)
         total_steps = actor_sizes.optim.total_training_steps or 1
         self.actor_lr_scheduler = build_lr_scheduler(self.actor_optimizer, actor_sizes.optim, total_steps)
@@ -309,7 +314,8 @@ class CriticWorker(Worker):
         if lora:  # adapters on the backbone; the value head is trained whole (peft's TOKEN_CLS)
             module = apply_lora(module, **lora, task_type="TOKEN_CLS", config_key="critic.model", seed=0)
         if self.world_size > 1:
-            shard_module(module, model_cfg.fsdp_config, self.device)
+            shard_module(module, model_cfg.fsdp_config, self.device,
+                         reduce_dtype=model_cfg.fsdp_config.mixed_precision.reduce_dtype)
         self.critic_optimizer = build_optimizer(module, critic_cfg.optim)
         total_steps = critic_cfg.optim.total_training_steps or 1
         self.critic_lr_scheduler = build_lr_scheduler(self.critic_optimizer, critic_cfg.optim, total_steps)

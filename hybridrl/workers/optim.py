@@ -18,7 +18,7 @@ def build_optimizer(module: torch.nn.Module, optim_cfg) -> torch.optim.Optimizer
     betas = tuple(optim_cfg.betas)
     return torch.optim.AdamW(
         [p for p in module.parameters() if p.requires_grad],
-        lr=float(optim_cfg.lr),  # YAML 1.1 reads "1e-6" as a string
+        lr=optim_cfg.lr,
         betas=betas,
         weight_decay=optim_cfg.weight_decay,
     )
@@ -27,19 +27,18 @@ def build_optimizer(module: torch.nn.Module, optim_cfg) -> torch.optim.Optimizer
 def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg, total_training_steps: int):
     """verl's schedule: linear warmup, then constant or cosine down to ``min_lr_ratio``.
 
-    Warmup steps: ``lr_warmup_steps`` if > 0, else ``lr_warmup_steps_ratio x total steps``.
+    ``optim_cfg`` is an ``optim`` section (``hybridrl.workers.config.OptimConfig``). Warmup steps:
+    ``lr_warmup_steps`` if > 0, else ``lr_warmup_steps_ratio x total steps``.
 
     Raises:
         ConfigError: an unknown ``warmup_style``.
     """
     from transformers import get_constant_schedule_with_warmup, get_cosine_with_min_lr_schedule_with_warmup
 
-    # Subscripts, not attributes: the SFT/RM worker hands a plain dict of these five keys; every
-    # key is required (no defaults here that could contradict the YAML).
-    warmup = optim_cfg["lr_warmup_steps"]
+    warmup = optim_cfg.lr_warmup_steps
     if warmup < 0:
-        warmup = int(optim_cfg["lr_warmup_steps_ratio"] * total_training_steps)
-    style = optim_cfg["warmup_style"]
+        warmup = int(optim_cfg.lr_warmup_steps_ratio * total_training_steps)
+    style = optim_cfg.warmup_style
     if style == "constant":
         return get_constant_schedule_with_warmup(optimizer, num_warmup_steps=warmup)
     if style == "cosine":
@@ -47,8 +46,8 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg, total_traini
             optimizer,
             num_warmup_steps=warmup,
             num_training_steps=total_training_steps,
-            num_cycles=optim_cfg["num_cycles"],
-            min_lr_rate=optim_cfg["min_lr_ratio"] or 0.0,  # null (the critic's default): 0
+            num_cycles=optim_cfg.num_cycles,
+            min_lr_rate=optim_cfg.min_lr_ratio or 0.0,  # null (the critic's default): 0
         )
 
     raise ConfigError(f"optim.warmup_style={style!r} is not one of constant, cosine")

@@ -49,31 +49,37 @@ def _decoder_layers(module: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in module.modules() if type(m).__name__ in names]
 
 
-def apply_fsdp2(module: torch.nn.Module, fsdp_config, device_type: str, mixed_precision: dict | None = None,
+def apply_fsdp2(module: torch.nn.Module, device_type: str, *, fsdp_size: int = -1, reshard_after_forward: bool = True,
+                param_offload: bool = False, param_dtype="fp32", reduce_dtype="fp32",
                 world_size: int | None = None) -> torch.nn.Module:
     """Shards ``module`` in place with FSDP2: every decoder block, then the root.
 
     Args:
         module: an HF model on ``device_type`` (fp32 master weights for a trained model).
-        fsdp_config: the role's ``fsdp_config`` section: ``fsdp_size``, ``param_offload``
-            (parameters on CPU between uses; CUDA only), ``reshard_after_forward``.
-        mixed_precision: ``{"param_dtype", "reduce_dtype"}`` (names or dtypes); compute in
-            ``param_dtype``, reduce gradients in ``reduce_dtype`` (fp32 keeps the update exact).
+        device_type: ``cpu`` or ``cuda``.
+        fsdp_size: workers per shard group (-1: all of them); must divide the world size.
+        reshard_after_forward: free the gathered parameters after the forward (less memory,
+            one more all-gather in backward).
+        param_offload: parameters on CPU between uses (CUDA only).
+        param_dtype: the forward's compute dtype (a name or a torch dtype).
+        reduce_dtype: the dtype gradients are reduced in (fp32 keeps the update exact; a
+            forward-only model never reduces).
+        world_size: workers in the group; None: the default process group's.
 
     Returns:
         the same module, now an ``FSDPModule`` whose parameters are DTensors.
+
+    Raises:
+        ValueError: ``fsdp_size`` does not divide the world size.
     """
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     world_size = world_size or dist.get_world_size()
-    mesh = build_device_mesh(world_size, int(fsdp_config.get("fsdp_size", -1) or -1), device_type)
-    mp = mixed_precision or {}
-    policy = MixedPrecisionPolicy(param_dtype=to_torch_dtype(mp.get("param_dtype", "fp32")),
-                                  reduce_dtype=to_torch_dtype(mp.get("reduce_dtype", "fp32")),
+    mesh = build_device_mesh(world_size, fsdp_size, device_type)
+    policy = MixedPrecisionPolicy(param_dtype=to_torch_dtype(param_dtype), reduce_dtype=to_torch_dtype(reduce_dtype),
                                   cast_forward_inputs=True)
-    kwargs = {"mesh": mesh, "mp_policy": policy,
-              "reshard_after_forward": bool(fsdp_config.get("reshard_after_forward", True))}
-    if fsdp_config.get("param_offload", False) and device_type == "cuda":
+    kwargs = {"mesh": mesh, "mp_policy": policy, "reshard_after_forward": reshard_after_forward}
+    if param_offload and device_type == "cuda":
         kwargs["offload_policy"] = CPUOffloadPolicy()
     for layer in _decoder_layers(module):
         fully_shard(layer, **kwargs)

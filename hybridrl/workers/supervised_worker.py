@@ -22,10 +22,11 @@ from hybridrl.models.lora import apply_lora
 from hybridrl.protocol import DataProto
 from hybridrl.workers.actor import autocast
 from hybridrl.workers.checkpoint_io import load_worker_state, save_worker_state
-from hybridrl.workers.fsdp_workers import import_external_lib, shard_module
+from hybridrl.workers.config import OptimConfig
+from hybridrl.workers.fsdp_workers import import_external_lib
 from hybridrl.workers.optim import build_lr_scheduler, build_optimizer, optimizer_step
 from hybridrl.workers.reward_model import forward_sequence_scores
-from hybridrl.workers.sharding import data_parallel_sum
+from hybridrl.workers.sharding import apply_fsdp2, data_parallel_sum
 
 SFT_KEYS = ("input_ids", "attention_mask", "position_ids", "loss_mask")
 
@@ -129,13 +130,14 @@ class SupervisedWorker(Worker):
                                         padding_side=self.padding_side, chat_template=self.config.data.chat_template)
         module = self._adapt(self._load_module(path).to(self.device))
         if self.world_size > 1:
-            shard_module(module, model_cfg.fsdp_config, self.device)
+            # SFT/RM shard over all workers, resharding after forward, without offload (the defaults)
+            apply_fsdp2(module, self.device, param_dtype=model_cfg.fsdp_config.mixed_precision.param_dtype)
         self.module = module
         self.compute_dtype = to_torch_dtype(model_cfg.fsdp_config.mixed_precision.param_dtype)
         optim = self.config.optim
         self.optimizer = build_optimizer(module, optim)
-        schedule = {"lr_warmup_steps": -1, "lr_warmup_steps_ratio": optim.warmup_steps_ratio,
-                    "warmup_style": optim.lr_scheduler, "min_lr_ratio": 0.0, "num_cycles": 0.5}
+        schedule = OptimConfig(lr=optim.lr, lr_warmup_steps_ratio=optim.warmup_steps_ratio,
+                               warmup_style=optim.lr_scheduler, min_lr_ratio=0.0)  # PPO's schedule keys
         self.lr_scheduler = build_lr_scheduler(self.optimizer, schedule, self.total_training_steps)
 
     def _model_path(self) -> str:

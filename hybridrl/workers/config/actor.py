@@ -8,10 +8,16 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from hybridrl.algorithms.rollout_corr import RolloutCorrectionConfig
+from hybridrl.config.typed import ignored
 
 from .fsdp import CheckpointConfig, OptimConfig, RefFSDPConfig, TrainingFSDPConfig
 from .model import PolicyModelConfig
 from .rollout import RolloutConfig
+
+FSDP_EITHER = "fsdp and fsdp2 both mean FSDP2 (fully_shard) here"
+EAGER = "models run in eager mode"
+IN_ORDER = "mini batches are taken in batch order"
+NO_SEQUENCE_PARALLEL = "no sequence parallelism here; each worker holds whole sequences"
 
 __all__ = ["PolicyLossConfig", "ActorConfig", "RefConfig", "ActorRolloutRefConfig"]
 
@@ -42,7 +48,7 @@ class ActorConfig:
     token budgets count valid tokens on one worker.
     """
 
-    strategy: str = "fsdp"
+    strategy: str = ignored("fsdp", FSDP_EITHER)
     ppo_mini_batch_size: int = 256
     ppo_micro_batch_size: Optional[int] = None
     ppo_micro_batch_size_per_gpu: Optional[int] = None
@@ -61,13 +67,13 @@ class ActorConfig:
     loss_scale_factor: Optional[float] = None
     entropy_coeff: float = 0
     use_kl_loss: bool = False
-    use_torch_compile: bool = True
+    use_torch_compile: bool = ignored(True, EAGER)
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     ppo_epochs: int = 1
     skip_on_policy_old_log_prob: bool = True
-    shuffle: bool = False
-    ulysses_sequence_parallel_size: int = 1
+    shuffle: bool = ignored(False, IN_ORDER)
+    ulysses_sequence_parallel_size: int = ignored(1, NO_SEQUENCE_PARALLEL)
     entropy_from_logits_with_chunking: bool = False
     entropy_checkpointing: bool = False
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -79,14 +85,14 @@ class ActorConfig:
 class RefConfig:
     """``actor_rollout_ref.ref``: the reference policy's log-prob passes (the actor's settings by default)."""
 
-    strategy: str = ACTOR + "strategy}"
+    strategy: str = ignored(ACTOR + "strategy}", FSDP_EITHER)
     fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
-    use_torch_compile: bool = ACTOR + "use_torch_compile}"
+    use_torch_compile: bool = ignored(ACTOR + "use_torch_compile}", EAGER)
     log_prob_micro_batch_size: Optional[int] = None
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
     log_prob_use_dynamic_bsz: bool = ACTOR + "use_dynamic_bsz}"
     log_prob_max_token_len_per_gpu: int = ACTOR + "ppo_max_token_len_per_gpu}"
-    ulysses_sequence_parallel_size: int = ACTOR + "ulysses_sequence_parallel_size}"
+    ulysses_sequence_parallel_size: int = ignored(ACTOR + "ulysses_sequence_parallel_size}", NO_SEQUENCE_PARALLEL)
     entropy_from_logits_with_chunking: bool = False
     entropy_checkpointing: bool = False
 
@@ -95,7 +101,7 @@ class RefConfig:
 class ActorRolloutRefConfig:
     """``actor_rollout_ref``: the policy model and its three uses (update, generation, reference)."""
 
-    hybrid_engine: bool = True
+    hybrid_engine: bool = ignored(True, "actor and rollout always share one worker here")
     model: PolicyModelConfig = field(default_factory=PolicyModelConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     ref: RefConfig = field(default_factory=RefConfig)

@@ -7,6 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from hybridrl.config.typed import ignored
+
+from .actor import FSDP_EITHER, IN_ORDER, NO_SEQUENCE_PARALLEL
 from .fsdp import CheckpointConfig, OptimConfig
 from .model import CriticModelConfig
 
@@ -21,7 +24,7 @@ class CriticConfig:
     (PPO's value clipping); batch sizes and token budgets count as the actor's do."""
 
     rollout_n: int = "${actor_rollout_ref.rollout.n}"
-    strategy: str = "fsdp"
+    strategy: str = ignored("fsdp", FSDP_EITHER)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5, min_lr_ratio=None))
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
     ppo_mini_batch_size: int = ACTOR + "ppo_mini_batch_size}"
@@ -32,9 +35,9 @@ class CriticConfig:
     use_dynamic_bsz: bool = ACTOR + "use_dynamic_bsz}"
     ppo_max_token_len_per_gpu: int = 32768
     forward_max_token_len_per_gpu: int = "${critic.ppo_max_token_len_per_gpu}"
-    ulysses_sequence_parallel_size: int = 1
+    ulysses_sequence_parallel_size: int = ignored(1, NO_SEQUENCE_PARALLEL)
     ppo_epochs: int = ACTOR + "ppo_epochs}"
-    shuffle: bool = ACTOR + "shuffle}"
+    shuffle: bool = ignored(ACTOR + "shuffle}", IN_ORDER)
     grad_clip: float = 1.0
     cliprange_value: float = 0.5
     loss_agg_mode: str = ACTOR + "loss_agg_mode}"

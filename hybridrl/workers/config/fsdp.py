@@ -10,15 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from hybridrl.config.typed import ignored
+
+_FSDP_SINGLE = "FSDP sharding and offload need more than one worker; a single worker keeps the whole model"
+_ALWAYS_SAVED = "checkpoints always hold model, optimizer and extra state (no HF-format copy)"
+
 __all__ = ["WrapPolicyConfig", "MixedPrecisionConfig", "TrainingMixedPrecisionConfig", "FSDPConfig",
-           "RefFSDPConfig", "RewardModelFSDPConfig", "TrainingFSDPConfig", "OptimConfig", "CheckpointConfig"]
+           "RefFSDPConfig", "TrainingFSDPConfig", "OptimConfig", "CheckpointConfig"]
 
 
 @dataclass
 class WrapPolicyConfig:
     """``wrap_policy``: a transformer block is sharded on its own when it has >= ``min_num_params``."""
 
-    min_num_params: int = 0
+    min_num_params: int = ignored(0, "every decoder block (the model's _no_split_modules) is one FSDP unit")
 
 
 @dataclass
@@ -32,19 +37,21 @@ class MixedPrecisionConfig:
 class TrainingMixedPrecisionConfig(MixedPrecisionConfig):
     """A trained role's precision: also the dtype gradients are reduced in across workers."""
 
-    reduce_dtype: str = "fp32"
-    buffer_dtype: str = "fp32"
+    reduce_dtype: str = ignored("fp32", "one worker has no gradient all-reduce", "single")
+    buffer_dtype: str = ignored("fp32", "buffers stay in fsdp_config.model_dtype")
 
 
 @dataclass
 class FSDPConfig:
-    """``fsdp_config`` of a role: FSDP2 (``fully_shard``) over the workers; one worker keeps the
-    whole model. ``model_dtype`` is the dtype of the weights, ``mixed_precision`` the forward's."""
+    """``fsdp_config`` of a role (the reward model's as it is): FSDP2 (``fully_shard``) over the
+    workers, ``fsdp_size`` per shard group (-1: all); one worker keeps the whole model.
+    ``model_dtype`` is the dtype of the weights, ``mixed_precision`` the forward's."""
 
     wrap_policy: WrapPolicyConfig = field(default_factory=WrapPolicyConfig)
-    param_offload: bool = False
-    reshard_after_forward: bool = True
-    forward_prefetch: bool = False
+    fsdp_size: int = ignored(-1, _FSDP_SINGLE, "single")
+    param_offload: bool = ignored(False, _FSDP_SINGLE, "single")
+    reshard_after_forward: bool = ignored(True, _FSDP_SINGLE, "single")
+    forward_prefetch: bool = ignored(False, "FSDP2 prefetches with its default schedule")
     model_dtype: str = "fp32"
     mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
 
@@ -53,24 +60,17 @@ class FSDPConfig:
 class RefFSDPConfig(FSDPConfig):
     """The reference policy's: a copy of the actor in the actor's dtypes, so KL compares like with like."""
 
-    model_dtype: str = "${actor_rollout_ref.actor.fsdp_config.model_dtype}"
+    model_dtype: str = ignored("${actor_rollout_ref.actor.fsdp_config.model_dtype}",
+                               "the reference model is a copy of the actor in actor.fsdp_config.model_dtype")
     mixed_precision: TrainingMixedPrecisionConfig = "${actor_rollout_ref.actor.fsdp_config.mixed_precision}"
-
-
-@dataclass
-class RewardModelFSDPConfig(FSDPConfig):
-    """The reward model's: ``fsdp_size`` workers per shard group (-1: all)."""
-
-    fsdp_size: int = -1
 
 
 @dataclass
 class TrainingFSDPConfig(FSDPConfig):
     """A trained role's (actor, critic): also where the optimizer state lives."""
 
-    fsdp_size: int = -1
-    optimizer_offload: bool = False
-    offload_policy: bool = False
+    optimizer_offload: bool = ignored(False, _FSDP_SINGLE, "single")
+    offload_policy: bool = ignored(False, "param_offload selects FSDP2's CPU offload")
     mixed_precision: TrainingMixedPrecisionConfig = field(default_factory=TrainingMixedPrecisionConfig)
 
 
@@ -95,5 +95,5 @@ class OptimConfig:
 class CheckpointConfig:
     """``checkpoint``: verl's contents lists (model, optimizer and extra state are always saved here)."""
 
-    save_contents: List[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])
-    load_contents: List[str] = "${.save_contents}"
+    save_contents: List[str] = ignored(reason=_ALWAYS_SAVED, factory=lambda: ["model", "optimizer", "extra"])
+    load_contents: List[str] = ignored("${.save_contents}", _ALWAYS_SAVED)

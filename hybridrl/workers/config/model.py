@@ -6,14 +6,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
-from .fsdp import RewardModelFSDPConfig, TrainingFSDPConfig
+from hybridrl.config.typed import ignored
+
+from .fsdp import FSDPConfig, TrainingFSDPConfig
+
+_OWN_PATH = "models load from their own path"
+_IN_MEMORY = "activations stay in memory"
+_NO_FUSED = "no fused kernels in this build"
 
 __all__ = ["FusedKernelConfig", "PolicyModelConfig", "CriticModelConfig", "RewardModelModelConfig"]
 
 
 @dataclass
 class FusedKernelConfig:
-    impl_backend: str = "torch"
+    impl_backend: str = ignored("torch", _NO_FUSED)
 
 
 @dataclass
@@ -26,18 +32,18 @@ class PolicyModelConfig:
 
     path: str = "HuggingFaceTB/SmolLM2-135M-Instruct"
     custom_chat_template: Optional[str] = None
-    use_shm: bool = False
+    use_shm: bool = ignored(False, _OWN_PATH)
     external_lib: Optional[str] = None
     override_config: Dict[str, Any] = field(default_factory=dict)
     enable_gradient_checkpointing: bool = True
-    enable_activation_offload: bool = False
+    enable_activation_offload: bool = ignored(False, _IN_MEMORY)
     use_remove_padding: bool = True
     lora_rank: int = 0
     lora_alpha: float = 16
     target_modules: Any = "all-linear"
     exclude_modules: Any = None
-    use_liger: bool = False
-    use_fused_kernels: bool = False
+    use_liger: bool = ignored(False, "no Liger kernels in this build")
+    use_fused_kernels: bool = ignored(False, _NO_FUSED)
     fused_kernel_options: FusedKernelConfig = field(default_factory=FusedKernelConfig)
     trust_remote_code: bool = False
 
@@ -47,12 +53,12 @@ class CriticModelConfig:
     """``critic.model``: the critic's backbone (the policy's by default) under a value head."""
 
     path: str = "${actor_rollout_ref.model.path}"
-    use_shm: bool = False
-    tokenizer_path: Optional[str] = "${actor_rollout_ref.model.path}"
+    use_shm: bool = ignored(False, _OWN_PATH)
+    tokenizer_path: Optional[str] = ignored("${actor_rollout_ref.model.path}", "the critic reads the actor's token ids")
     override_config: Dict[str, Any] = field(default_factory=dict)
     external_lib: Optional[str] = "${actor_rollout_ref.model.external_lib}"
     enable_gradient_checkpointing: bool = True
-    enable_activation_offload: bool = False
+    enable_activation_offload: bool = ignored(False, _IN_MEMORY)
     use_remove_padding: bool = True
     trust_remote_code: bool = "${actor_rollout_ref.model.trust_remote_code}"
     lora_rank: int = 0
@@ -69,9 +75,9 @@ class RewardModelModelConfig:
 
     input_tokenizer: Optional[str] = "${actor_rollout_ref.model.path}"
     path: str = "~/models/FsfairX-LLaMA3-RM-v0.1"
-    use_shm: bool = False
+    use_shm: bool = ignored(False, _OWN_PATH)
     external_lib: Optional[str] = "${actor_rollout_ref.model.external_lib}"
-    use_remove_padding: bool = False
-    use_fused_kernels: bool = False
+    use_remove_padding: bool = ignored(False, "not in this build yet (same results, only slower) for the reward model")
+    use_fused_kernels: bool = ignored(False, _NO_FUSED)
     trust_remote_code: bool = False
-    fsdp_config: RewardModelFSDPConfig = field(default_factory=RewardModelFSDPConfig)
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)

@@ -7,8 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
+from hybridrl.config.typed import ignored
 from hybridrl.rewards.config import JudgeConfig, OverlongBufferConfig, SandboxConfig, SandboxFusionConfig
 
+from .actor import FSDP_EITHER, NO_SEQUENCE_PARALLEL
 from .model import RewardModelModelConfig
 from .rollout import EngineConfig
 
@@ -23,14 +25,17 @@ class RewardModelConfig:
     (``num_workers``)."""
 
     enable: bool = False
-    strategy: str = "fsdp"
+    strategy: str = ignored("fsdp", FSDP_EITHER)
     model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
     micro_batch_size: Optional[int] = None
     micro_batch_size_per_gpu: Optional[int] = None
     max_length: Optional[int] = None
-    ulysses_sequence_parallel_size: int = 1
-    use_dynamic_bsz: bool = "${critic.use_dynamic_bsz}"
-    forward_max_token_len_per_gpu: int = "${critic.forward_max_token_len_per_gpu}"
+    ulysses_sequence_parallel_size: int = ignored(1, NO_SEQUENCE_PARALLEL)
+    use_dynamic_bsz: bool = ignored("${critic.use_dynamic_bsz}", "not in this build yet (same results, only slower) "
+                                    "for the reward model; its micro batches count rows")
+    forward_max_token_len_per_gpu: int = ignored(
+        "${critic.forward_max_token_len_per_gpu}",
+        "read only with reward_model.use_dynamic_bsz, which is not in this build yet")
     reward_manager: str = "naive"
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     launch_reward_fn_async: bool = False
@@ -40,7 +45,8 @@ class RewardModelConfig:
     on_error: str = "raise"
     retries: int = 2
     timeout_s: float = 60
-    use_reward_loop: bool = False
+    use_reward_loop: bool = ignored(
+        False, "the manager named in reward_model.reward_manager scores (judge: a generative reward model)")
     rollout: EngineConfig = field(default_factory=EngineConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     num_workers: Optional[int] = None

@@ -9,6 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 from hybridrl.agents.config import AgentLoopConfig, MultiTurnConfig
+from hybridrl.config.typed import ignored, refused
+
+_HF_ENGINE = "the HF generate engine does not use it"
+_ONE_STAGE = "the engine is woken up in one stage"
 
 __all__ = ["EngineConfig", "SamplingConfig", "TraceConfig", "RolloutConfig"]
 
@@ -37,20 +41,23 @@ class EngineConfig:
     fast_decoding: bool = True
     ignore_eos: bool = False
     calculate_log_probs: bool = False
-    disable_log_stats: bool = True
-    tensor_model_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.5
-    kv_cache_memory_gb: Optional[float] = None
-    enforce_eager: bool = True
-    max_model_len: Optional[int] = None
-    max_num_seqs: int = 1024
-    max_num_batched_tokens: int = 8192
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    free_cache_engine: bool = False
+    # the vLLM engine's keys; with the HF engine they are noted as ignored when set
+    disable_log_stats: bool = ignored(True, _HF_ENGINE, "hf")
+    tensor_model_parallel_size: int = ignored(
+        1, "the HF engine is not tensor-parallel; each worker generates with its own full copy", "hf")
+    gpu_memory_utilization: float = ignored(0.5, "the HF engine has no KV-cache pool to size", "hf")
+    kv_cache_memory_gb: Optional[float] = ignored(None, _HF_ENGINE, "hf")
+    enforce_eager: bool = ignored(True, _HF_ENGINE + " (no CUDA graphs)", "hf")
+    max_model_len: Optional[int] = ignored(
+        None, _HF_ENGINE + "; it generates up to response_length tokens after each prompt", "hf")
+    max_num_seqs: int = ignored(1024, _HF_ENGINE + " (no sequence scheduler)", "hf")
+    max_num_batched_tokens: int = ignored(8192, _HF_ENGINE + " (no token scheduler)", "hf")
+    enable_prefix_caching: bool = ignored(True, _HF_ENGINE, "hf")
+    enable_chunked_prefill: bool = ignored(True, _HF_ENGINE, "hf")
+    free_cache_engine: bool = ignored(False, _HF_ENGINE + " (no cache engine to free)", "hf")
     load_format: str = "dummy"
     cpu_threads: Optional[int] = None
-    seed: int = 0
+    seed: int = ignored(0, _HF_ENGINE, "hf")
     engine_timeout_s: float = 900
     engine_kwargs: Dict[str, Any] = field(default_factory=lambda: {"vllm": {}})
 
@@ -68,8 +75,8 @@ class SamplingConfig:
 
 @dataclass
 class TraceConfig:
-    backend: Optional[str] = None
-    token2text: bool = False
+    backend: Optional[str] = ignored(None, "no rollout tracing in this build")
+    token2text: bool = ignored(False, "no rollout tracing in this build")
 
 
 @dataclass
@@ -77,28 +84,29 @@ class RolloutConfig(EngineConfig):
     """``actor_rollout_ref.rollout``: the policy's engine, the samples per prompt (``n``), its
     log-prob passes, agent loops (``multi_turn``, ``agent``) and validation sampling."""
 
-    prompt_length: int = "${data.max_prompt_length}"
+    prompt_length: int = ignored("${data.max_prompt_length}", "prompts are padded to data.max_prompt_length")
     response_length: int = "${data.max_response_length}"
     do_sample: bool = True
     micro_batch_size: Optional[int] = 256
-    free_cache_engine: bool = True
-    load_format: str = "dummy_dtensor"
-    engine_kwargs: Dict[str, Any] = field(default_factory=lambda: {
-        "vllm": {"swap_space": None, "disable_mm_preprocessor_cache": False},
-        "sglang": {"attention_backend": None}})
-    use_fire_sampling: bool = False
+    free_cache_engine: bool = ignored(True, _HF_ENGINE + " (no cache engine to free)", "hf")
+    load_format: str = ignored("dummy_dtensor", "weights go from the actor to the HF engine directly", "hf")
+    engine_kwargs: Dict[str, Any] = ignored(
+        factory=lambda: {"vllm": {"swap_space": None, "disable_mm_preprocessor_cache": False},
+                         "sglang": {"attention_backend": None}},
+        subkeys={"vllm": (_HF_ENGINE, "hf"), "sglang.attention_backend": ("this build has no SGLang engine", "always")})
+    use_fire_sampling: bool = refused(False, "FIRE sampling (arXiv:2410.21236)")
     nnodes: int = 0
     n_gpus_per_node: int = 1
-    layered_summon: bool = False
+    layered_summon: bool = ignored(False, _ONE_STAGE)
     log_prob_micro_batch_size: Optional[int] = None
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
     log_prob_use_dynamic_bsz: bool = ACTOR + "use_dynamic_bsz}"
     log_prob_max_token_len_per_gpu: int = ACTOR + "ppo_max_token_len_per_gpu}"
     n: int = 1
-    multi_stage_wake_up: bool = False
+    multi_stage_wake_up: bool = ignored(False, _ONE_STAGE)
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     calculate_log_probs: bool = True
     agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
-    update_weights_bucket_megabytes: int = 512
+    update_weights_bucket_megabytes: int = ignored(512, "the whole state dict goes to the engine in one call")
     trace: TraceConfig = field(default_factory=TraceConfig)
