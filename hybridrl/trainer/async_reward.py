@@ -19,7 +19,7 @@ import torch
 
 from hybridrl.algorithms.config import algo_config
 from hybridrl.protocol import DataProto
-from hybridrl.rewards.manager import DEFAULT_RETRIES, DEFAULT_SCORE_TIMEOUT_S, RewardFunctionError
+from hybridrl.rewards.manager import RewardFunctionError
 from hybridrl.rewards.pool import START_TIMEOUT_S, check_num_workers
 from hybridrl.trainer.background import BackgroundCall
 
@@ -28,7 +28,7 @@ __all__ = ["PendingReward", "reward_deadline_s", "scores_async"]
 
 def scores_async(config) -> bool:
     """Whether the trainer scores in a thread: ``launch_reward_fn_async`` without dynamic sampling."""
-    launch = bool(config.reward_model.get("launch_reward_fn_async", False))
+    launch = bool(config.reward_model.launch_reward_fn_async)
     return launch and not algo_config(config).filter_groups.enable
 
 
@@ -37,9 +37,9 @@ def reward_deadline_s(config, n_samples: int) -> float:
     with all its ``retries`` under ``on_error=retry``, ``reward.num_workers`` at a time, plus the
     pool's start allowance. Seconds."""
     rm = config.reward_model
-    attempts = 1 + (int(rm.get("retries", DEFAULT_RETRIES)) if rm.get("on_error", "raise") == "retry" else 0)
-    workers = max(1, check_num_workers(rm.get("num_workers", None)))
-    timeout_s = float(rm.get("timeout_s", DEFAULT_SCORE_TIMEOUT_S))
+    attempts = 1 + (int(rm.retries) if rm.on_error == "retry" else 0)
+    workers = max(1, check_num_workers(rm.num_workers))
+    timeout_s = float(rm.timeout_s)
     return attempts * timeout_s * math.ceil(n_samples / workers) + START_TIMEOUT_S
 
 

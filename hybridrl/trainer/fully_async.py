@@ -311,5 +311,5 @@ def stream_settings(config, pad_token_id: int) -> StreamSettings:
         mode=mode, groups_per_step=int(config.data.train_batch_size),
         threshold=int(v1.sampler.max_off_policy_threshold), strategy=str(v1.sampler.max_off_policy_strategy),
         warmup_batches=int(v1[mode].num_warmup_batches),
-        deadline_s=float(config.actor_rollout_ref.rollout.get("engine_timeout_s") or 900.0),
+        deadline_s=float(config.actor_rollout_ref.rollout.engine_timeout_s),
         pad_token_id=int(pad_token_id))

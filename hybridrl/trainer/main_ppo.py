@@ -27,7 +27,7 @@ from hybridrl.trainer.ppo_trainer import PPOTrainer
 from hybridrl.trainer.rollout_correction import share_rollout_correction
 from hybridrl.trainer.step_plan import needs_critic, needs_reference_policy
 from hybridrl.trainer.tracking import tracker_for_run
-from hybridrl.trainer.worker_groups import build_worker_groups, resolve_backend
+from hybridrl.trainer.worker_groups import build_worker_groups, resolve_backend, rollout_pool_spec
 from hybridrl.workers.fsdp_workers import import_external_lib
 
 logger = logging.getLogger(__name__)
@@ -36,19 +36,18 @@ logger = logging.getLogger(__name__)
 def _build_dataloaders(config, tokenizer):
     data_cfg = config.data
     train_dataset = RLHFDataset(data_cfg.train_files, tokenizer, data_cfg, config_key="data.train_files")
-    if not config.reward_model.get("enable", False):
+    if not config.reward_model.enable:
         _check_ground_truth_column(train_dataset, "data.train_files")
     filtering = algo_config(config).filter_groups.enable  # DAPO's dynamic sampling
     train_dataloader = create_rl_dataloader(
-        train_dataset, batch_size=(filtering and data_cfg.get("gen_batch_size")) or data_cfg.train_batch_size,
-        shuffle=data_cfg.get("shuffle", True),
-        seed=data_cfg.get("seed", 1), num_workers=data_cfg.get("dataloader_num_workers", 0),
+        train_dataset, batch_size=(filtering and data_cfg.gen_batch_size) or data_cfg.train_batch_size,
+        shuffle=data_cfg.shuffle, seed=data_cfg.seed, num_workers=data_cfg.dataloader_num_workers,
     )
     val_dataloader = None
-    if data_cfg.get("val_files"):
+    if data_cfg.val_files:
         val_dataset = RLHFDataset(data_cfg.val_files, tokenizer, data_cfg, config_key="data.val_files")
         val_dataloader = stateful_dataloader(
-            val_dataset, batch_size=data_cfg.get("val_batch_size") or len(val_dataset),
+            val_dataset, batch_size=data_cfg.val_batch_size or len(val_dataset),
             shuffle=False, drop_last=False, collate_fn=collate_fn,
         )
     return train_dataloader, val_dataloader
@@ -67,7 +66,7 @@ def _check_ground_truth_column(dataset, config_key: str) -> None:
 
 def total_training_steps(config, steps_per_epoch: int) -> int:
     """``trainer.total_training_steps`` when set, else epochs x batches per epoch."""
-    explicit = config.trainer.get("total_training_steps")
+    explicit = config.trainer.total_training_steps
     return int(explicit) if explicit else steps_per_epoch * int(config.trainer.total_epochs)
 
 
@@ -83,19 +82,19 @@ def run_ppo(config) -> None:
 
     config = typed_ppo_config(config)
     _check_train_files(config)
-    _, world_size = resolve_backend(config)
+    _, world_size = resolve_backend(config.trainer, rollout_pool_spec(config))
     # A module named here may register estimators, losses or KL forms: import it before the
     # start-up check looks their names up.
-    import_external_lib(config.actor_rollout_ref.model.get("external_lib"))
+    import_external_lib(config.actor_rollout_ref.model.external_lib)
     for note in validate_ppo_config(config, world_size=world_size):
         print(f"hybridrl: note: {note}", flush=True)
-    torch.manual_seed(config.data.get("seed", 1))
+    torch.manual_seed(config.data.seed)
 
     model_cfg = config.actor_rollout_ref.model
-    tokenizer_key = "data.tokenizer" if config.data.get("tokenizer") else "actor_rollout_ref.model.path"
-    tokenizer_path = resolve_model_path(config.data.get("tokenizer") or model_cfg.path, config_key=tokenizer_key)
-    tokenizer = load_tokenizer(tokenizer_path, trust_remote_code=model_cfg.get("trust_remote_code", False),
-                               chat_template=model_cfg.get("custom_chat_template"))
+    tokenizer_key = "data.tokenizer" if config.data.tokenizer else "actor_rollout_ref.model.path"
+    tokenizer_path = resolve_model_path(config.data.tokenizer or model_cfg.path, config_key=tokenizer_key)
+    tokenizer = load_tokenizer(tokenizer_path, trust_remote_code=model_cfg.trust_remote_code,
+                               chat_template=model_cfg.custom_chat_template)
     train_dataloader, val_dataloader = _build_dataloaders(config, tokenizer)
     total_steps = total_training_steps(config, len(train_dataloader))
     with open_dict(config):
@@ -105,9 +104,9 @@ def run_ppo(config) -> None:
 
     # The scoring processes (reward.num_workers > 1) live for the whole run; built after the code
     # sandbox is set, whose setting they take over.
-    set_sandbox(build_sandbox(config.reward_model.get("sandbox"), config.reward_model.get("sandbox_fusion")))
-    reward_pool = build_reward_pool(config.reward_model.get("num_workers"), config.custom_reward_function.get("path"),
-                                    model_cfg.get("external_lib"))
+    set_sandbox(build_sandbox(config.reward_model.sandbox, config.reward_model.sandbox_fusion))
+    reward_pool = build_reward_pool(config.reward_model.num_workers, config.custom_reward_function.path,
+                                    model_cfg.external_lib)
     try:
         reward_fn = load_reward_manager(config, tokenizer, num_examine=0, pool=reward_pool)
         val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1, pool=reward_pool)
@@ -117,7 +116,7 @@ def run_ppo(config) -> None:
         raise
     groups = build_worker_groups(config, use_critic=needs_critic(config),
                                  use_reference=needs_reference_policy(config),
-                                 use_reward_model=bool(config.reward_model.get("enable", False)))
+                                 use_reward_model=bool(config.reward_model.enable))
     try:
         trainer = PPOTrainer(
             config, tokenizer, groups.actor_rollout, groups.critic, reward_fn, val_reward_fn,
@@ -152,16 +151,14 @@ def run_summary(trainer_cfg, last_step: int) -> str:
                      f"an HF model: hybridrl merge --local_dir {os.path.join(latest, 'actor')} --target_dir DIR)")
     else:
         lines.append("  checkpoint:  none (trainer.save_freq > 0 writes them)")
-    if trainer_cfg.get("rollout_data_dir"):
+    if trainer_cfg.rollout_data_dir:
         lines.append(f"  samples:     {trainer_cfg.rollout_data_dir}   (browse: hybridrl view {trainer_cfg.rollout_data_dir})")
     return "\n".join(lines)
 
 
 def _check_train_files(config) -> None:
     """``hybridrl train`` without data: say what to run or set, before any other check."""
-    from omegaconf import OmegaConf
-
-    files = OmegaConf.select(config, "data.train_files", default=None)
+    files = config.data.train_files
     if files is None:
         return  # the data check names the missing key
     paths = [files] if isinstance(files, str) else list(files)

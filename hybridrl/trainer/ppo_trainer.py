@@ -139,7 +139,7 @@ class PPOTrainer:
                                           "that key of its dict")
             batch.non_tensor_batch[key] = object_array(values)
         self._reward_extra_keys.update(dict.fromkeys(reward_extra_info))
-        batch, failure_metrics = apply_reward_failures(batch, self.config.reward_model.get("on_error", "raise"),
+        batch, failure_metrics = apply_reward_failures(batch, self.config.reward_model.on_error,
                                                        drop_rows=self.dynamic_sampler is not None)
         for key, value in failure_metrics.items():  # summed over the generation batches of a step
             metrics[key] = metrics.get(key, 0.0) + value
@@ -171,7 +171,7 @@ class PPOTrainer:
                     return None
                 metrics.update(sampling_metrics)
             self._pending_metrics, self._pending_timing = {}, {}
-            if cfg.trainer.get("balance_batch", True):  # equal tokens per data-parallel worker
+            if cfg.trainer.balance_batch:  # equal tokens per data-parallel worker
                 metrics.update(balance_batch(batch, self.n_workers))
             batch.meta_info["global_steps"] = self.global_steps
             batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
@@ -288,7 +288,7 @@ class PPOTrainer:
         Samples go to ``trainer.validation_data_dir`` when set.
         """
         val_kwargs = self.config.actor_rollout_ref.rollout.val_kwargs
-        n = val_kwargs.get("n", 1)
+        n = val_kwargs.n
         if self.rollout_wg is self.actor_rollout_wg:  # one-step-off: the engine still has the weights of a step ago
             self.actor_rollout_wg.sync_rollout_weights()
         scores_by_source: dict[str, list[float]] = defaultdict(list)
@@ -298,10 +298,10 @@ class PPOTrainer:
             gen_batch = trim_left_padding(batch.pop(batch_keys=GEN_BATCH_KEYS)).repeat(n, interleave=True)
             gen_batch.non_tensor_batch.update(batch.repeat(n, interleave=True).non_tensor_batch)  # for agent loops
             gen_batch.meta_info = {
-                "do_sample": val_kwargs.get("do_sample", False),
-                "temperature": val_kwargs.get("temperature", 0.0),
-                "top_p": val_kwargs.get("top_p", 1.0),
-                "top_k": val_kwargs.get("top_k", -1),
+                "do_sample": val_kwargs.do_sample,
+                "temperature": val_kwargs.temperature,
+                "top_p": val_kwargs.top_p,
+                "top_k": val_kwargs.top_k,
                 "validate": True,
             }
             batch = batch.repeat(n, interleave=True).union(self.rollout_wg.generate_sequences(gen_batch))
@@ -309,7 +309,7 @@ class PPOTrainer:
                 batch = batch.union(self.rm_wg.compute_rm_score(batch))
             reward_tensor, reward_extra_info = compute_reward(batch, self.val_reward_fn)
             dump.add(batch, reward_tensor, reward_extra_info)
-            sources = batch.non_tensor_batch[self.config.data.get("reward_fn_key", "data_source")]
+            sources = batch.non_tensor_batch[self.config.data.reward_fn_key]
             for source, score in zip(sources, reward_tensor.sum(-1).tolist()):
                 scores_by_source[str(source)].append(score)
         return dump.finish({f"val-core/{source}/reward/mean@{n}": float(np.mean(scores))
@@ -324,7 +324,7 @@ class PPOTrainer:
             if self.plan.use_critic:
                 self.critic_wg.save_checkpoint(os.path.join(folder, "critic"), self.global_steps)
 
-        keep = trainer_cfg.get("max_actor_ckpt_to_keep")
+        keep = trainer_cfg.max_actor_ckpt_to_keep
         # One-step-off: the position before the next batch was drawn; a resumed run generates it again.
         dataloader_state = self.prefetch.dataloader_state() if self.prefetch else self.train_dataloader.state_dict()
         trainer_state = {"kl_coef_in_reward": self.kl_ctrl_in_reward.value}
@@ -366,7 +366,7 @@ class PPOTrainer:
         self.load_checkpoint()
         if self.val_dataloader is not None and trainer_cfg.val_before_train and self.global_steps == 0:
             tracker.log(self.validate(), step=self.global_steps)
-        if trainer_cfg.get("val_only", False):
+        if trainer_cfg.val_only:
             return
         self.global_steps += 1
         batches = self._train_batches()

@@ -30,7 +30,6 @@ import numpy as np
 
 from hybridrl.trainer.background import BackgroundCall
 from hybridrl.trainer.metrics import marked_timer
-from hybridrl.workers.engine_lock import DEFAULT_ENGINE_TIMEOUT_S
 from hybridrl.workers.rollout.base import RolloutEngineError
 
 __all__ = ["OneStepOffRollout", "PendingGeneration", "VERSION_KEY", "engine_deadline_s", "staleness_metrics"]
@@ -67,7 +66,7 @@ class PendingGeneration(BackgroundCall):
 
 def engine_deadline_s(config) -> float:
     """``actor_rollout_ref.rollout.engine_timeout_s`` (seconds): the longest wait on a prefetched generation."""
-    return float(config.actor_rollout_ref.rollout.get("engine_timeout_s") or DEFAULT_ENGINE_TIMEOUT_S)
+    return float(config.actor_rollout_ref.rollout.engine_timeout_s)
 
 
 def staleness_metrics(sample_versions, current_version: int) -> dict[str, float]:

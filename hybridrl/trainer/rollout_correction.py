@@ -33,11 +33,8 @@ def share_rollout_correction(config) -> None:
     """Copies ``algorithm.rollout_correction`` to ``actor_rollout_ref.actor.policy_loss`` (the
     actor workers see only ``actor_rollout_ref``) and, in bypass mode, selects the ``bypass_mode``
     loss, as verl's trainer does. Call inside ``open_dict``."""
-    section = config.algorithm.get("rollout_correction")
-    if section is None:
-        return
     policy_loss = config.actor_rollout_ref.actor.policy_loss
-    policy_loss.rollout_correction = section
+    policy_loss.rollout_correction = config.algorithm.rollout_correction
     if rollout_correction_config(config).bypass_mode:
         policy_loss.loss_mode = "bypass_mode"
 

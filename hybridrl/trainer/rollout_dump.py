@@ -127,7 +127,7 @@ def write_step(folder: str, step: int, records: list[dict], config_key: str = "t
 
 
 def _check_folders(trainer_cfg) -> None:
-    rollout, validation = trainer_cfg.get("rollout_data_dir"), trainer_cfg.get("validation_data_dir")
+    rollout, validation = trainer_cfg.rollout_data_dir, trainer_cfg.validation_data_dir
     if rollout and validation and os.path.realpath(rollout) == os.path.realpath(validation):
         raise ConfigError(
             f"trainer.rollout_data_dir and trainer.validation_data_dir are both {rollout}; training "
@@ -144,7 +144,7 @@ def dump_rollouts(trainer_cfg, batch, tokenizer, step: int, reward_extra_info: d
     Raises:
         ConfigError: the folder is not writable, or is the validation folder too.
     """
-    folder = trainer_cfg.get("rollout_data_dir")
+    folder = trainer_cfg.rollout_data_dir
     if not folder:
         return None
     _check_folders(trainer_cfg)
@@ -174,9 +174,9 @@ class ValidationDump:
     """
 
     def __init__(self, trainer_cfg, tokenizer, step: int):
-        self.folder = trainer_cfg.get("validation_data_dir") or None
-        n = trainer_cfg.get("log_val_generations") or 0
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        self.folder = trainer_cfg.validation_data_dir or None
+        n = trainer_cfg.log_val_generations
+        if n < 0:
             raise ConfigError(f"trainer.log_val_generations={n!r}: it must be a whole number >= 0 "
                               "(validation samples given to the loggers; 0 turns it off)")
         self.n_log = n

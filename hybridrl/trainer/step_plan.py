@@ -79,10 +79,10 @@ def reuses_update_log_probs(config) -> bool:
     corrects_before_update = rollout_correction_config(config).corrects  # weights/rejection read old_log_probs
     if config.trainer.one_step_off_policy or config.trainer.v1.trainer_mode != "sync":
         return False
-    return bool(actor.get("skip_on_policy_old_log_prob", True) and int(actor.ppo_epochs) == 1
+    return bool(actor.skip_on_policy_old_log_prob and int(actor.ppo_epochs) == 1
                 and int(actor.ppo_mini_batch_size) >= int(config.data.train_batch_size)
                 and not config.algorithm.use_kl_in_reward and not corrects_before_update
-                and not actor.get("calculate_sum_pi_squared", False))  # the pass makes sum_pi_squared
+                and not actor.calculate_sum_pi_squared)  # the pass makes sum_pi_squared
 
 
 def make_step_plan(config) -> StepPlan:

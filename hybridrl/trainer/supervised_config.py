@@ -90,6 +90,9 @@ class TrainerConfig:
     nnodes: int = 1
     n_gpus_per_node: int = 1
     backend: str = "auto"
+    cpu_threads_per_worker: int = 1
+    cpu_malloc_reuse: bool = True
+    dist_timeout_s: float = 600
 
     def __post_init__(self):
         _choice("trainer.resume_mode", self.resume_mode, ("auto", "disable", "resume_path"))

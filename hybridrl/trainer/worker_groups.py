@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from omegaconf import OmegaConf
+
 from hybridrl.config import worker_batch_sizes
 from hybridrl.controller.local import LocalWorkerGroup
 from hybridrl.controller.ray import (RayClassWithInitArgs, RayWorkerGroup, ResourcePoolManager, Role,
@@ -62,21 +64,21 @@ class WorkerGroups:
         self._cleanups.clear()
 
 
-def resolve_backend(config) -> tuple[str, int]:
+def resolve_backend(trainer_cfg, rollout_pool: list[int] = ()) -> tuple[str, int]:
     """``(backend, world_size)`` from ``trainer.backend``, ``trainer.nnodes`` and
-    ``trainer.n_gpus_per_node``.
+    ``trainer.n_gpus_per_node`` of ``trainer_cfg`` (the run's ``trainer`` section); ``auto`` picks Ray
+    when there are several workers or a ``rollout_pool`` (:func:`rollout_pool_spec`).
 
     Raises:
         ConfigError: local backend with more than one worker, or fewer than one worker.
     """
-    trainer_cfg = config.trainer
     nnodes, per_node = int(trainer_cfg.nnodes), int(trainer_cfg.n_gpus_per_node)
     if nnodes < 1 or per_node < 1:
         raise ConfigError(f"trainer.nnodes={nnodes} and trainer.n_gpus_per_node={per_node} must both be >= 1")
     world_size = nnodes * per_node
-    backend = trainer_cfg.get("backend", "auto")
+    backend = trainer_cfg.backend
     if backend == "auto":
-        backend = "ray" if world_size > 1 or rollout_pool_spec(config) else "local"
+        backend = "ray" if world_size > 1 or rollout_pool else "local"
     if backend == "local" and world_size > 1:
         raise ConfigError(
             f"trainer.backend=local runs one worker in this process, but trainer.nnodes x trainer.n_gpus_per_node "
@@ -86,15 +88,24 @@ def resolve_backend(config) -> tuple[str, int]:
 
 def rollout_pool_spec(config) -> list[int]:
     """Workers per node of a rollout pool of its own (``actor_rollout_ref.rollout.nnodes`` x
-    ``n_gpus_per_node``); empty when the engines live in the trainer's workers."""
-    rollout = (config.get("actor_rollout_ref") or {}).get("rollout") or {}  # SFT / RM configs have none
-    return [int(rollout.get("n_gpus_per_node") or 1)] * int(rollout.get("nnodes") or 0)
+    ``n_gpus_per_node`` of the PPO ``config``); empty when the engines live in the trainer's workers."""
+    rollout = config.actor_rollout_ref.rollout
+    return [int(rollout.n_gpus_per_node)] * int(rollout.nnodes)
+
+
+def ray_init_kwargs(config) -> dict:
+    """The keyword arguments of ``ray.init`` from the PPO ``config``: ``ray_kwargs.ray_init`` (verl
+    0.5), with ``ray_init.num_cpus`` (verl 0.4) when that is set and the former is not."""
+    kwargs = dict(OmegaConf.to_container(config.ray_kwargs.ray_init, resolve=True))
+    if config.ray_init.num_cpus is not None:
+        kwargs.setdefault("num_cpus", config.ray_init.num_cpus)
+    return kwargs
 
 
 def _roles(config, use_critic: bool, use_reference: bool, use_reward_model: bool) -> dict[str, tuple]:
     """role name -> (worker class, args, kwargs) of the trainer's pool; ``device`` is filled in by
     the caller. The per-worker batch sizes are computed here, once, for the run's world size."""
-    _, world_size = resolve_backend(config)
+    _, world_size = resolve_backend(config.trainer, rollout_pool_spec(config))
     n = int(config.actor_rollout_ref.rollout.n)
     role = ("actor_rollout_ref" if use_reference else "actor_rollout").replace(
         "_rollout", "" if rollout_pool_spec(config) else "_rollout")  # with a rollout pool: no engine here
@@ -114,31 +125,37 @@ def build_worker_groups(config, use_critic: bool, use_reference: bool, use_rewar
     # One-step-off: a prefetching generate call (from a driver thread) runs beside the training
     # calls in each process; the worker's engine lock keeps weight syncs out of generations.
     concurrency = 2 if config.trainer.one_step_off_policy else 1
-    return launch_worker_groups(config, _roles(config, use_critic, use_reference, use_reward_model), concurrency)
+    return launch_worker_groups(config, _roles(config, use_critic, use_reference, use_reward_model), concurrency,
+                                rollout_pool=rollout_pool_spec(config), ray_init=ray_init_kwargs(config))
 
 
-def launch_worker_groups(config, roles: dict[str, tuple], max_concurrency: int = 1) -> WorkerGroups:
+def launch_worker_groups(config, roles: dict[str, tuple], max_concurrency: int = 1, rollout_pool: list[int] = (),
+                         ray_init: dict | None = None) -> WorkerGroups:
     """Builds one worker group per role, colocated in the same processes (``trainer.backend``,
-    ``trainer.nnodes`` x ``trainer.n_gpus_per_node``), plus a rollout pool of its own when the
-    config asks for one, and calls every group's ``init_model``.
+    ``trainer.nnodes`` x ``trainer.n_gpus_per_node``), plus a rollout pool of its own when
+    ``rollout_pool`` is given, and calls every group's ``init_model``.
 
     Args:
-        config: the run's config (its ``trainer`` section says where the workers run).
+        config: the run's config (PPO, SFT or RM; its ``trainer`` section says where the workers run).
         roles: role name -> ``(worker class, args, kwargs)``; ``device`` is added here.
         max_concurrency: calls one Ray worker process runs at once.
+        rollout_pool: workers per node of a rollout pool of its own (:func:`rollout_pool_spec`; PPO
+            only, its workers get ``config.actor_rollout_ref``); empty: none.
+        ray_init: keyword arguments of ``ray.init`` (:func:`ray_init_kwargs`); None: none.
 
     Raises:
         ConfigError: see :func:`resolve_backend` and :func:`init_ray`.
     """
-    backend, world_size = resolve_backend(config)
-    device = config.trainer.get("device", "auto")
-    if config.trainer.get("cpu_malloc_reuse", True) and resolve_device(device) == "cpu":
+    backend, world_size = resolve_backend(config.trainer, rollout_pool)
+    device = config.trainer.device
+    if config.trainer.cpu_malloc_reuse and resolve_device(device) == "cpu":
         os.environ[MALLOC_REUSE_ENV] = "1"  # read by every worker process as it starts
     if backend == "local":
         groups = {name: LocalWorkerGroup(cls, *args, device=device, **kwargs) for name, (cls, args, kwargs) in roles.items()}
         result = WorkerGroups(groups, world_size=1, backend="local")
     else:
-        result = _build_ray_groups(config, roles, world_size, device, max_concurrency)
+        result = _build_ray_groups(config, roles, world_size, device, max_concurrency, list(rollout_pool),
+                                   ray_init or {})
     for name in roles:  # the actor first: its model load warms the cache the others read
         result.groups[name].init_model()
     if result.rollout is not None:
@@ -146,18 +163,19 @@ def launch_worker_groups(config, roles: dict[str, tuple], max_concurrency: int =
     return result
 
 
-def _build_ray_groups(config, roles: dict, world_size: int, device: str, max_concurrency: int) -> WorkerGroups:
+def _build_ray_groups(config, roles: dict, world_size: int, device: str, max_concurrency: int,
+                      rollout_pool: list[int], ray_init: dict) -> WorkerGroups:
     import ray
 
     trainer_cfg = config.trainer
-    threads = int(trainer_cfg.get("cpu_threads_per_worker", 1) or 1)
-    os.environ.setdefault("HYBRIDRL_DIST_TIMEOUT_S", str(trainer_cfg.get("dist_timeout_s", 600)))
-    started_ray = init_ray(config, (world_size + sum(rollout_pool_spec(config))) * threads)
+    threads = int(trainer_cfg.cpu_threads_per_worker)
+    os.environ.setdefault("HYBRIDRL_DIST_TIMEOUT_S", str(trainer_cfg.dist_timeout_s))
+    started_ray = init_ray(ray_init, (world_size + sum(rollout_pool)) * threads)
     use_gpu = device == "cuda" or (device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
     spec = {"global_pool": [int(trainer_cfg.n_gpus_per_node)] * int(trainer_cfg.nnodes)}
     mapping = {Role.ActorRolloutRef: "global_pool"}  # every role of `roles`, colocated
-    if rollout_pool_spec(config):  # verl's standalone rollout: the engines on workers of their own
-        spec["rollout_pool"], mapping[Role.Rollout] = rollout_pool_spec(config), "rollout_pool"
+    if rollout_pool:  # verl's standalone rollout: the engines on workers of their own
+        spec["rollout_pool"], mapping[Role.Rollout] = rollout_pool, "rollout_pool"
     pools = ResourcePoolManager(spec, mapping=mapping, use_gpu=use_gpu, cpus_per_worker=threads)
     pools.create_resource_pool()
     worker_device = "cuda" if use_gpu else "cpu"
@@ -167,7 +185,7 @@ def _build_ray_groups(config, roles: dict, world_size: int, device: str, max_con
                                cpu_threads_per_worker=threads, max_concurrency=max_concurrency)
     result = WorkerGroups(colocated.spawn(class_dict.keys()), world_size=world_size, backend="ray")
     result._cleanups.append(colocated.shutdown)
-    if rollout_pool_spec(config):
+    if rollout_pool:
         rollout = RayWorkerGroup(pools.get_resource_pool(Role.Rollout),
                                  RayClassWithInitArgs(RolloutWorker, config.actor_rollout_ref, device=worker_device),
                                  cpu_threads_per_worker=threads)
@@ -178,8 +196,9 @@ def _build_ray_groups(config, roles: dict, world_size: int, device: str, max_con
     return result
 
 
-def init_ray(config, cpus_needed: int) -> bool:
-    """Connects to the cluster at ``RAY_ADDRESS`` (or ``ray_kwargs.ray_init.address``), else
+def init_ray(ray_init: dict, cpus_needed: int) -> bool:
+    """Connects to the cluster at ``RAY_ADDRESS`` (or ``ray_init["address"]``, the keyword arguments
+    of ``ray.init``: :func:`ray_init_kwargs`), else
     starts a local Ray instance with at least ``cpus_needed`` logical CPUs. Returns whether
     this call started Ray (then the run shuts it down at the end).
 
@@ -193,10 +212,7 @@ def init_ray(config, cpus_needed: int) -> bool:
                           "and trainer.n_gpus_per_node=1)") from None
     if ray.is_initialized():
         return False
-    kwargs = dict(config.get("ray_kwargs", {}).get("ray_init", {}) or {})
-    legacy_cpus = (config.get("ray_init") or {}).get("num_cpus")
-    if legacy_cpus is not None:
-        kwargs.setdefault("num_cpus", legacy_cpus)
+    kwargs = dict(ray_init)
     joining = bool(os.environ.get("RAY_ADDRESS") or kwargs.get("address"))
     if not joining:
         kwargs.setdefault("num_cpus", max(os.cpu_count() or 1, cpus_needed))

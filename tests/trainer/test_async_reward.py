@@ -75,8 +75,11 @@ def test_dynamic_sampling_scores_first_with_a_note():
 
 @pytest.mark.parametrize("override, message", [
     ("reward.num_workers=-1", r"reward.num_workers=-1 must be a whole number >= 0 \(null, 0 or 1: score in the driver"),
-    ("reward_model.num_workers=two", r"reward.num_workers='two' must be a whole number"),
-    ("reward_model.launch_reward_fn_async=maybe", r"reward_model.launch_reward_fn_async='maybe' must be true or false"),
+    # a value of the wrong type stops the typed config first, naming the key
+    ("reward_model.num_workers=two", r"reward_model.num_workers: Value 'two' of type 'str' could not be converted "
+                                     r"to Integer"),
+    ("reward_model.launch_reward_fn_async=maybe", r"reward_model.launch_reward_fn_async: Value 'maybe' is not a "
+                                                  r"valid bool"),
 ])
 def test_bad_scoring_keys_are_one_line_at_start_up(override, message):
     with pytest.raises(ConfigError, match=message) as err:

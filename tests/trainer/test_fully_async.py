@@ -49,8 +49,11 @@ def test_bad_settings_are_one_line_at_start_up():
     assert "actor_rollout_ref.rollout.mode=async" in _error("trainer.v1.trainer_mode=separate_async")
     assert "serves async requests" in _error(*ASYNC[:2], "actor_rollout_ref.rollout.mode=sync")
     assert "must be one of sync, colocate_async, separate_async" in _error("trainer.v1.trainer_mode=async")
-    for bad in ("-1", "0", "1.5", "true"):
+    for bad in ("-1", "0"):
         assert "must be an integer >= 1" in _error(*ASYNC, f"trainer.v1.sampler.max_off_policy_threshold={bad}")
+    for bad in ("1.5", "true"):  # not an integer at all: the typed config refuses it first
+        assert ("trainer.v1.sampler.max_off_policy_threshold: Value " in
+                _error(*ASYNC, f"trainer.v1.sampler.max_off_policy_threshold={bad}"))
     assert "must be drop or wait" in _error(*ASYNC, "trainer.v1.sampler.max_off_policy_strategy=skip")
     assert "must be an integer >= 0" in _error(*ASYNC, "trainer.v1.separate_async.num_warmup_batches=-1")
     assert "must be 2 (verl asserts the same)" in _error(*ASYNC, "trainer.v1.separate_async.parameter_sync_step=4")

@@ -3,12 +3,13 @@ response_mask, bypass mode swaps in the rollout log-probs, and a batch without t
 
 import pytest
 import torch
-from omegaconf import OmegaConf
+from omegaconf import open_dict
 
 from hybridrl.algorithms.rollout_corr import RolloutCorrectionConfig
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.rollout_correction import (RolloutCorrectionError, apply_bypass_mode,
                                                  compute_rollout_correction_and_add_to_batch, share_rollout_correction)
+from tests.tiny_models import ppo_config_with
 
 
 def _batch(with_rollout=True):
@@ -44,8 +45,9 @@ def test_a_batch_without_rollout_log_probs_names_the_engine_key(call):
 
 
 def test_the_actor_gets_the_section_and_bypass_selects_its_loss():
-    config = OmegaConf.create({"algorithm": {"rollout_correction": {"bypass_mode": True, "loss_type": "reinforce"}},
-                               "actor_rollout_ref": {"actor": {"policy_loss": {"loss_mode": "vanilla"}}}})
-    share_rollout_correction(config)
+    config = ppo_config_with({"algorithm": {"rollout_correction": {"bypass_mode": True, "loss_type": "reinforce"}},
+                              "actor_rollout_ref": {"actor": {"policy_loss": {"loss_mode": "vanilla"}}}})
+    with open_dict(config):  # as run_ppo calls it
+        share_rollout_correction(config)
     policy_loss = config.actor_rollout_ref.actor.policy_loss
     assert policy_loss.loss_mode == "bypass_mode" and policy_loss.rollout_correction.loss_type == "reinforce"

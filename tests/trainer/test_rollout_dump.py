@@ -20,6 +20,7 @@ from hybridrl.trainer.rollout_dump import (
     write_step,
 )
 from hybridrl.trainer.tracking import VAL_GENERATIONS_KEY
+from tests.tiny_models import ppo_section
 
 PROMPTS = ["What is 2 + 3?", "Name a prime number larger than ten, please."]
 RESPONSES = ["It is 5.", "Eleven"]
@@ -90,19 +91,23 @@ def test_unwritable_dump_folder_names_the_key(tmp_path):
         write_step(str(tmp_path / "file" / "sub"), 1, [], config_key="trainer.validation_data_dir")
 
 
+def _trainer(**values):
+    """The run's ``trainer`` section with ``values`` set."""
+    return ppo_section("trainer", values)
+
+
 def test_dump_rollouts_only_when_configured(tokenizer, tmp_path):
     batch = _batch(tokenizer)
-    assert dump_rollouts({"rollout_data_dir": None}, batch, tokenizer, 1) is None
-    path = dump_rollouts({"rollout_data_dir": str(tmp_path)}, batch, tokenizer, 2, {"acc": [1, 0]})
+    assert dump_rollouts(_trainer(rollout_data_dir=None), batch, tokenizer, 1) is None
+    path = dump_rollouts(_trainer(rollout_data_dir=str(tmp_path)), batch, tokenizer, 2, {"acc": [1, 0]})
     assert [(r["step"], r["output"], r["acc"]) for r in read_step(path)] == [(2, RESPONSES[0], 1), (2, RESPONSES[1], 0)]
     with pytest.raises(ConfigError, match="rollout_data_dir and trainer.validation_data_dir"):
-        dump_rollouts({"rollout_data_dir": str(tmp_path), "validation_data_dir": str(tmp_path) + "/"},
+        dump_rollouts(_trainer(rollout_data_dir=str(tmp_path), validation_data_dir=str(tmp_path) + "/"),
                       batch, tokenizer, 2)
 
 
 def test_validation_dump_collects_batches_into_one_file_and_picks_samples(tokenizer, tmp_path):
-    cfg = {"validation_data_dir": str(tmp_path), "log_val_generations": 3}
-    dump = ValidationDump(cfg, tokenizer, step=4)
+    dump = ValidationDump(_trainer(validation_data_dir=str(tmp_path), log_val_generations=3), tokenizer, step=4)
     for scores in ((1.0, 0.0), (0.5, 0.5)):
         batch = _batch(tokenizer, scores)
         dump.add(batch, batch.batch["token_level_scores"])
@@ -115,15 +120,20 @@ def test_validation_dump_collects_batches_into_one_file_and_picks_samples(tokeni
 
 
 def test_validation_dump_does_nothing_when_off(tokenizer, tmp_path):
-    dump = ValidationDump({"validation_data_dir": None, "log_val_generations": 0}, tokenizer, step=1)
+    dump = ValidationDump(_trainer(validation_data_dir=None, log_val_generations=0), tokenizer, step=1)
     dump.add(DataProto.from_dict(tensors={"x": torch.zeros(2, 1)}), None)  # not decoded: would raise
     assert dump.finish({"a": 1.0}) == {"a": 1.0}
 
 
-@pytest.mark.parametrize("value", [-1, "3", True, 1.5])
-def test_bad_log_val_generations(tokenizer, value):
-    with pytest.raises(ConfigError, match=r"^trainer.log_val_generations=.*whole number >= 0"):
-        ValidationDump({"log_val_generations": value}, tokenizer, step=0)
+def test_bad_log_val_generations(tokenizer):
+    with pytest.raises(ConfigError, match=r"^trainer.log_val_generations=-1.*whole number >= 0"):
+        ValidationDump(_trainer(log_val_generations=-1), tokenizer, step=0)
+
+
+@pytest.mark.parametrize("value", [True, 1.5])
+def test_log_val_generations_of_another_type_is_refused_by_the_typed_config(value):
+    with pytest.raises(ConfigError, match=r"^trainer.log_val_generations: .* could not be converted to Integer"):
+        _trainer(log_val_generations=value)
 
 
 def test_pick_generations_is_stable_across_validations():

@@ -3,12 +3,19 @@
 import pytest
 from omegaconf import OmegaConf
 
+from hybridrl.config import load_config
 from hybridrl.errors import ConfigError
-from hybridrl.trainer.worker_groups import resolve_backend
+from hybridrl.trainer.supervised_config import rm_config, sft_config
+from hybridrl.trainer.worker_groups import ray_init_kwargs, resolve_backend, rollout_pool_spec
+from tests.tiny_models import ppo_config_with
 
 
-def _cfg(backend="auto", nnodes=1, per_node=1):
-    return OmegaConf.create({"trainer": {"backend": backend, "nnodes": nnodes, "n_gpus_per_node": per_node}})
+def _cfg(backend="auto", nnodes=1, per_node=1, **others):
+    return ppo_config_with({"trainer": {"backend": backend, "nnodes": nnodes, "n_gpus_per_node": per_node}, **others})
+
+
+def _resolve(cfg):
+    return resolve_backend(cfg.trainer, rollout_pool_spec(cfg))
 
 
 @pytest.mark.parametrize("backend, nnodes, per_node, expected", [
@@ -16,24 +23,41 @@ def _cfg(backend="auto", nnodes=1, per_node=1):
     ("ray", 1, 1, ("ray", 1)), ("local", 1, 1, ("local", 1)),
 ])
 def test_resolve_backend(backend, nnodes, per_node, expected):
-    assert resolve_backend(_cfg(backend, nnodes, per_node)) == expected
+    assert _resolve(_cfg(backend, nnodes, per_node)) == expected
 
 
 def test_a_rollout_pool_of_its_own_picks_ray():
-    cfg = OmegaConf.merge(_cfg(), {"actor_rollout_ref": {"rollout": {"nnodes": 1, "n_gpus_per_node": 2}}})
-    assert resolve_backend(cfg) == ("ray", 1)
+    cfg = _cfg(actor_rollout_ref={"rollout": {"nnodes": 1, "n_gpus_per_node": 2}})
+    assert rollout_pool_spec(cfg) == [2]
+    assert _resolve(cfg) == ("ray", 1)
 
 
 def test_local_backend_with_several_workers_is_refused():
     with pytest.raises(ConfigError, match="trainer.backend=local runs one worker") as err:
-        resolve_backend(_cfg("local", 1, 2))
+        _resolve(_cfg("local", 1, 2))
     assert "trainer.backend=ray" in str(err.value)
 
 
 @pytest.mark.parametrize("nnodes, per_node", [(0, 1), (1, 0)])
 def test_at_least_one_worker(nnodes, per_node):
     with pytest.raises(ConfigError, match=">= 1"):
-        resolve_backend(_cfg("auto", nnodes, per_node))
+        _resolve(_cfg("auto", nnodes, per_node))
+
+
+@pytest.mark.parametrize("name, typed", [("sft_trainer", sft_config), ("rm_trainer", rm_config)])
+def test_the_supervised_trainer_sections_place_workers_too(name, typed):
+    """``hybridrl sft`` / ``rm`` launch their workers through the same code: their ``trainer``
+    sections have every key it reads."""
+    trainer = OmegaConf.structured(typed(load_config([], config_name=name))).trainer
+    assert resolve_backend(trainer) == ("local", 1)
+    assert (trainer.cpu_threads_per_worker, trainer.cpu_malloc_reuse, trainer.dist_timeout_s) == (1, True, 600)
+
+
+def test_ray_init_takes_both_verl_spellings():
+    assert ray_init_kwargs(_cfg()) == {}
+    assert ray_init_kwargs(_cfg(ray_init={"num_cpus": 4})) == {"num_cpus": 4}
+    both = _cfg(ray_init={"num_cpus": 4}, ray_kwargs={"ray_init": {"num_cpus": 8, "address": "auto"}})
+    assert ray_init_kwargs(both) == {"num_cpus": 8, "address": "auto"}  # verl 0.5's spelling wins
 
 
 def test_resource_check_names_what_is_missing(ray_cluster):
