@@ -16,7 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from hybridrl.config.typed import to_dataclass
+from hybridrl.rewards.config import OverlongBufferConfig
 from hybridrl.rewards.custom import RewardConfigError
+from hybridrl.rewards.settings import to_plain_dict
 from hybridrl.rewards.manager import NaiveRewardManager, register_reward_manager
 
 __all__ = ["DAPORewardManager", "overlong_penalty"]
@@ -30,9 +33,16 @@ def overlong_penalty(response_length: int, max_resp_len: int, buffer_len: int, p
     return min(-exceed / buffer_len * penalty_factor, 0.0)
 
 
-def _setting(cfg: Any, key: str, default: Any) -> Any:
-    value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
-    return default if value is None else value
+def _buffer_settings(cfg: Any) -> OverlongBufferConfig:
+    """``cfg`` typed: the config's ``reward_model.overlong_buffer`` section, or verl-recipe's plain
+    ``reward_kwargs.overlong_buffer_cfg`` mapping, where a missing or null key takes the default.
+
+    Raises:
+        ConfigError: a key :class:`OverlongBufferConfig` has not, or a value of the wrong type.
+    """
+    given = {key: value for key, value in to_plain_dict(cfg if cfg is not None else {}, _KEY).items()
+             if value is not None}
+    return to_dataclass(OverlongBufferConfig, given, _KEY)
 
 
 @register_reward_manager("dapo")
@@ -48,16 +58,17 @@ class DAPORewardManager(NaiveRewardManager):
 
     Raises:
         RewardConfigError: the buffer is on with a missing or out-of-range length or factor.
+        ConfigError: a key ``overlong_buffer_cfg`` has not, or a value of the wrong type.
     """
 
     def __init__(self, tokenizer: Any, num_examine: int, compute_score=None, reward_fn_key: str = "data_source",
                  max_resp_len: int | None = None, overlong_buffer_cfg: Any = None, **kwargs) -> None:
         super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, **kwargs)
-        cfg = overlong_buffer_cfg or {}
-        self.overlong = bool(_setting(cfg, "enable", False))
-        self.buffer_len = _setting(cfg, "len", 0)
-        self.penalty_factor = _setting(cfg, "penalty_factor", 1.0)
-        self.log_overlong = bool(_setting(cfg, "log", False))
+        cfg = _buffer_settings(overlong_buffer_cfg)
+        self.overlong = cfg.enable
+        self.buffer_len = cfg.len
+        self.penalty_factor = cfg.penalty_factor
+        self.log_overlong = cfg.log
         self.max_resp_len = max_resp_len
         if self.overlong:
             self._check(max_resp_len)
@@ -65,13 +76,12 @@ class DAPORewardManager(NaiveRewardManager):
     def _check(self, max_resp_len) -> None:
         if isinstance(max_resp_len, bool) or not isinstance(max_resp_len, int) or max_resp_len < 1:
             raise RewardConfigError(f"{_KEY}.enable=true needs data.max_response_length (got {max_resp_len!r})")
-        if isinstance(self.buffer_len, bool) or not isinstance(self.buffer_len, int) or not (
-                0 < self.buffer_len <= max_resp_len):
+        if not 0 < self.buffer_len <= max_resp_len:
             raise RewardConfigError(f"{_KEY}.len={self.buffer_len!r} must be a whole number of tokens in "
                                     f"(0, data.max_response_length={max_resp_len}]; DAPO uses 4096 of 20480")
         factor = self.penalty_factor
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor < 0:
-            raise RewardConfigError(f"{_KEY}.penalty_factor={factor!r} must be a number >= 0 (DAPO: 1.0)")
+        if factor < 0:
+            raise RewardConfigError(f"{_KEY}.penalty_factor={factor:g} must be a number >= 0 (DAPO: 1.0)")
 
     def shape_score(self, score: float, extras: dict, response_length: int) -> tuple[float, dict]:
         extras = extras if "acc" in extras else {**extras, "acc": score}

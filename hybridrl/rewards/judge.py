@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from hybridrl.errors import UserError
 from hybridrl.rewards.custom import RewardConfigError, import_reward_file
-from hybridrl.rewards.settings import cfg_get, plain
+from hybridrl.rewards.settings import plain
 
 __all__ = ["DEFAULT_TEMPLATE", "DEFAULT_TEMPLATE_WITH_REFERENCE", "TEMPLATE_FIELDS", "JudgeParseError",
            "JudgePromptError",
@@ -249,12 +249,11 @@ def load_score_parser(path: str, name: str) -> Callable[..., Any]:
     return fn
 
 
-def _score_range(value: Any) -> tuple[float, float]:
+def _score_range(value: list[float]) -> tuple[float, float]:
     key = "reward_model.judge.score_range"
-    ok = isinstance(value, (list, tuple)) and len(value) == 2 and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value)
-    if not ok or value[0] >= value[1]:
-        raise RewardConfigError(f"{key}={value!r} must be two numbers [lo, hi] with lo < hi, the judge's scale "
+    if len(value) != 2 or not all(math.isfinite(v) for v in value) or value[0] >= value[1]:
+        shown = "[" + ", ".join(f"{v:g}" for v in value) + "]"
+        raise RewardConfigError(f"{key}={shown} must be two numbers [lo, hi] with lo < hi, the judge's scale "
                                 "(e.g. [0, 10])")
     return float(value[0]), float(value[1])
 
@@ -282,58 +281,45 @@ class JudgeSettings:
 
     @classmethod
     def from_config(cls, config: Any) -> "JudgeSettings":
-        """Read and check the judge's keys of the whole trainer config (no model is loaded).
+        """Read and check the judge's keys of the whole PPO config as the run reads it (typed:
+        ``hybridrl.trainer.ppo_config.typed_ppo_config``); no model is loaded.
 
         Raises:
             RewardConfigError: one line naming the key, what is wrong and what to do.
         """
-        judge = "reward_model.judge"
-        model_path = cfg_get(config, "reward_model.model.path")
-        if not model_path:
+        rm, judge, key = config.reward_model, config.reward_model.judge, "reward_model.judge"
+        if not rm.model.path:
             raise RewardConfigError("reward_model.reward_manager=judge needs reward_model.model.path, the judge "
                                     "model (an HF folder, a .gguf file, or HuggingFaceTB/SmolLM2-135M-Instruct)")
-        if cfg_get(config, "reward_model.enable", False):
+        if rm.enable:
             raise RewardConfigError("reward_model.enable=true loads reward_model.model.path as a scalar-head reward "
                                     "model, but reward_model.reward_manager=judge serves it as a generative judge; "
                                     "set reward_model.enable=false (the judge needs no reward-model worker)")
-        if cfg_get(config, "custom_reward_function.path"):
+        if config.custom_reward_function.path:
             raise RewardConfigError("custom_reward_function.path is set, but reward_model.reward_manager=judge "
                                     "scores with the judge; to read the judge's answer yourself set "
-                                    f"{judge}.score_parser.path, or unset custom_reward_function.path")
-        rollout = plain(cfg_get(config, "reward_model.rollout", {}))
-        if not isinstance(rollout, dict):
-            raise RewardConfigError(f"reward_model.rollout={rollout!r} must be a section of engine settings")
-        for key in ("prompt_length", "response_length"):
-            value = rollout.get(key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise RewardConfigError(f"reward_model.rollout.{key}={value!r} must be an integer >= 1 (judge "
+                                    f"{key}.score_parser.path, or unset custom_reward_function.path")
+        for name in ("prompt_length", "response_length"):
+            value = rm.rollout[name]
+            if value < 1:
+                raise RewardConfigError(f"reward_model.rollout.{name}={value!r} must be an integer >= 1 (judge "
                                         "prompt / answer tokens)")
-        if int(rollout.get("tensor_model_parallel_size") or 1) > 1:
+        if rm.rollout.tensor_model_parallel_size > 1:
             raise RewardConfigError("reward_model.rollout.tensor_model_parallel_size > 1 is not supported: the "
                                     "judge runs as one engine; set it to 1")
-        timeout = cfg_get(config, f"{judge}.timeout_s", 600)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise RewardConfigError(f"{judge}.timeout_s={timeout!r} must be a number of seconds > 0")
-        pattern = cfg_get(config, f"{judge}.score_pattern")
-        if pattern is not None:
-            _check_pattern(pattern, f"{judge}.score_pattern")
-        parser_path = cfg_get(config, f"{judge}.score_parser.path")
-        parser_name = cfg_get(config, f"{judge}.score_parser.name", "parse_score")
-        if parser_path:
-            load_score_parser(parser_path, parser_name)  # fail now, not after the first generation
-        system_prompt = cfg_get(config, f"{judge}.system_prompt")
-        prefix = cfg_get(config, f"{judge}.response_prefix", "")
-        for key, value in (("system_prompt", system_prompt), ("response_prefix", prefix)):
-            if value is not None and not isinstance(value, str):
-                raise RewardConfigError(f"{judge}.{key}={value!r} must be a string")
-        return cls(model_path=str(model_path), trust_remote_code=bool(cfg_get(config, "reward_model.model."
-                                                                                "trust_remote_code", False)),
-                   rollout=rollout, template=load_template(cfg_get(config, f"{judge}.prompt_template")),
-                   system_prompt=system_prompt or None,
-                   apply_chat_template=bool(cfg_get(config, f"{judge}.apply_chat_template", True)),
-                   response_prefix=prefix or "", score_pattern=pattern,
-                   score_range=_score_range(plain(cfg_get(config, f"{judge}.score_range", [0, 10]))),
-                   parser_path=parser_path or None, parser_name=str(parser_name), timeout_s=float(timeout))
+        if not judge.timeout_s > 0:
+            raise RewardConfigError(f"{key}.timeout_s={judge.timeout_s:g} must be a number of seconds > 0")
+        if judge.score_pattern is not None:
+            _check_pattern(judge.score_pattern, f"{key}.score_pattern")
+        parser = judge.score_parser
+        if parser.path:
+            load_score_parser(parser.path, parser.name)  # fail now, not after the first generation
+        return cls(model_path=str(rm.model.path), trust_remote_code=bool(rm.model.trust_remote_code),
+                   rollout=plain(rm.rollout), template=load_template(judge.prompt_template),
+                   system_prompt=judge.system_prompt or None, apply_chat_template=bool(judge.apply_chat_template),
+                   response_prefix=judge.response_prefix, score_pattern=judge.score_pattern,
+                   score_range=_score_range(list(judge.score_range)), parser_path=parser.path or None,
+                   parser_name=str(parser.name), timeout_s=float(judge.timeout_s))
 
 
 def _check_pattern(pattern: Any, key: str) -> None:

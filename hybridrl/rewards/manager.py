@@ -22,7 +22,7 @@ from hybridrl.registry import Registry, RegistryError
 from hybridrl.rewards import default_compute_score, known_data_sources
 from hybridrl.rewards.custom import RewardConfigError, load_custom_reward_fn
 from hybridrl.rewards.pool import RewardPool, ScoreTimeoutError, serial_calls
-from hybridrl.rewards.settings import cfg_get, to_plain_dict
+from hybridrl.rewards.settings import to_plain_dict
 
 __all__ = ["RewardFunctionError", "RewardInputError", "RewardManagerNameError", "REWARD_MANAGERS",
            "register_reward_manager", "get_reward_manager_cls", "NaiveRewardManager", "load_reward_manager"]
@@ -399,9 +399,8 @@ def _collect_extras(extras_per_sample: list[dict]) -> dict[str, list]:
     return {k: [extras.get(k) for extras in extras_per_sample] for k in keys}
 
 
-def _score_timeout(config: Any) -> float:
-    value = cfg_get(config, "reward_model.timeout_s", DEFAULT_SCORE_TIMEOUT_S)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+def _score_timeout(value: float) -> float:
+    if value <= 0:
         raise RewardConfigError(f"reward_model.timeout_s={value!r} must be a number of seconds > 0 "
                                 f"(default {DEFAULT_SCORE_TIMEOUT_S:g})")
     return float(value)
@@ -422,11 +421,12 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0, pool:
     Reads ``custom_reward_function.{path,name,reward_kwargs}`` (the custom scorer, with its kwargs
     bound by ``functools.partial``; default :func:`default_compute_score`),
     ``reward_model.reward_manager`` (default ``"naive"``), ``reward_model.reward_kwargs`` (extra
-    constructor arguments of the manager), ``reward_model.on_error`` (default ``"raise"``) and
-    ``data.reward_fn_key`` (default ``"data_source"``).
+    constructor arguments of the manager), ``reward_model.{on_error,retries,timeout_s,overlong_buffer}``,
+    ``data.reward_fn_key`` and ``data.max_response_length``.
 
     Args:
-        config: the whole trainer config (an omegaconf DictConfig or nested dicts).
+        config: the whole PPO config as the run reads it (typed:
+            ``hybridrl.trainer.ppo_config.typed_ppo_config``).
         tokenizer: the tokenizer used to decode responses.
         num_examine: samples per data_source to print on each call.
         pool: the run's scoring processes (``reward.num_workers`` > 1, see
@@ -434,25 +434,22 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0, pool:
             checked here: every worker must load the reward function.
 
     Raises:
-        RewardConfigError: a bad custom function, manager name, on_error value or reward_kwargs.
+        RewardConfigError: a bad custom function, manager name, on_error value, timeout or reward_kwargs.
         RewardPoolError: the workers of ``pool`` cannot load the reward function.
     """
-    path = cfg_get(config, "custom_reward_function.path")
+    custom, rm = config.custom_reward_function, config.reward_model
     compute_score = None
-    if path:
-        name = cfg_get(config, "custom_reward_function.name", "compute_score")
-        fn_kwargs = to_plain_dict(
-            cfg_get(config, "custom_reward_function.reward_kwargs", {}), "custom_reward_function.reward_kwargs"
-        )
-        compute_score = load_custom_reward_fn(path, name, fn_kwargs)
-    manager_name = cfg_get(config, "reward_model.reward_manager", "naive")
+    if custom.path:
+        fn_kwargs = to_plain_dict(custom.reward_kwargs, "custom_reward_function.reward_kwargs")
+        compute_score = load_custom_reward_fn(custom.path, custom.name, fn_kwargs)
+    manager_name = rm.reward_manager
     manager_cls = get_reward_manager_cls(manager_name)
-    manager_kwargs = to_plain_dict(cfg_get(config, "reward_model.reward_kwargs", {}), "reward_model.reward_kwargs")
+    manager_kwargs = to_plain_dict(rm.reward_kwargs, "reward_model.reward_kwargs")
     optional = {  # passed to managers that take them (verl's naive one does not), unless reward_kwargs do
-        "timeout_s": _score_timeout(config),
-        "retries": cfg_get(config, "reward_model.retries", DEFAULT_RETRIES),
-        "overlong_buffer_cfg": cfg_get(config, "reward_model.overlong_buffer"),
-        "max_resp_len": cfg_get(config, "data.max_response_length"),
+        "timeout_s": _score_timeout(rm.timeout_s),
+        "retries": rm.retries,
+        "overlong_buffer_cfg": rm.overlong_buffer,
+        "max_resp_len": config.data.max_response_length,
         "pool": pool,
         "config": config,  # managers that read keys of their own (the judge; verl's reward-loop managers)
     }
@@ -465,8 +462,8 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0, pool:
             tokenizer=tokenizer,
             num_examine=num_examine,
             compute_score=compute_score,
-            reward_fn_key=cfg_get(config, "data.reward_fn_key", "data_source"),
-            on_error=cfg_get(config, "reward_model.on_error", "raise"),
+            reward_fn_key=config.data.reward_fn_key,
+            on_error=rm.on_error,
             **{k: v for k, v in optional.items() if k in accepted and k not in manager_kwargs},
             **manager_kwargs,
         )

@@ -1,4 +1,5 @@
-"""Reading the reward settings of a trainer config (an omegaconf DictConfig or nested dicts)."""
+"""Plain values of reward settings: omegaconf containers as dicts and lists (scorers and reward
+managers take plain keyword arguments)."""
 
 from __future__ import annotations
 
@@ -6,17 +7,7 @@ from typing import Any
 
 from hybridrl.rewards.custom import RewardConfigError
 
-__all__ = ["cfg_get", "plain", "to_plain_dict"]
-
-
-def cfg_get(config: Any, dotted: str, default: Any = None) -> Any:
-    """``config.a.b`` for a DictConfig or nested dicts, ``default`` where any part is missing."""
-    node = config
-    for part in dotted.split("."):
-        if node is None or not hasattr(node, "get"):
-            return default
-        node = node.get(part, None)
-    return default if node is None else node
+__all__ = ["plain", "to_plain_dict"]
 
 
 def plain(value: Any) -> Any:

@@ -2,12 +2,12 @@
 a float score is also reported as acc, and bad buffer settings are one line."""
 
 import pytest
-from omegaconf import OmegaConf
 
 from hybridrl.rewards.custom import RewardConfigError
 from hybridrl.rewards.dapo import DAPORewardManager, overlong_penalty
 from hybridrl.rewards.manager import load_reward_manager
 from tests.rewards.test_reward_manager import R, make_batch
+from tests.tiny_models import ppo_config_with
 
 
 def always_one(data_source, solution_str, ground_truth, extra_info=None):
@@ -36,7 +36,7 @@ def test_the_manager_adds_the_penalty_on_the_last_token_and_logs_it(tokenizer):
 
 
 def test_the_buffer_comes_from_the_config_keys(tokenizer):
-    config = OmegaConf.create({"data": {"max_response_length": R},
+    config = ppo_config_with({"data": {"max_response_length": R},
                                "reward_model": {"reward_manager": "dapo",
                                                 "overlong_buffer": {"enable": True, "len": 4, "penalty_factor": 2.0}}})
     manager = load_reward_manager(config, tokenizer)

@@ -4,10 +4,12 @@ import re
 
 import pytest
 
+from hybridrl.errors import ConfigError
 from hybridrl.rewards.custom import RewardConfigError
 from hybridrl.rewards.judge import (DEFAULT_TEMPLATE, DEFAULT_TEMPLATE_WITH_REFERENCE, JudgeParseError,
                                     JudgePromptError, JudgeSettings, load_score_parser, load_template, parse_score,
                                     render_template)
+from tests.tiny_models import ppo_config_with
 
 
 @pytest.mark.parametrize("text, score, number", [
@@ -128,11 +130,13 @@ def test_template_from_a_file(tmp_path):
 # ---------------------------------------------------------------- settings and the parser file
 
 def _config(**judge):
+    """The PPO config as the run reads it, with these judge settings."""
     rollout = {"name": "hf", "prompt_length": 512, "response_length": 16}
     rollout.update(judge.pop("rollout", {}))
-    return {"reward_model": {"enable": judge.pop("enable", False), "model": {"path": judge.pop("path", "m")},
-                             "rollout": rollout, "judge": judge},
-            "custom_reward_function": {"path": judge.pop("custom", None)}}
+    return ppo_config_with({"reward_model": {"enable": judge.pop("enable", False),
+                                             "model": {"path": judge.pop("path", "m")},
+                                             "rollout": rollout, "judge": judge},
+                            "custom_reward_function": {"path": judge.pop("custom", None)}})
 
 
 def test_settings_defaults():
@@ -143,11 +147,10 @@ def test_settings_defaults():
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"path": None}, "needs reward_model.model.path"),
+    ({"path": ""}, "needs reward_model.model.path"),  # a string key: unset is ""
     ({"enable": True}, "set reward_model.enable=false"),
     ({"custom": "my_reward.py"}, "custom_reward_function.path is set"),
     ({"rollout": {"response_length": 0}}, "reward_model.rollout.response_length=0 must be an integer >= 1"),
-    ({"rollout": {"prompt_length": "long"}}, "reward_model.rollout.prompt_length='long'"),
     ({"rollout": {"tensor_model_parallel_size": 2}}, "tensor_model_parallel_size > 1 is not supported"),
     ({"timeout_s": 0}, "reward_model.judge.timeout_s=0 must be a number of seconds > 0"),
     ({"score_range": [10, 0]}, "reward_model.judge.score_range=[10, 0] must be two numbers"),
@@ -155,12 +158,21 @@ def test_settings_defaults():
     ({"score_pattern": "Score: ("}, "is not a valid regular expression"),
     ({"score_pattern": r"Score: \d+"}, "captures nothing"),
     ({"prompt_template": "Rate it."}, "has no {response} field"),
-    ({"response_prefix": 3}, "reward_model.judge.response_prefix=3 must be a string"),
     ({"score_parser": {"path": "/nonexistent/parse.py"}}, "reward_model.judge.score_parser.path"),
 ])
 def test_bad_settings_are_one_line_errors(changes, message):
     with pytest.raises(RewardConfigError) as err:
         JudgeSettings.from_config(_config(**changes))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"rollout": {"prompt_length": "long"}}, "reward_model.rollout.prompt_length: Value 'long'"),
+    ({"score_range": [0, "ten"]}, "reward_model.judge.score_range[1]: Value 'ten'"),
+])
+def test_values_of_another_type_are_refused_by_the_typed_config(changes, message):
+    with pytest.raises(ConfigError) as err:
+        _config(**changes)
     assert message in str(err.value) and "\n" not in str(err.value)
 
 

@@ -7,8 +7,8 @@ import time
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
+from hybridrl.errors import ConfigError
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.custom import RewardConfigError
 from hybridrl.rewards.manager import (
@@ -19,6 +19,7 @@ from hybridrl.rewards.manager import (
     load_reward_manager,
     register_reward_manager,
 )
+from tests.tiny_models import ppo_config_with
 
 P, R = 12, 16
 
@@ -280,7 +281,7 @@ def test_load_reward_manager_from_config(tokenizer, tmp_path):
             return scale * float(solution_str == ground_truth)
         """
     ))
-    config = OmegaConf.create({
+    config = ppo_config_with({
         "data": {"reward_fn_key": "source"},
         "custom_reward_function": {"path": str(path), "name": "my_score", "reward_kwargs": {"scale": 3.0}},
         "reward_model": {"reward_manager": "naive", "on_error": "zero", "reward_kwargs": {}},
@@ -294,13 +295,12 @@ def test_load_reward_manager_from_config(tokenizer, tmp_path):
 
 
 def test_load_reward_manager_defaults_and_bad_kwargs(tokenizer):
-    OmegaConf.set_struct(config := OmegaConf.create({"custom_reward_function": {"path": None}}), True)
-    manager = load_reward_manager(config, tokenizer)
+    manager = load_reward_manager(ppo_config_with({"custom_reward_function": {"path": None}}), tokenizer)
     assert isinstance(manager, NaiveRewardManager)
     assert manager.reward_fn_key == "data_source" and manager.on_error == "raise"
     data, lengths = make_batch(tokenizer, ["q"], ["#### 9"], ["openai/gsm8k"], ["9"])
     assert manager(data)[0, lengths[0] - 1] == 1.0
-    bad = OmegaConf.create({"reward_model": {"reward_kwargs": {"max_resp_len": 10}}})
+    bad = ppo_config_with({"reward_model": {"reward_kwargs": {"max_resp_len": 10}}})
     with pytest.raises(RewardConfigError, match="reward_model.reward_kwargs"):
         load_reward_manager(bad, tokenizer)
 
@@ -326,7 +326,9 @@ def test_a_scorer_that_never_returns_meets_its_deadline(tokenizer):
 def test_the_deadline_comes_from_the_config(tokenizer):
     from hybridrl.rewards.manager import load_reward_manager
 
-    manager = load_reward_manager({"reward_model": {"timeout_s": 7}}, tokenizer)
+    manager = load_reward_manager(ppo_config_with({"reward_model": {"timeout_s": 7}}), tokenizer)
     assert manager.timeout_s == 7.0
-    with pytest.raises(RewardConfigError, match=r"reward_model.timeout_s='soon' must be a number of seconds > 0"):
-        load_reward_manager({"reward_model": {"timeout_s": "soon"}}, tokenizer)
+    with pytest.raises(RewardConfigError, match=r"reward_model.timeout_s=0.0 must be a number of seconds > 0"):
+        load_reward_manager(ppo_config_with({"reward_model": {"timeout_s": 0}}), tokenizer)
+    with pytest.raises(ConfigError, match=r"reward_model.timeout_s: Value 'soon' .* could not be converted to Float"):
+        ppo_config_with({"reward_model": {"timeout_s": "soon"}})  # the typed config refuses it at start-up

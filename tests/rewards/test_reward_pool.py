@@ -16,6 +16,7 @@ from hybridrl.rewards.manager import NaiveRewardManager, RewardFunctionError, lo
 from hybridrl.rewards.pool import RewardPool, RewardPoolError, build_reward_pool, check_num_workers
 from hybridrl.trainer.stages import apply_reward_failures
 from tests.rewards.test_reward_manager import make_batch
+from tests.tiny_models import ppo_config_with
 
 SCORERS = """
 import os
@@ -140,8 +141,9 @@ def test_raise_and_retry_in_the_pool(tokenizer, pool, scorer_file, tmp_path):
 
 @pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
 def test_a_custom_reward_file_with_kwargs_scores_in_the_pool(tokenizer, scorer_file, start_method):
-    config = {"custom_reward_function": {"path": scorer_file, "name": "tricky", "reward_kwargs": {"bonus": 2.0}},
-              "reward_model": {"on_error": "raise"}}
+    config = ppo_config_with({"custom_reward_function": {"path": scorer_file, "name": "tricky",
+                                                         "reward_kwargs": {"bonus": 2.0}},
+                              "reward_model": {"on_error": "raise"}})
     with RewardPool(2, reward_files=[scorer_file], start_method=start_method) as pool:
         manager = load_reward_manager(config, tokenizer, pool=pool)  # checks that every worker loads it
         assert manager.pool is pool and isinstance(manager.compute_score, functools.partial)
@@ -152,7 +154,7 @@ def test_a_custom_reward_file_with_kwargs_scores_in_the_pool(tokenizer, scorer_f
 
 
 def test_the_dapo_manager_scores_in_the_pool_too(tokenizer, pool):
-    manager = load_reward_manager({"reward_model": {"reward_manager": "dapo"}}, tokenizer, pool=pool)
+    manager = load_reward_manager(ppo_config_with({"reward_model": {"reward_manager": "dapo"}}), tokenizer, pool=pool)
     assert manager.pool is pool
     data = several_sources(tokenizer)
     assert manager(data, return_dict=True)["reward_extra_info"]["acc"][:2] == [1.0, 0.0]

@@ -12,8 +12,16 @@ import time
 
 import pytest
 
+from hybridrl.errors import ConfigError
 from hybridrl.rewards.sandbox import (LocalSandbox, SandboxConfigError, SandboxLimits, SandboxUnavailableError,
                                       build_sandbox, local)
+from tests.tiny_models import ppo_section
+
+
+def _build(sandbox=None, fusion=None):
+    """:func:`build_sandbox` from the run's typed ``reward_model`` section with these settings."""
+    section = ppo_section("reward_model", {"sandbox": sandbox or {}, "sandbox_fusion": fusion or {}})
+    return build_sandbox(section.sandbox, section.sandbox_fusion)
 
 
 @pytest.fixture(scope="module")
@@ -155,19 +163,27 @@ def test_without_isolation_code_rewards_refuse_with_one_line(monkeypatch):
 
 
 @pytest.mark.parametrize("cfg, match", [
-    ({"timeout_s": 0}, "reward_model.sandbox.timeout_s=0 must be a number > 0"),
-    ({"memory_limit_mb": "lots"}, "reward_model.sandbox.memory_limit_mb='lots' must be a number > 0"),
-    ({"max_proceses": 8}, "reward_model.sandbox.max_proceses is not a sandbox setting"),
-    ({"unsafe_no_isolation": "yes"}, "unsafe_no_isolation='yes' must be true or false"),
+    ({"timeout_s": 0}, r"reward_model.sandbox.timeout_s=0.0 must be a number > 0"),
+    ({"max_processes": -1}, r"reward_model.sandbox.max_processes=-1 must be a number > 0"),
 ])
 def test_bad_sandbox_settings_get_one_line(cfg, match):
     with pytest.raises(SandboxConfigError, match=match):
-        build_sandbox(cfg)
+        _build(cfg)
+
+
+@pytest.mark.parametrize("cfg, match", [
+    ({"memory_limit_mb": "lots"}, r"reward_model.sandbox.memory_limit_mb: Value 'lots' .* could not be converted"),
+    ({"max_proceses": 8}, r"reward_model.sandbox.max_proceses is not a key"),
+    ({"unsafe_no_isolation": "maybe"}, r"reward_model.sandbox.unsafe_no_isolation: Value 'maybe' is not a valid bool"),
+])
+def test_sandbox_settings_of_another_type_or_name_are_refused_by_the_typed_config(cfg, match):
+    with pytest.raises(ConfigError, match=match):
+        _build(cfg)
 
 
 def test_a_fusion_url_selects_the_remote_service():
-    box = build_sandbox({"timeout_s": 3}, {"url": "http://localhost:1/run_code", "max_concurrent": 2})
+    box = _build({"timeout_s": 3}, {"url": "http://localhost:1/run_code", "max_concurrent": 2})
     assert type(box).__name__ == "SandboxFusionClient" and box.timeout_s == 3 and box.max_concurrent == 2
-    assert isinstance(build_sandbox({}, {"url": None}), LocalSandbox)
+    assert isinstance(_build({}, {"url": None}), LocalSandbox)
     with pytest.raises(SandboxConfigError, match="sandbox_fusion.url='localhost:8080' must be an http"):
-        build_sandbox({}, {"url": "localhost:8080"})
+        _build({}, {"url": "localhost:8080"})

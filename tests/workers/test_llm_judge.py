@@ -7,7 +7,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from hybridrl.config import ConfigError, load_config
 from hybridrl.protocol import DataProto
@@ -15,6 +14,7 @@ from hybridrl.rewards.custom import RewardConfigError
 from hybridrl.rewards.manager import RewardFunctionError, load_reward_manager
 from hybridrl.trainer.config_check import validate_ppo_config
 from hybridrl.workers.llm_judge import JudgeBusyError, JudgeEngine, JudgeRewardManager
+from tests.tiny_models import ppo_config_with
 
 P, R = 24, 12
 QUESTIONS = ["What is 2 + 2?", "Name a primary colour.", "What is the capital of Italy?", "How many legs has a cat?"]
@@ -74,7 +74,7 @@ def judge_config(model_path="m", **judge):
 
 def manager(tokenizer, judge, on_error="zero", retries=2, **settings):
     return JudgeRewardManager(tokenizer, num_examine=0, on_error=on_error, retries=retries,
-                              config=judge_config(**settings), judge=judge)
+                              config=ppo_config_with(judge_config(**settings)), judge=judge)
 
 
 def test_scores_come_from_one_batched_call_and_land_on_the_last_token(tokenizer):
@@ -168,7 +168,7 @@ def test_custom_parser_and_pattern(tokenizer, tmp_path):
 
 def test_num_examine_prints_the_judges_answer(tokenizer, capsys):
     judge = ScriptedJudge(tokenizer, {"4": "Score: 10"})
-    JudgeRewardManager(tokenizer, num_examine=1, on_error="zero", config=judge_config(), judge=judge)(
+    JudgeRewardManager(tokenizer, num_examine=1, on_error="zero", config=ppo_config_with(judge_config()), judge=judge)(
         make_batch(tokenizer, ["4"]))
     printed = capsys.readouterr().out
     assert "[judge_text] Score: 10" in printed and "[score] 1.0" in printed
@@ -183,9 +183,9 @@ def test_tiny_model_end_to_end(tokenizer, tiny_model_dir):
     cfg = judge_config(tiny_model_dir, response_prefix="Score: 7\n", rollout={"response_length": 6},
                        prompt_template="Question: {question}\nReference: {ground_truth}\nAnswer:\n{response}\n")
     cfg["reward_model"].update(on_error="zero", reward_manager="judge")
-    reward_fn = load_reward_manager(OmegaConf.create(cfg), tokenizer)
+    reward_fn = load_reward_manager(ppo_config_with(cfg), tokenizer)
     assert isinstance(reward_fn, JudgeRewardManager) and isinstance(reward_fn.judge, JudgeEngine)
-    assert load_reward_manager(OmegaConf.create(cfg), tokenizer).judge is reward_fn.judge  # one engine per run
+    assert load_reward_manager(ppo_config_with(cfg), tokenizer).judge is reward_fn.judge  # one engine per run
     engine, calls = reward_fn.judge.engine, []
     original = engine.generate_sequences
     engine.generate_sequences = lambda batch: calls.append(batch.batch["input_ids"].shape) or original(batch)
@@ -272,7 +272,7 @@ def test_smollm2_judges_hand_made_pairs(tokenizer, smollm2_dir):
     good answer won; quality is measured by benchmarks/judge_smollm2.py (docs/rewards.md)."""
     cfg = judge_config(smollm2_dir, response_prefix="Score:", rollout={"dtype": "auto", "response_length": 8})
     cfg["reward_model"].update(on_error="zero", reward_manager="judge")
-    reward_fn = load_reward_manager(OmegaConf.create(cfg), tokenizer)
+    reward_fn = load_reward_manager(ppo_config_with(cfg), tokenizer)
     data = make_batch(tokenizer, [a for _, good, bad in PAIRS for a in (good, bad)], truths=[None] * 6,
                       questions=[q for q, _, _ in PAIRS for _ in range(2)])
     started = time.perf_counter()

@@ -16,7 +16,7 @@ also spelled ``reward.sandbox_fusion.*``)::
 from __future__ import annotations
 
 import threading
-from typing import Any, Mapping
+from typing import Any
 
 from hybridrl.rewards.sandbox.base import (RUN_STATUSES, Sandbox, SandboxConfigError, SandboxLimits,
                                            SandboxResult, SandboxUnavailableError)
@@ -48,30 +48,22 @@ def set_sandbox(sandbox: Sandbox | None) -> None:
         _current = sandbox
 
 
-def build_sandbox(sandbox_cfg: Mapping[str, Any] | None, fusion_cfg: Mapping[str, Any] | None = None) -> Sandbox:
+def build_sandbox(sandbox_cfg: Any, fusion_cfg: Any) -> Sandbox:
     """The sandbox a config asks for.
 
     Args:
-        sandbox_cfg: ``reward_model.sandbox`` (limits; ``unsafe_no_isolation``); missing keys
-            take :class:`SandboxLimits`' defaults.
-        fusion_cfg: ``reward_model.sandbox_fusion``; with a ``url`` the service is used.
+        sandbox_cfg: ``reward_model.sandbox`` of the typed PPO config (limits; ``unsafe_no_isolation``).
+        fusion_cfg: ``reward_model.sandbox_fusion`` of the typed PPO config; with a ``url`` the
+            service is used.
 
     Raises:
-        SandboxConfigError: an unknown key or a bad value (one line naming the key).
+        SandboxConfigError: a limit that is not > 0, or a ``url`` that is not http(s) (one line
+            naming the key).
     """
-    sandbox_cfg = dict(sandbox_cfg or {})
-    unsafe = sandbox_cfg.pop("unsafe_no_isolation", False)
-    if not isinstance(unsafe, bool):
-        raise SandboxConfigError(f"reward_model.sandbox.unsafe_no_isolation={unsafe!r} must be true or false")
-    known = set(SandboxLimits.__dataclass_fields__)
-    unknown = sorted(set(sandbox_cfg) - known)
-    if unknown:
-        raise SandboxConfigError(f"reward_model.sandbox.{unknown[0]} is not a sandbox setting; known: "
-                                 f"{', '.join(sorted(known | {'unsafe_no_isolation'}))}")
-    limits = SandboxLimits(**{k: v for k, v in sandbox_cfg.items() if v is not None or k == "cpu_time_s"})
-    fusion_cfg = dict(fusion_cfg or {})
-    if fusion_cfg.get("url"):
-        return SandboxFusionClient(fusion_cfg["url"], max_concurrent=fusion_cfg.get("max_concurrent") or 64,
-                                   memory_limit_mb=fusion_cfg.get("memory_limit_mb") or 1024,
-                                   timeout_s=limits.timeout_s)
-    return LocalSandbox(limits, unsafe_no_isolation=unsafe)
+    limits = SandboxLimits(timeout_s=sandbox_cfg.timeout_s, cpu_time_s=sandbox_cfg.cpu_time_s,
+                           memory_limit_mb=sandbox_cfg.memory_limit_mb, max_processes=sandbox_cfg.max_processes,
+                           max_file_size_mb=sandbox_cfg.max_file_size_mb)
+    if fusion_cfg.url:
+        return SandboxFusionClient(fusion_cfg.url, max_concurrent=fusion_cfg.max_concurrent,
+                                   memory_limit_mb=fusion_cfg.memory_limit_mb, timeout_s=limits.timeout_s)
+    return LocalSandbox(limits, unsafe_no_isolation=sandbox_cfg.unsafe_no_isolation)
