@@ -13,6 +13,7 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from hybridrl.agents.config import MultiTurnConfig, RetrieverConfig
 from hybridrl.agents.errors import AgentConfigError, AgentNameError
 from hybridrl.registry import Registry
 
@@ -121,7 +122,8 @@ class AgentContext:
             (:class:`~hybridrl.agents.engine.RequestEngine`, ``rollout.mode=async``).
         tokenizer: the policy's tokenizer.
         response_length: the token budget of one response (``rollout.response_length``).
-        multi_turn: the ``actor_rollout_ref.rollout.multi_turn`` section (a mapping).
+        multi_turn: the typed ``actor_rollout_ref.rollout.multi_turn`` section (every key there;
+            :class:`~hybridrl.agents.config.MultiTurnConfig`); by default its packaged defaults.
         tools: tool name -> :class:`~hybridrl.agents.tools.base.BaseTool` instance.
         interactions: interaction name -> :class:`~hybridrl.agents.interactions.base.BaseInteraction`.
         get_retriever: builds (once) and returns the retriever of the ``retriever`` section.
@@ -130,7 +132,7 @@ class AgentContext:
     engine: Any
     tokenizer: Any
     response_length: int
-    multi_turn: Any = field(default_factory=dict)
+    multi_turn: Any = field(default_factory=lambda: MultiTurnConfig(retriever=RetrieverConfig()))
     tools: dict = field(default_factory=dict)
     interactions: dict = field(default_factory=dict)
     get_retriever: Callable[[], Any] | None = None
@@ -149,7 +151,7 @@ class AgentLoopBase(abc.ABC):
         self.engine = context.engine
         self.tokenizer = context.tokenizer
         self.response_length = context.response_length
-        self.max_tokens_per_turn = (context.multi_turn or {}).get("max_tokens_per_turn")
+        self.max_tokens_per_turn = context.multi_turn.max_tokens_per_turn
 
     def turn_budget(self, response: ResponseBuilder) -> int:
         """Tokens the next model turn may sample: the room left, capped by ``max_tokens_per_turn``."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-from typing import Any
 
 import torch
 
@@ -26,13 +25,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["AgentLoopManager", "pad_trajectories"]
 
 _SAMPLING_KEYS = ("do_sample", "temperature", "top_p", "top_k")
-DEFAULT_AGENT = "single_turn_agent"
-
-
-def _plain(value: Any) -> Any:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
 def pad_trajectories(outputs: list[AgentLoopOutput], pad_token_id: int, response_length: int) -> dict[str, torch.Tensor]:
@@ -103,7 +95,7 @@ class AgentLoopManager:
         rollout: the worker's rollout: ``pad_token_id`` and ``generate_token_ids`` (batched by
             :class:`AsyncBatchEngine`) or ``agenerate`` (``rollout.mode=async``: one request per turn).
         tokenizer: the policy's tokenizer.
-        config: the ``actor_rollout_ref.rollout`` section: ``response_length``, ``multi_turn``
+        config: the typed ``actor_rollout_ref.rollout`` section: ``response_length``, ``multi_turn``
             (loop knobs, ``tool_config_path``, ``interaction_config_path``, ``search``,
             ``retriever``), ``agent.default_agent_loop``.
 
@@ -115,14 +107,13 @@ class AgentLoopManager:
         self.rollout = rollout
         self.tokenizer = tokenizer
         self.config = config
-        self.multi_turn = _plain(config.get("multi_turn")) or {}
-        self.default_agent = (_plain(config.get("agent")) or {}).get("default_agent_loop") or DEFAULT_AGENT
+        self.multi_turn = config.multi_turn
+        self.default_agent = config.agent.default_agent_loop
         self.tools, self.interactions = {}, {}
-        if self.multi_turn.get("tool_config_path"):  # imported only when used: pydantic, jsonschema
-
-            self.tools = load_tools(self.multi_turn["tool_config_path"])
-        if self.multi_turn.get("interaction_config_path"):
-            self.interactions = load_interactions(self.multi_turn["interaction_config_path"])
+        if self.multi_turn.tool_config_path:  # imported only when used: pydantic, jsonschema
+            self.tools = load_tools(self.multi_turn.tool_config_path)
+        if self.multi_turn.interaction_config_path:
+            self.interactions = load_interactions(self.multi_turn.interaction_config_path)
         for tool in self.tools.values():
             if hasattr(tool, "set_default_retriever"):
                 tool.set_default_retriever(self.get_retriever)
@@ -135,9 +126,9 @@ class AgentLoopManager:
             ConfigError / DataError: no url, corpus or index configured, or an unreadable one.
         """
         if self._retriever is None:
-            cfg = self.multi_turn.get("retriever") or {}
-            self._retriever = make_retriever(url=cfg.get("url"), corpus_path=cfg.get("corpus_path"),
-                                             index_dir=cfg.get("index_dir"), timeout_s=float(cfg.get("timeout") or 10.0))
+            cfg = self.multi_turn.retriever
+            self._retriever = make_retriever(url=cfg.url, corpus_path=cfg.corpus_path, index_dir=cfg.index_dir,
+                                             timeout_s=float(cfg.timeout))
         return self._retriever
 
     def _rows(self, prompts: DataProto) -> tuple[list[str], list[dict]]:
@@ -184,7 +175,7 @@ class AgentLoopManager:
             "reward_scores": [dict(o.reward_scores) for o in outputs],
         }
         tensors = pad_trajectories(outputs, self.rollout.pad_token_id, response_length)
-        if not self.config.get("calculate_log_probs", True):
+        if not self.config.calculate_log_probs:
             tensors.pop("rollout_log_probs", None)
         return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=dict(prompts.meta_info))
 

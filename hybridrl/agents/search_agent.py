@@ -58,13 +58,11 @@ class SearchAgentLoop(AgentLoopBase):
 
     def __init__(self, context) -> None:
         super().__init__(context)
-        mt = context.multi_turn or {}
-        search = mt.get("search") or {}
-        retriever = mt.get("retriever") or {}
-        self.max_turns = int(search.get("max_turns", 2))
-        self.max_obs_length = int(search.get("max_obs_length", 256))
-        self.topk = int(retriever.get("topk") or 3)
-        self.timeout_s = float(retriever.get("timeout") or 10.0)
+        search, retriever = context.multi_turn.search, context.multi_turn.retriever
+        self.max_turns = int(search.max_turns)
+        self.max_obs_length = int(search.max_obs_length)
+        self.topk = int(retriever.topk)
+        self.timeout_s = float(retriever.timeout)
         if self.max_turns < 0 or self.max_obs_length < 1 or self.topk < 1:
             raise AgentConfigError(
                 f"search_agent: multi_turn.search.max_turns={self.max_turns} (>= 0), max_obs_length="

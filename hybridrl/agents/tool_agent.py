@@ -87,12 +87,12 @@ class ToolAgentLoop(AgentLoopBase):
 
     def __init__(self, context) -> None:
         super().__init__(context)
-        mt = context.multi_turn or {}
-        self.max_assistant_turns = mt.get("max_assistant_turns")
-        self.max_user_turns = mt.get("max_user_turns")
-        self.max_parallel_calls = int(mt.get("max_parallel_calls") or 1)
-        self.max_tool_response_length = int(mt.get("max_tool_response_length") or 256)
-        self.truncate_side = mt.get("tool_response_truncate_side") or "middle"
+        mt = context.multi_turn
+        self.max_assistant_turns = mt.max_assistant_turns
+        self.max_user_turns = mt.max_user_turns
+        self.max_parallel_calls = int(mt.max_parallel_calls)
+        self.max_tool_response_length = int(mt.max_tool_response_length)
+        self.truncate_side = mt.tool_response_truncate_side
         self.tools = context.tools
         self.chat = ChatTurnEncoder(self.tokenizer)
 

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from hybridrl.agents.base import AgentContext
+from tests.tiny_models import ppo_section
 
 CORPUS = [
     {"id": "1", "contents": '"Paris"\nParis is the capital and largest city of France.'},
@@ -59,8 +60,11 @@ def bm25_retriever(corpus_file):
 
 @pytest.fixture
 def make_context(tokenizer):
-    def make(engine, response_length=200, tools=None, interactions=None, retriever_impl=None, **multi_turn):
+    def make(engine, response_length=200, tools=None, interactions=None, retriever_impl=None, retriever=None,
+             **multi_turn):
+        # the multi_turn section as the run has it: these knobs, the top-level `retriever`, the rest defaults
+        section = ppo_section("actor_rollout_ref.rollout.multi_turn", multi_turn, others={"retriever": retriever or {}})
         return AgentContext(engine=engine, tokenizer=tokenizer, response_length=response_length,
-                            multi_turn=multi_turn, tools=tools or {}, interactions=interactions or {},
+                            multi_turn=section, tools=tools or {}, interactions=interactions or {},
                             get_retriever=(lambda: retriever_impl))
     return make

@@ -2,11 +2,11 @@
 batch, loops running concurrently on one batched engine."""
 
 import torch
-from omegaconf import OmegaConf
 
 from hybridrl.agents.base import AgentLoopOutput
 from hybridrl.agents.manager import AgentLoopManager, pad_trajectories
 from hybridrl.protocol import DataProto
+from tests.tiny_models import ppo_section
 
 PAD = 0
 
@@ -44,9 +44,10 @@ def test_mixed_agents_in_one_batch(tokenizer, bm25_retriever):
 
     search_turns = [ids("<search> capital of France </search>"), ids("<answer> Paris </answer>")]
     rollout = ScriptedRollout({1: [ids("Hello there", eos=True)], 2: search_turns, 3: [ids("no action", eos=True)] * 4})
-    cfg = OmegaConf.create({"response_length": 160, "multi_turn": {"search": {"max_turns": 1, "max_obs_length": 64},
-                                                                   "retriever": {"topk": 1, "timeout": 5}},
-                            "agent": {"default_agent_loop": "search_agent"}})
+    cfg = ppo_section("actor_rollout_ref.rollout",
+                      {"response_length": 160, "multi_turn": {"search": {"max_turns": 1, "max_obs_length": 64}},
+                       "agent": {"default_agent_loop": "search_agent"}},
+                      others={"retriever": {"topk": 1, "timeout": 5}})
     manager = AgentLoopManager(rollout, tokenizer, cfg)
     manager._retriever = bm25_retriever
     prompts = DataProto.from_dict(

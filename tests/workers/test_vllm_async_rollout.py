@@ -72,8 +72,11 @@ def test_agent_loops_send_one_request_per_turn_with_log_probs(engine, vllm_model
 
     from hybridrl.agents.engine import RequestEngine
     from hybridrl.agents.manager import AgentLoopManager
+    from tests.tiny_models import ppo_section
 
-    manager = AgentLoopManager(engine, tokenizer, OmegaConf.merge(engine.config, {"multi_turn": {}}))
+    # the rollout section as the run has it (multi_turn, agent: every key), with the engine's settings
+    manager = AgentLoopManager(engine, tokenizer, ppo_section("actor_rollout_ref.rollout",
+                                                              OmegaConf.to_container(engine.config)))
     prompts = make_prompts(tokenizer, TEXTS, n=2)
     out = manager.generate_sequences(prompts)
     batch = out.batch
