@@ -46,15 +46,15 @@ def check_trainer_mode(config) -> list[str]:
             (``rollout.nnodes`` > 0) outside ``separate_async``, without workers, or on the
             local backend.
     """
-    mode = _get(config, MODE_KEY, "sync")
+    mode = _get(config, MODE_KEY)
     if mode not in TRAINER_MODES:
         raise ConfigError(f"{MODE_KEY}={mode!r} must be one of {', '.join(TRAINER_MODES)}")
     check_rollout_pool_without_async(config)
     if mode == "sync":
         return []
-    if _get(config, KEY, False):
+    if _get(config, KEY):
         raise ConfigError(f"{MODE_KEY}={mode} with {KEY}=true: these are two asynchronous trainers; choose one")
-    name, engine_mode = _get(config, f"{ROLLOUT}.name"), _get(config, f"{ROLLOUT}.mode", "sync")
+    name, engine_mode = _get(config, f"{ROLLOUT}.name"), _get(config, f"{ROLLOUT}.mode")
     if name != "vllm" or engine_mode != "async":
         raise ConfigError(
             f"{MODE_KEY}={mode} with {ROLLOUT}.name={name} {ROLLOUT}.mode={engine_mode}: fully asynchronous training "
@@ -66,9 +66,9 @@ def check_trainer_mode(config) -> list[str]:
             ("algorithm.filter_groups.enable", True, "DAPO's dynamic sampling draws batches until groups pass its "
              "filter; the stream keeps its own batches in flight"),
             (f"{ROLLOUT}.multi_turn.enable", True, "agent loops do not stream yet (use trainer.one_step_off_policy=true)")):
-        if _get(config, key, None) == value:
+        if _get(config, key) == value:
             raise ConfigError(f"{MODE_KEY}={mode} with {key}={value}: {why}; set {MODE_KEY}=sync or change {key}")
-    estimator = _get(config, "algorithm.adv_estimator", None)
+    estimator = _get(config, "algorithm.adv_estimator")
     if estimator_needs(estimator, "needs_reward_baselines"):
         raise ConfigError(f"{MODE_KEY}={mode} with algorithm.adv_estimator={estimator}: its greedy baselines would "
                           f"come from other weights than its samples; set {MODE_KEY}=sync or change algorithm.adv_estimator")
@@ -81,16 +81,16 @@ def check_rollout_pool_without_async(config) -> None:
     Raises:
         ConfigError: ``rollout.nnodes`` set with another trainer mode.
     """
-    nnodes = _get(config, f"{ROLLOUT}.nnodes", 0)
-    if nnodes and _get(config, MODE_KEY, "sync") != "separate_async":
+    nnodes = _get(config, f"{ROLLOUT}.nnodes")
+    if nnodes and _get(config, MODE_KEY) != "separate_async":
         raise ConfigError(f"{ROLLOUT}.nnodes={nnodes}: a rollout pool of its own generates while the trainer trains, "
                           f"which only {MODE_KEY}=separate_async does; set that, or {ROLLOUT}.nnodes=0")
 
 
 def _check_rollout_pool(config, mode: str) -> None:
-    nnodes, per_node = _get(config, f"{ROLLOUT}.nnodes", 0), _get(config, f"{ROLLOUT}.n_gpus_per_node", 1)
+    nnodes, per_node = _get(config, f"{ROLLOUT}.nnodes"), _get(config, f"{ROLLOUT}.n_gpus_per_node")
     for key, value in (("nnodes", nnodes), ("n_gpus_per_node", per_node)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if value < 0:
             raise ConfigError(f"{ROLLOUT}.{key}={value!r} must be an integer >= 0")
     if not nnodes:
         return
@@ -98,25 +98,25 @@ def _check_rollout_pool(config, mode: str) -> None:
         raise ConfigError(f"{ROLLOUT}.nnodes={nnodes} with {ROLLOUT}.n_gpus_per_node={per_node} leaves the rollout "
                           f"pool no workers; set n_gpus_per_node >= 1, or {ROLLOUT}.nnodes=0 to generate in the "
                           "trainer's workers")
-    if _get(config, "trainer.backend", "auto") == "local":
+    if _get(config, "trainer.backend") == "local":
         raise ConfigError(f"{ROLLOUT}.nnodes={nnodes}: a rollout pool of its own runs on Ray workers; set "
                           f"trainer.backend=ray (or auto), or {ROLLOUT}.nnodes=0")
 
 
 def _check_sampler(config, mode: str) -> None:
-    threshold = _get(config, f"{SAMPLER}.max_off_policy_threshold", 8)
-    if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
+    threshold = _get(config, f"{SAMPLER}.max_off_policy_threshold")
+    if threshold < 1:
         raise ConfigError(
             f"{SAMPLER}.max_off_policy_threshold={threshold!r} must be an integer >= 1: the oldest age (policy "
             "versions behind, plus 1) a trained prompt group may have; 1 trains only groups started by the current weights")
-    strategy = _get(config, f"{SAMPLER}.max_off_policy_strategy", "drop")
+    strategy = _get(config, f"{SAMPLER}.max_off_policy_strategy")
     if strategy not in ("drop", "wait"):
         raise ConfigError(f"{SAMPLER}.max_off_policy_strategy={strategy!r} must be drop or wait")
-    warmup = _get(config, f"trainer.v1.{mode}.num_warmup_batches", 1)
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+    warmup = _get(config, f"trainer.v1.{mode}.num_warmup_batches")
+    if warmup < 0:
         raise ConfigError(f"trainer.v1.{mode}.num_warmup_batches={warmup!r} must be an integer >= 0: dataloader "
                           "batches kept in flight beyond the step's")
-    sync_step = _get(config, "trainer.v1.separate_async.parameter_sync_step", None)
+    sync_step = _get(config, "trainer.v1.separate_async.parameter_sync_step")
     if mode == "separate_async" and sync_step is not None:
         batch, mini = _get(config, "data.train_batch_size"), _get(config, f"{ACTOR}.ppo_mini_batch_size")
         if sync_step * mini != batch:
@@ -133,13 +133,10 @@ def check_one_step_off(config) -> list[str]:
         list[str]: a note when nothing corrects for the samples' age (no rollout correction).
 
     Raises:
-        ConfigError: not a bool; an engine that generates with the actor's own module (``hf``,
+        ConfigError: an engine that generates with the actor's own module (``hf``,
             and the engines that fall back to it); DAPO's dynamic sampling; ReMax.
     """
-    value = _get(config, KEY, False)
-    if not isinstance(value, bool):
-        raise ConfigError(f"{KEY}={value!r} must be true or false")
-    if not value:
+    if not _get(config, KEY):
         return []
     name = _get(config, f"{ROLLOUT}.name")
     if name != "vllm":
@@ -147,7 +144,7 @@ def check_one_step_off(config) -> list[str]:
             f"{KEY}=true with {ROLLOUT}.name={name}: the next batch is generated while the actor trains, so the "
             f"engine needs its own copy of the weights, and the HF engine generates with the actor's module; set "
             f"{ROLLOUT}.name=vllm (sync or async mode; pip install -e '.[vllm]') or {KEY}=false")
-    if _get(config, "algorithm.filter_groups.enable", False):
+    if _get(config, "algorithm.filter_groups.enable"):
         raise ConfigError(
             f"{KEY}=true with algorithm.filter_groups.enable=true: DAPO's dynamic sampling generates a varying "
             "number of batches per step, and this schedule prefetches exactly one; set one of them to false")

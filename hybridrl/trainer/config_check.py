@@ -242,7 +242,7 @@ def _check_lora(config) -> None:
     prefixes = ["actor_rollout_ref.model"] + (["critic.model"] if _uses_critic(config) else [])
     for prefix in prefixes:
         rank = _get(config, f"{prefix}.lora_rank")
-        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        if rank < 0:
             raise ConfigError(f"{prefix}.lora_rank={rank!r} must be 0 (full fine-tuning) or a whole number > 0 "
                               "(8-64 is usual)")
         if rank == 0:
@@ -354,7 +354,7 @@ def _check_sampling(config) -> None:
             f"{ROLLOUT}.temperature={temperature!r} must be a number > 0 (training samples and their "
             f"log-probs divide the logits by it); for greedy decoding set {ROLLOUT}.val_kwargs.temperature=0")
     val_temperature = _get(config, f"{ROLLOUT}.val_kwargs.temperature")
-    if isinstance(val_temperature, bool) or not isinstance(val_temperature, (int, float)) or val_temperature < 0:
+    if val_temperature < 0:
         raise ConfigError(f"{ROLLOUT}.val_kwargs.temperature={val_temperature!r} must be a number >= 0 "
                           "(0: greedy validation)")
 
@@ -370,7 +370,7 @@ def _check_registered_names(config) -> None:
     estimator = _get(config, "algorithm.adv_estimator")
     check("algorithm.adv_estimator", estimator, ADV_ESTIMATOR_REGISTRY, "register_adv_est")
     n = _get(config, f"{ROLLOUT}.n")
-    if estimator in ADV_ESTIMATOR_NEEDS_GROUP and isinstance(n, int) and n < 2:
+    if estimator in ADV_ESTIMATOR_NEEDS_GROUP and n < 2:
         raise ConfigError(
             f"algorithm.adv_estimator={estimator} compares the responses to one prompt with each other, "
             f"but {ROLLOUT}.n={n} samples one per prompt; set {ROLLOUT}.n to 2 or more (4-16 is usual), "

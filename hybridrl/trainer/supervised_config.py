@@ -14,18 +14,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from hybridrl.config.typed import to_dataclass
+from hybridrl.config.typed import IGNORED, ignored, to_dataclass
 from hybridrl.errors import ConfigError
 
 __all__ = ["SFTConfig", "RMConfig", "sft_config", "rm_config", "ignored_notes"]
-
-IGNORED = "ignored"  # field metadata: why a verl key means nothing in this build
-
-
-def ignored(default, reason: str):
-    """A field kept so verl command lines run; setting it prints ``reason`` once at start-up."""
-    return field(default=default, metadata={IGNORED: reason})
-
 
 def _choice(key: str, value, allowed: tuple) -> None:
     if value not in allowed:
@@ -314,5 +306,6 @@ def ignored_notes(config, prefix: str = "") -> list[str]:
         if dataclasses.is_dataclass(value):
             notes += ignored_notes(value, f"{prefix}{f.name}.")
         elif IGNORED in f.metadata and value != f.default:
-            notes.append(f"{prefix}{f.name}={value!r} is ignored: {f.metadata[IGNORED]}")
+            reason, _ = f.metadata[IGNORED]
+            notes.append(f"{prefix}{f.name}={value!r} is ignored: {reason}")
     return notes

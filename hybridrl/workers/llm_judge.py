@@ -186,7 +186,10 @@ class JudgeRewardManager(NaiveRewardManager):
             raise RewardConfigError("custom_reward_function is set, but reward_model.reward_manager=judge scores with "
                                     "the judge; use reward_model.judge.score_parser to read its answer yourself")
         super().__init__(tokenizer, num_examine, _judged_score, reward_fn_key, on_error, timeout_s, retries)
-        self.settings = JudgeSettings.from_config(config if config is not None else {})
+        if config is None:  # load_reward_manager hands it the run's config
+            raise RewardConfigError("reward_model.reward_manager=judge needs the run's config (its reward_model.judge "
+                                    "and reward_model.rollout sections); build it with load_reward_manager(config, ...)")
+        self.settings = JudgeSettings.from_config(config)
         self.parser = load_score_parser(self.settings.parser_path, self.settings.parser_name) \
             if self.settings.parser_path else None
         self.judge = judge if judge is not None else shared_judge_engine(self.settings, _device(config))

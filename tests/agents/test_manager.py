@@ -74,7 +74,6 @@ def test_mixed_agents_in_one_batch(tokenizer, bm25_retriever):
 def test_the_real_engine_generates_within_the_budget(tiny_model_dir, tokenizer):
     from hybridrl.models import load_causal_lm
     from hybridrl.workers.rollout.hf import HFRollout
-    from tests.tiny_models import ppo_section
 
     cfg = ppo_section("actor_rollout_ref.rollout", {  # the engine reads the section as the run has it
         "dtype": "fp32", "response_length": 24, "do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": -1,

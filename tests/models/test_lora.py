@@ -143,7 +143,7 @@ def test_lora_keys_are_accepted(grpo_cfg):
 @pytest.mark.parametrize("key, value, expected", [
     ("lora_rank", -1, "lora_rank=-1 must be 0"),
     ("lora_rank", 2.5, "lora_rank: Value '2.5' of type 'float' could not be converted to Integer"),  # the typed config
-    ("lora_alpha", 0, "lora_alpha=0 must be a number > 0"),
+    ("lora_alpha", 0, "lora_alpha=0.0 must be a number > 0"),
     ("target_modules", [], "target_modules=[] must be all-linear or a list"),
     ("target_modules", [3], "target_modules=[3] must be all-linear or a list"),
 ])

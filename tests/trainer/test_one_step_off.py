@@ -21,13 +21,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from hybridrl.config import ConfigError, load_config
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.config_check import validate_ppo_config
 from hybridrl.trainer.prefetch import OneStepOffRollout, PendingGeneration, staleness_metrics
 from hybridrl.workers.rollout.base import RolloutEngineError
+from tests.tiny_models import ppo_section
 
 ONE_STEP_OFF = "trainer.one_step_off_policy=true"
 PREFETCH_SECONDS = 3.0  # the prefetched generations are made this much longer: they visibly overlap the update
@@ -51,7 +51,7 @@ def test_bad_combinations_are_one_line_at_start_up():
     assert "dynamic sampling" in _error(*vllm, "algorithm.filter_groups.enable=true")
     assert "adv_estimator=remax: its greedy baselines" in _error(*vllm, "algorithm.adv_estimator=remax",
                                                                   "actor_rollout_ref.rollout.n=1")
-    assert "must be true or false" in _error("trainer.one_step_off_policy=yes")
+    assert "trainer.one_step_off_policy: Value 'maybe' is not a valid bool" in _error("trainer.one_step_off_policy=maybe")
     assert "choose one" in _error(*vllm, "trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.mode=async")
 
 
@@ -150,7 +150,7 @@ def _worker(engine, timeout_s=30):
     from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker
 
     worker = ActorRolloutRefWorker.__new__(ActorRolloutRefWorker)  # the real methods around a stand-in engine
-    worker.config = OmegaConf.create({"rollout": {"engine_timeout_s": timeout_s}})
+    worker.config = ppo_section("actor_rollout_ref", {"rollout": {"engine_timeout_s": timeout_s}})
     worker.device, worker.agent_loop_manager, worker.rollout = "cpu", None, engine
     worker.actor = SimpleNamespace(actor_module=torch.nn.Linear(1, 1))
     worker._start_engine_bookkeeping()
