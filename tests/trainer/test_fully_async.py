@@ -224,18 +224,19 @@ def test_when_drops_leave_too_few_groups_the_run_stops_cleanly():
 # ---------------------------------------------------------------- partial rollouts on the real engine
 
 @needs_vllm
-def test_partial_rollouts_keep_each_tokens_log_prob_under_the_policy_that_sampled_it(vllm_model, tokenizer):
+def test_partial_rollouts_keep_each_tokens_log_prob_under_the_policy_that_sampled_it(async_vllm_engine, vllm_model,
+                                                                                      tokenizer):
+    """On the session's shared async engine (max_model_len=300, tests/conftest.py); its
+    ignore_eos, its weights and its running state are put back at the end."""
     from hybridrl.workers.rollout.stream import RolloutStream
-    from hybridrl.workers.rollout.vllm_async import AsyncVLLMRollout
-    from tests.workers.vllm_helpers import actor_log_probs, engine_config, make_prompts
+    from tests.workers.vllm_helpers import actor_log_probs, make_prompts
 
-    R = 250
-    engine = AsyncVLLMRollout(copy.deepcopy(vllm_model), engine_config(
-        mode="async", max_model_len=300, response_length=R, ignore_eos=True), tokenizer, vllm_model.generation_config)
+    R, engine, stream = 250, async_vllm_engine, None
+    engine.config.ignore_eos = True
     try:
         started = time.monotonic()
         stream = RolloutStream(engine, version=0)
-        prompts = make_prompts(tokenizer, ["The capital of France is", "1 + 1 =", "Once upon"], n=2)
+        prompts = make_prompts(tokenizer, ["The capital of France is", "1 + 1 =", "Once upon"], n=2, response_length=R)
         prompts.non_tensor_batch["uid"] = np.array(["a", "a", "b", "b", "c", "c"], dtype=object)
         stream.submit(prompts)
         time.sleep(1.0)  # ~80 of the 250 tokens (the tiny model samples ~80 tokens/s per sequence here)
@@ -251,7 +252,12 @@ def test_partial_rollouts_keep_each_tokens_log_prob_under_the_policy_that_sample
             groups += stream.collect(10.0)
         out = DataProto.concat(groups)
     finally:
-        engine.shutdown()
+        engine.config.ignore_eos = False
+        if stream is not None:
+            if stream.paused:
+                stream.resume(0)
+            stream.close()
+        engine.sync_weights(vllm_model)
     batch = out.batch
     assert batch["response_mask"].sum().item() == 6 * R  # token-exact: every response whole, nothing doubled
     by_old = (batch["rollout_log_probs"] - actor_log_probs(vllm_model, batch)).abs() < 1e-3

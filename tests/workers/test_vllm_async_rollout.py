@@ -4,10 +4,10 @@ request per turn with rollout_log_probs, weight sync through the folder in RAM (
 deadlines and a dead engine process as one line, and GRPO end to end.
 
 The engine core runs in a child process, so these engines do not share vLLM's module globals
-with the colocated engine's tests; each start costs ~15 s, so the tests share one."""
+with the colocated engine's tests; each start costs ~15 s, so the tests share one (the session's
+``async_vllm_engine``, tests/conftest.py), and the dead-engine test, its last user, kills it."""
 
 import asyncio
-import copy
 import json
 import os
 import time
@@ -18,18 +18,16 @@ import torch
 pytest.importorskip("vllm", reason="the vllm extra is not installed (pip install -e '.[vllm]')")
 
 from hybridrl.workers.rollout.base import RolloutEngineError, SampledIds  # noqa: E402
-from hybridrl.workers.rollout.vllm_async import AsyncVLLMRollout  # noqa: E402
 
 from vllm_helpers import (R, TEXTS, actor_log_probs, assert_greedy_matches, check_lora_sync,  # noqa: E402
-                          check_weight_sync, engine_config, grpo_overrides, length_reward_file, make_prompts)
+                          check_weight_sync, grpo_overrides, length_reward_file, make_prompts)
 
 
-@pytest.fixture(scope="module")
-def engine(vllm_model, tokenizer):
-    engine = AsyncVLLMRollout(copy.deepcopy(vllm_model), engine_config(mode="async", max_model_len=80), tokenizer,
-                              vllm_model.generation_config)
-    yield engine
-    engine.shutdown()
+@pytest.fixture
+def engine(async_vllm_engine):
+    process = async_vllm_engine.llm.engine_core.resources.engine_manager.processes[0]
+    assert process.is_alive(), "the shared engine was killed: the dead-engine test must be its last user"
+    return async_vllm_engine
 
 
 def test_layout_greedy_and_log_probs_match_the_actor(engine, vllm_model, tokenizer):
@@ -109,8 +107,8 @@ def test_lora_actor_syncs_its_merged_weights(engine, vllm_model, tokenizer):
 
 
 def test_bad_input_and_deadlines_are_one_line(engine, tokenizer):
-    with pytest.raises(RolloutEngineError, match=r"does not fit actor_rollout_ref.rollout.max_model_len=80"):
-        asyncio.run(engine.agenerate(tokenizer("word " * 100)["input_ids"], None, 4))
+    with pytest.raises(RolloutEngineError, match=r"does not fit actor_rollout_ref.rollout.max_model_len=300"):
+        asyncio.run(engine.agenerate(tokenizer("word " * 400)["input_ids"], None, 4))
     saved = engine.timeout_s
     engine.timeout_s = 1e-4
     try:
@@ -126,9 +124,9 @@ def test_bad_input_and_deadlines_are_one_line(engine, tokenizer):
     assert isinstance(ids, SampledIds) and 1 <= len(ids) <= 4 and len(ids.log_probs) == len(ids)
 
 
-def test_a_dead_engine_process_is_one_line_not_a_hang(vllm_model, tokenizer):
-    engine = AsyncVLLMRollout(copy.deepcopy(vllm_model), engine_config(mode="async", engine_timeout_s=60), tokenizer,
-                              vllm_model.generation_config)
+def test_a_dead_engine_process_is_one_line_not_a_hang(engine, tokenizer):
+    """Kills the shared engine: the last test that uses it."""
+    engine.timeout_s = 60  # rollout.engine_timeout_s: a hang would fail here, not after the default 900 s
     try:
         process = engine.llm.engine_core.resources.engine_manager.processes[0]
         process.kill()
