@@ -132,14 +132,15 @@ def test_colocated_roles_share_processes(ray_cluster):
         colocated.shutdown()
 
 
-def test_max_concurrency_runs_a_second_call_beside_a_running_one(ray_cluster):
+def test_max_concurrency_runs_a_second_call_beside_a_running_one(group):
     """One-step-off-policy training's Ray setting: a call from another driver thread runs while
-    a slow one is still running in the same worker process; with one call at a time it waits."""
+    a slow one is still running in the same worker process; with one call at a time (the
+    module's group: the default max_concurrency=1) it waits."""
     import threading
 
-    for concurrency, overlaps in ((2, True), (1, False)):
-        wg = RayWorkerGroup(RayResourcePool([1]), RayClassWithInitArgs(ToyWorker), max_concurrency=concurrency)
-        try:
+    two_at_once = RayWorkerGroup(RayResourcePool([1]), RayClassWithInitArgs(ToyWorker), max_concurrency=2)
+    try:
+        for wg, overlaps in ((two_at_once, True), (group, False)):
             wg.env()  # started
             slow = threading.Thread(target=lambda: wg.slow(3.0))
             slow.start()
@@ -147,10 +148,10 @@ def test_max_concurrency_runs_a_second_call_beside_a_running_one(ray_cluster):
             started = time.monotonic()
             wg.env()
             waited = time.monotonic() - started  # one at a time: >= the 2.5 s the slow call still runs
-            assert (waited < 2.0) == overlaps, (concurrency, waited)
+            assert (waited < 2.0) == overlaps, (overlaps, waited)
             slow.join(30)
-        finally:
-            wg.shutdown()
+    finally:
+        two_at_once.shutdown()
 
 
 def test_a_dying_worker_fails_the_call_without_hanging(ray_cluster):
