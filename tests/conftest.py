@@ -90,21 +90,36 @@ def vllm_model(vllm_model_dir):
 
 
 @pytest.fixture(scope="session")
-def async_vllm_engine(vllm_model, tokenizer):
-    """One async vLLM engine (rollout.mode=async) on :func:`vllm_model` for every test that drives
-    ``AsyncVLLMRollout`` itself: tests/workers/test_vllm_async_rollout.py and the partial rollouts
-    of tests/trainer/test_fully_async.py. Its core runs in a child process that takes ~10 s to
-    start and ~3 s to stop, so they share one. ``max_model_len=300`` holds the partial rollouts'
-    250-token responses. Tests that change its weights or config put them back; the dead-engine
-    test of test_vllm_async_rollout.py kills it and is its last user."""
+def _async_vllm_engines():
+    """The live engine of :func:`async_vllm_engine` (``{"engine": ...}``), stopped at the end."""
+    held = {}
+    yield held
+    if "engine" in held:
+        held.pop("engine").shutdown()
+
+
+@pytest.fixture
+def async_vllm_engine(_async_vllm_engines, vllm_model, tokenizer):
+    """An async vLLM engine (rollout.mode=async) on :func:`vllm_model`, shared by every test that
+    drives ``AsyncVLLMRollout`` itself (tests/workers/test_vllm_async_rollout.py and the partial
+    rollouts of tests/trainer/test_fully_async.py): its core runs in a child process that takes
+    ~10 s to start and ~3 s to stop. ``max_model_len=300`` holds the partial rollouts' 250-token
+    responses. Tests that change its weights or config put them back; after a test killed its
+    process, the next test gets a new one."""
     pytest.importorskip("vllm", reason="the vllm extra is not installed (pip install -e '.[vllm]')")
     from hybridrl.workers.rollout.vllm_async import AsyncVLLMRollout
     from tests.workers.vllm_helpers import engine_config
 
-    engine = AsyncVLLMRollout(copy.deepcopy(vllm_model), engine_config(mode="async", max_model_len=300), tokenizer,
-                              vllm_model.generation_config)
-    yield engine
-    engine.shutdown()
+    engine = _async_vllm_engines.get("engine")
+    llm = getattr(engine, "llm", None)  # gone once shut down
+    if engine is not None and (llm is None or not llm.engine_core.resources.engine_manager.processes[0].is_alive()):
+        _async_vllm_engines.pop("engine").shutdown()
+        engine = None
+    if engine is None:
+        engine = AsyncVLLMRollout(copy.deepcopy(vllm_model), engine_config(mode="async", max_model_len=300), tokenizer,
+                                  vllm_model.generation_config)
+        _async_vllm_engines["engine"] = engine
+    return engine
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ deadlines and a dead engine process as one line, and GRPO end to end.
 
 The engine core runs in a child process, so these engines do not share vLLM's module globals
 with the colocated engine's tests; each start costs ~15 s, so the tests share one (the session's
-``async_vllm_engine``, tests/conftest.py), and the dead-engine test, its last user, kills it."""
+``async_vllm_engine``, tests/conftest.py); the dead-engine test kills it, after its other users."""
 
 import asyncio
 import json
@@ -25,8 +25,6 @@ from vllm_helpers import (R, TEXTS, actor_log_probs, assert_greedy_matches, chec
 
 @pytest.fixture
 def engine(async_vllm_engine):
-    process = async_vllm_engine.llm.engine_core.resources.engine_manager.processes[0]
-    assert process.is_alive(), "the shared engine was killed: the dead-engine test must be its last user"
     return async_vllm_engine
 
 
@@ -125,7 +123,7 @@ def test_bad_input_and_deadlines_are_one_line(engine, tokenizer):
 
 
 def test_a_dead_engine_process_is_one_line_not_a_hang(engine, tokenizer):
-    """Kills the shared engine: the last test that uses it."""
+    """Kills the shared engine (a test after it would get a new one)."""
     engine.timeout_s = 60  # rollout.engine_timeout_s: a hang would fail here, not after the default 900 s
     try:
         process = engine.llm.engine_core.resources.engine_manager.processes[0]
