@@ -168,7 +168,6 @@ def build_hybridrl_grpo(settings: GRPOSettings, parquet_dir: str, steps: int, ex
 
     Returns ``(trainer, batches, groups)``: ``trainer.step(next(batches))`` runs one step.
     """
-    from omegaconf import open_dict
 
     from hybridrl.config import load_config
     from hybridrl.data import RLHFDataset, create_rl_dataloader
@@ -187,9 +186,8 @@ def build_hybridrl_grpo(settings: GRPOSettings, parquet_dir: str, steps: int, ex
     tokenizer = load_tokenizer(model_path)
     dataset = RLHFDataset(config.data.train_files, tokenizer, config.data)
     loader = create_rl_dataloader(dataset, batch_size=settings.prompts, shuffle=False, seed=settings.seed)
-    with open_dict(config):
-        config.actor_rollout_ref.actor.optim.total_training_steps = steps
-    groups = build_worker_groups(config, use_critic=False, use_reference=needs_reference_policy(config))
+    groups = build_worker_groups(config, use_critic=False, use_reference=needs_reference_policy(config),
+                                 total_training_steps=steps)
     trainer = PPOTrainer(config, tokenizer, groups.actor_rollout, None, load_reward_manager(config, tokenizer),
                          None, loader, None, steps, n_workers=1)
     return trainer, iter(loader), groups

@@ -78,7 +78,6 @@ def run_ppo(config) -> None:
             rule (:func:`~hybridrl.trainer.config_check.validate_ppo_config`); DataError: bad data.
     """
     import torch
-    from omegaconf import open_dict
 
     config = typed_ppo_config(config)
     _check_train_files(config)
@@ -97,10 +96,7 @@ def run_ppo(config) -> None:
                                chat_template=model_cfg.custom_chat_template)
     train_dataloader, val_dataloader = _build_dataloaders(config, tokenizer)
     total_steps = total_training_steps(config, len(train_dataloader))
-    with open_dict(config):
-        config.actor_rollout_ref.actor.optim.total_training_steps = total_steps
-        config.critic.optim.total_training_steps = total_steps
-        share_rollout_correction(config)
+    share_rollout_correction(config)
 
     # The scoring processes (reward.num_workers > 1) live for the whole run; built after the code
     # sandbox is set, whose setting they take over.
@@ -116,7 +112,7 @@ def run_ppo(config) -> None:
         raise
     groups = build_worker_groups(config, use_critic=needs_critic(config),
                                  use_reference=needs_reference_policy(config),
-                                 use_reward_model=bool(config.reward_model.enable))
+                                 use_reward_model=bool(config.reward_model.enable), total_training_steps=total_steps)
     try:
         trainer = PPOTrainer(
             config, tokenizer, groups.actor_rollout, groups.critic, reward_fn, val_reward_fn,

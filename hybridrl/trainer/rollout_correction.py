@@ -32,7 +32,7 @@ def rollout_correction_config(config) -> RolloutCorrectionConfig:
 def share_rollout_correction(config) -> None:
     """Copies ``algorithm.rollout_correction`` to ``actor_rollout_ref.actor.policy_loss`` (the
     actor workers see only ``actor_rollout_ref``) and, in bypass mode, selects the ``bypass_mode``
-    loss, as verl's trainer does. Call inside ``open_dict``."""
+    loss, as verl's trainer does (``policy_loss.rollout_correction`` is a field of the typed config)."""
     policy_loss = config.actor_rollout_ref.actor.policy_loss
     policy_loss.rollout_correction = config.algorithm.rollout_correction
     if rollout_correction_config(config).bypass_mode:

@@ -102,30 +102,35 @@ def ray_init_kwargs(config) -> dict:
     return kwargs
 
 
-def _roles(config, use_critic: bool, use_reference: bool, use_reward_model: bool) -> dict[str, tuple]:
+def _roles(config, use_critic: bool, use_reference: bool, use_reward_model: bool,
+           total_training_steps: int) -> dict[str, tuple]:
     """role name -> (worker class, args, kwargs) of the trainer's pool; ``device`` is filled in by
-    the caller. The per-worker batch sizes are computed here, once, for the run's world size."""
+    the caller. The per-worker batch sizes are computed here, once, for the run's world size;
+    ``total_training_steps`` (the LR schedule's length) is handed to the trained roles."""
     _, world_size = resolve_backend(config.trainer, rollout_pool_spec(config))
     n = int(config.actor_rollout_ref.rollout.n)
     role = ("actor_rollout_ref" if use_reference else "actor_rollout").replace(
         "_rollout", "" if rollout_pool_spec(config) else "_rollout")  # with a rollout pool: no engine here
     actor_sizes = worker_batch_sizes(config.actor_rollout_ref.actor, n, world_size)
     roles = {"actor_rollout": (fsdp_workers.ActorRolloutRefWorker, (config.actor_rollout_ref, actor_sizes),
-                               {"role": role})}
+                               {"role": role, "total_training_steps": total_training_steps})}
     if use_critic:
         critic_sizes = worker_batch_sizes(config.critic, n, world_size)
-        roles["critic"] = (fsdp_workers.CriticWorker, (config.critic, critic_sizes), {})
+        roles["critic"] = (fsdp_workers.CriticWorker, (config.critic, critic_sizes),
+                           {"total_training_steps": total_training_steps})
     if use_reward_model:
         roles["reward_model"] = (fsdp_workers.RewardModelWorker, (config.reward_model,), {})
     return roles
 
 
-def build_worker_groups(config, use_critic: bool, use_reference: bool, use_reward_model: bool = False) -> WorkerGroups:
-    """Builds and initialises (``init_model``) every worker group a PPO run needs."""
+def build_worker_groups(config, use_critic: bool, use_reference: bool, use_reward_model: bool = False,
+                        total_training_steps: int = 1) -> WorkerGroups:
+    """Builds and initialises (``init_model``) every worker group a PPO run needs; the actor and
+    critic schedule their learning rate over ``total_training_steps`` optimizer steps (the run's)."""
     # One-step-off: a prefetching generate call (from a driver thread) runs beside the training
     # calls in each process; the worker's engine lock keeps weight syncs out of generations.
     concurrency = 2 if config.trainer.one_step_off_policy else 1
-    return launch_worker_groups(config, _roles(config, use_critic, use_reference, use_reward_model), concurrency,
+    return launch_worker_groups(config, _roles(config, use_critic, use_reference, use_reward_model, total_training_steps), concurrency,
                                 rollout_pool=rollout_pool_spec(config), ray_init=ray_init_kwargs(config))
 
 

@@ -65,19 +65,22 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
     ``actor_ref`` leave the engine out (it runs in a rollout pool of its own, :mod:`.rollout_worker`).
 
     Args:
-        config: the ``actor_rollout_ref`` section (with ``actor.optim.total_training_steps``
-            filled in by the driver).
+        config: the ``actor_rollout_ref`` section.
         batch_sizes: the actor's per-worker batch sizes, computed once by the driver
             (``hybridrl.config.worker_batch_sizes(config.actor, rollout.n, world_size)``).
         role: which of actor / rollout / reference this worker hosts.
         device: ``trainer.device`` (cpu | cuda | auto).
+        total_training_steps: the run's optimizer steps, the length of the actor's LR schedule
+            (warmup ratio, cosine decay); computed by the driver.
     """
 
-    def __init__(self, config, batch_sizes: dict, role: str = "actor_rollout_ref", device: str = "auto") -> None:
+    def __init__(self, config, batch_sizes: dict, role: str = "actor_rollout_ref", device: str = "auto",
+                 total_training_steps: int = 1) -> None:
         if role not in ("actor_rollout", "actor_rollout_ref", "ref", "actor", "actor_ref"):
             raise ValueError(f"ActorRolloutRefWorker: unknown role {role!r}")
         super().__init__(config, device)
         self.batch_sizes = dict(batch_sizes)
+        self.total_training_steps = total_training_steps
         self.role = role
         self._is_actor = role != "ref"
         self._is_ref = role in ("ref", "actor_rollout_ref", "actor_ref")
@@ -124,8 +127,7 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
             fsdp_config = self.config.actor.fsdp_config
             shard_module(module, fsdp_config, self.device, reduce_dtype=fsdp_config.mixed_precision.reduce_dtype)
         self.actor_optimizer = build_optimizer(module, actor_sizes.optim)
-        total_steps = actor_sizes.optim.total_training_steps or 1
-        self.actor_lr_scheduler = build_lr_scheduler(self.actor_optimizer, actor_sizes.optim, total_steps)
+        self.actor_lr_scheduler = build_lr_scheduler(self.actor_optimizer, actor_sizes.optim, self.total_training_steps)
         ref_module = self.ref_policy.actor_module if self._is_ref else None
         self.actor = PPOActor(actor_sizes, module, self.actor_optimizer, ref_module=ref_module)
         self._start_engine_bookkeeping()
@@ -291,11 +293,13 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
 
 class CriticWorker(Worker):
     """Value-model worker. ``config`` is the ``critic`` section; ``batch_sizes`` its per-worker
-    batch sizes, computed once by the driver (``hybridrl.config.worker_batch_sizes``)."""
+    batch sizes, computed once by the driver (``hybridrl.config.worker_batch_sizes``);
+    ``total_training_steps`` the length of its LR schedule (the run's optimizer steps)."""
 
-    def __init__(self, config, batch_sizes: dict, device: str = "auto") -> None:
+    def __init__(self, config, batch_sizes: dict, device: str = "auto", total_training_steps: int = 1) -> None:
         super().__init__(config, device)
         self.batch_sizes = dict(batch_sizes)
+        self.total_training_steps = total_training_steps
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -317,8 +321,7 @@ class CriticWorker(Worker):
             shard_module(module, model_cfg.fsdp_config, self.device,
                          reduce_dtype=model_cfg.fsdp_config.mixed_precision.reduce_dtype)
         self.critic_optimizer = build_optimizer(module, critic_cfg.optim)
-        total_steps = critic_cfg.optim.total_training_steps or 1
-        self.critic_lr_scheduler = build_lr_scheduler(self.critic_optimizer, critic_cfg.optim, total_steps)
+        self.critic_lr_scheduler = build_lr_scheduler(self.critic_optimizer, critic_cfg.optim, self.total_training_steps)
         self.critic = PPOCritic(critic_cfg, module, self.critic_optimizer)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

@@ -69,3 +69,24 @@ def test_resource_check_names_what_is_missing(ray_cluster):
     assert "trainer.n_gpus_per_node" in str(err.value)
     with pytest.raises(ResourceError, match="GPUs"):
         ResourcePoolManager({"global_pool": [1]}, {Role.ActorRolloutRef: "global_pool"}, use_gpu=True).check_resources()
+
+
+def test_the_actor_and_critic_schedule_their_learning_rate_over_the_runs_steps(tiny_model_dir):
+    """The driver hands the run's step count to the trained roles (the config's optim keys are not
+    written): a warmup of half the run is 2 of 4 steps, so the first step trains at half the lr."""
+    from hybridrl.trainer.worker_groups import build_worker_groups
+
+    optim = {"lr_warmup_steps_ratio": 0.5, "warmup_style": "cosine"}
+    config = ppo_config_with({
+        "actor_rollout_ref": {"model": {"path": tiny_model_dir},
+                              "actor": {"ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_gpu": 2, "optim": optim}},
+        "critic": {"ppo_micro_batch_size_per_gpu": 2, "optim": optim},
+        "data": {"train_batch_size": 2}, "trainer": {"device": "cpu"}})
+    groups = build_worker_groups(config, use_critic=True, use_reference=False, total_training_steps=4)
+    try:
+        actor, critic = groups.actor_rollout.workers[0], groups.critic.workers[0]
+        for scheduler in (actor.actor_lr_scheduler, critic.critic_lr_scheduler):
+            assert [scheduler.lr_lambdas[0](step) for step in (0, 1, 2)] == [0.0, 0.5, 1.0]
+    finally:
+        groups.shutdown()
+    assert config.actor_rollout_ref.actor.optim.total_training_steps == -1  # the packaged (ignored) default

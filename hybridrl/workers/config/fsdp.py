@@ -78,7 +78,7 @@ class TrainingFSDPConfig(FSDPConfig):
 class OptimConfig:
     """``optim``: AdamW with a warmup of ``lr_warmup_steps`` (negative: ``lr_warmup_steps_ratio`` of
     the steps), then ``warmup_style`` ``constant`` or ``cosine`` (``num_cycles``, down to
-    ``min_lr_ratio`` x lr). ``total_training_steps`` is filled in by the trainer."""
+    ``min_lr_ratio`` x lr) over the run's steps (the workers get them from the driver)."""
 
     lr: float = 1e-6
     lr_warmup_steps: int = -1
@@ -86,7 +86,8 @@ class OptimConfig:
     min_lr_ratio: Optional[float] = 0.0
     num_cycles: float = 0.5
     warmup_style: str = "constant"
-    total_training_steps: int = -1
+    total_training_steps: int = ignored(-1, "the schedule runs over the run's steps (trainer.total_training_steps, "
+                                            "or total_epochs x batches per epoch)")
     weight_decay: float = 0.01
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
 
