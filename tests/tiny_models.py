@@ -74,11 +74,10 @@ def ppo_config_with(changes: dict | None = None):
     (nested dicts, e.g. ``{"data": {"max_prompt_length": 8}}``) merged in before resolving."""
     from omegaconf import OmegaConf
 
-    from hybridrl.config.typed import to_dataclass
+    from hybridrl.config.typed import to_structured
     from hybridrl.trainer.ppo_config import PPOConfig
 
-    merged = OmegaConf.merge(_FP32, changes or {})
-    return OmegaConf.structured(to_dataclass(PPOConfig, merged, ""))
+    return to_structured(PPOConfig, OmegaConf.merge(_FP32, changes or {}), "")
 
 
 def ppo_section(path: str, values: dict | None = None, others: dict | None = None):

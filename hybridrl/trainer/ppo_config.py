@@ -16,7 +16,7 @@ from typing import Any, Dict, Optional
 
 from hybridrl.agents.config import RetrieverConfig
 from hybridrl.algorithms.config import AlgoConfig
-from hybridrl.config.typed import ignored, refused, to_dataclass
+from hybridrl.config.typed import ignored, refused, to_dataclass, to_structured
 from hybridrl.data.config import DataConfig
 from hybridrl.rewards.config import CustomRewardFunctionConfig, RewardConfig
 from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelConfig
@@ -156,6 +156,4 @@ def typed_ppo_config(config):
     """``config`` as the run reads it: a structured DictConfig of :class:`PPOConfig` (every key
     present and typed; assigning a value of the wrong type or a new key raises). Raises as
     :func:`ppo_config`."""
-    from omegaconf import OmegaConf
-
-    return OmegaConf.structured(ppo_config(config))
+    return to_structured(PPOConfig, config, "")
