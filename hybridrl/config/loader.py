@@ -120,7 +120,7 @@ def _check_override_keys(parsed: Iterable, base) -> None:
         if ov.is_add() or ov.is_force_add() or key == "hydra" or key.startswith("hydra."):
             continue
         if known is None:
-            known = set(_all_keys(base))
+            known = set(all_keys(base))
         if key in known:
             continue
         action = "delete" if ov.is_delete() else "set"
@@ -129,6 +129,15 @@ def _check_override_keys(parsed: Iterable, base) -> None:
 
 def unknown_key_message(key: str, known: Iterable[str], action: str = "set") -> str:
     """The one-line message for an unknown key, with the closest known key when there is one."""
+    best = closest_key(key, known)
+    if best:
+        return f"unknown key '{key}'; did you mean '{best}'?"
+    hint = f"to add a new key write '+{key}=...'" if action == "set" else "nothing to delete"
+    return f"unknown key '{key}': the config has no such key; {hint}"
+
+
+def closest_key(key: str, known: Iterable[str]) -> str | None:
+    """The known key ``key`` most likely misspells, or None."""
     # a typo sits in one part of the path: compare keys of the same depth that differ in
     # exactly one part, by that part (whole-path similarity is dominated by the shared prefix)
     parts = key.split(".")
@@ -141,14 +150,10 @@ def unknown_key_message(key: str, known: Iterable[str], action: str = "set") -> 
         score = difflib.SequenceMatcher(None, parts[diff[0]], cparts[diff[0]]).ratio()
         if score > best_score:
             best, best_score = cand, score
-    close = [best] if best else []
-    if close:
-        return f"unknown key '{key}'; did you mean '{close[0]}'?"
-    hint = f"to add a new key write '+{key}=...'" if action == "set" else "nothing to delete"
-    return f"unknown key '{key}': the config has no such key; {hint}"
+    return best
 
 
-def _all_keys(cfg, prefix: str = "") -> Iterable[str]:
+def all_keys(cfg, prefix: str = "") -> Iterable[str]:
     """Every dotted key path in ``cfg`` (inner nodes too), without resolving interpolations."""
     from omegaconf import DictConfig
 
@@ -157,7 +162,7 @@ def _all_keys(cfg, prefix: str = "") -> Iterable[str]:
         yield path
         node = cfg._get_node(name)
         if isinstance(node, DictConfig) and not node._is_missing() and not node._is_none():
-            yield from _all_keys(node, path + ".")
+            yield from all_keys(node, path + ".")
 
 
 def _first_line(text: str) -> str:

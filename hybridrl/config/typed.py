@@ -18,6 +18,7 @@ import functools
 import typing
 from typing import Any, Literal, TypeVar
 
+from hybridrl.config.loader import all_keys, closest_key
 from hybridrl.errors import ConfigError
 
 T = TypeVar("T")
@@ -119,7 +120,10 @@ def _merged(cls: type, section: Any, prefix: str):
     except ConfigKeyError as exc:
         key = f"{prefix}.{exc.full_key}" if prefix else exc.full_key
         where = prefix or "this command's config"
-        raise ConfigError(f"{key} is not a key of {where}; remove it (hybridrl config --show lists the keys)") from None
+        close = closest_key(exc.full_key, all_keys(_schema(cls)))
+        fix = f"did you mean '{prefix + '.' if prefix else ''}{close}'?" if close else \
+            "remove it (hybridrl config --show lists the keys)"
+        raise ConfigError(f"{key} is not a key of {where}; {fix}") from None
     except ValidationError as exc:
         key = f"{prefix}.{exc.full_key}" if prefix else exc.full_key
         reason = str(exc).splitlines()[0]

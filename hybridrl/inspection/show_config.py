@@ -13,7 +13,7 @@ import sys
 from importlib import resources
 
 from hybridrl.config import load_config
-from hybridrl.config.loader import _all_keys, unknown_key_message
+from hybridrl.config.loader import all_keys, unknown_key_message
 from hybridrl.errors import ConfigError
 from hybridrl.trainer.config_check import validate_ppo_config
 
@@ -40,7 +40,7 @@ def render(overrides: list[str], name: str = "ppo_trainer", config_dir: str | No
     cfg = load_config(overrides, config_name=name, config_dir=config_dir)
     if not only:
         return OmegaConf.to_yaml(cfg)
-    known = set(_all_keys(cfg))
+    known = set(all_keys(cfg))
     if only not in known:
         message = unknown_key_message(only, known)
         if "did you mean" not in message:

@@ -48,7 +48,9 @@ def test_the_typed_config_holds_the_composed_values():
 
 @pytest.mark.parametrize("overrides, message", [
     (["+actor_rollout_ref.actor.clip_ratio_lo=0.1"],
-     "actor_rollout_ref.actor.clip_ratio_lo is not a key of this command's config; remove it"),
+     "actor_rollout_ref.actor.clip_ratio_lo is not a key of this command's config; "
+     "did you mean 'actor_rollout_ref.actor.clip_ratio_low'?"),
+    (["+critic.optim.momentum=0.9"], "critic.optim.momentum is not a key of this command's config; remove it"),
     (["+trainer.v1.extra=1"], "trainer.v1.extra is not a key"),
     (["actor_rollout_ref.rollout.n=four"],
      "actor_rollout_ref.rollout.n: Value 'four' of type 'str' could not be converted to Integer"),

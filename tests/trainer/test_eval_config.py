@@ -27,7 +27,7 @@ def test_the_typed_config_holds_the_composed_values():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["+metrics.pass_at=[1]"], "metrics.pass_at is not a key of this command's config; remove it"),
+    (["+metrics.pass_at=[1]"], "metrics.pass_at is not a key of this command's config; did you mean 'metrics.pass_k'?"),
     (["metrics.pass_k=3"], "metrics.pass_k: "),
     (["metrics.bootstrap_samples=many"], "metrics.bootstrap_samples: Value 'many' of type 'str' could not be "
                                          "converted to Integer"),

@@ -29,7 +29,8 @@ def test_the_rollout_section_is_an_engine_section_with_the_composed_values():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["+rollout.temprature=0.5"], "rollout.temprature is not a key of this command's config; remove it"),
+    (["+rollout.temprature=0.5"],
+     "rollout.temprature is not a key of this command's config; did you mean 'rollout.temperature'?"),
     (["data.n_samples=five"], "data.n_samples: Value 'five' of type 'str' could not be converted to Integer"),
 ])
 def test_a_bad_key_or_value_is_one_line_naming_it(overrides, message):
