@@ -37,20 +37,21 @@ def ignored(default=dataclasses.MISSING, reason: str = "", when: When = "always"
     once at start-up. ``when``: ``single`` notes it only with one worker (FSDP keys), ``hf`` only
     when the section's engine is the HF one (vLLM keys). ``subkeys`` (for a free-form mapping
     field): ``{"a.b": (reason, when)}`` for keys inside it, instead of the field itself."""
-    marks = {IGNORED: {sub: tuple(mark) for sub, mark in subkeys.items()} if subkeys else (reason, when)}
-    if factory is not dataclasses.MISSING:
-        return dataclasses.field(default_factory=factory, metadata=marks)
-    return dataclasses.field(default=default, metadata=marks)
+    marks = {sub: tuple(mark) for sub, mark in subkeys.items()} if subkeys else (reason, when)
+    return _marked_field(IGNORED, marks, default, factory)
 
 
 def refused(default=dataclasses.MISSING, feature: str = "", *, factory=dataclasses.MISSING,
             subkeys: dict | None = None):
     """A field for a verl feature this build does not have: any value but ``default`` stops the
     run. ``subkeys`` (for a nested section): ``{"key": feature}`` for keys inside it."""
-    marks = {REFUSED: dict(subkeys) if subkeys else feature}
+    return _marked_field(REFUSED, dict(subkeys) if subkeys else feature, default, factory)
+
+
+def _marked_field(mark: str, value, default, factory):
     if factory is not dataclasses.MISSING:
-        return dataclasses.field(default_factory=factory, metadata=marks)
-    return dataclasses.field(default=default, metadata=marks)
+        return dataclasses.field(default_factory=factory, metadata={mark: value})
+    return dataclasses.field(default=default, metadata={mark: value})
 
 
 def marked_keys(cls: type, mark: str, prefix: str = "") -> dict[str, Any]:

@@ -4,7 +4,7 @@ with the ``trainer`` section and the small top-level ones defined here.
 
 :func:`ppo_config` builds it once at start-up from the composed YAML: a key without a field, or a
 value of the wrong type, stops the run with one line naming the key. The run then reads the typed
-fields of ``OmegaConf.structured(ppo_config(cfg))`` -- every key present, typed, defaults equal to
+fields of :func:`typed_ppo_config` -- every key present, typed, defaults equal to
 the packaged YAML (tests/config/test_ppo_config.py keeps them equal, key for key). Rules across
 sections and against the registries are :func:`hybridrl.trainer.config_check.validate_ppo_config`.
 """
@@ -156,4 +156,8 @@ def typed_ppo_config(config):
     """``config`` as the run reads it: a structured DictConfig of :class:`PPOConfig` (every key
     present and typed; assigning a value of the wrong type or a new key raises). Raises as
     :func:`ppo_config`."""
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(config) and OmegaConf.get_type(config) is PPOConfig:
+        return config  # typed already (the run types once, then checks)
     return to_structured(PPOConfig, config, "")

@@ -28,12 +28,18 @@ def _differences(yaml_node: dict, typed_node: dict, prefix: str = "") -> list[st
     return out
 
 
-def test_the_yaml_and_the_dataclasses_agree_key_for_key_and_default_for_default():
+def yaml_differences(config_name: str, cls: type) -> list[str]:
+    """Where the packaged ``<config_name>.yaml`` as written (interpolations unresolved) and the
+    dataclass ``cls`` differ: a key without a field, a field without a key, a different default."""
     with initialize_config_module(config_module="hybridrl.config", version_base=None):
-        raw = compose(config_name="ppo_trainer")  # as written: interpolations unresolved
+        raw = compose(config_name=config_name)
     yaml_tree = OmegaConf.to_container(raw, resolve=False)
-    typed_tree = OmegaConf.to_container(OmegaConf.structured(PPOConfig), resolve=False)
-    assert _differences(yaml_tree, typed_tree) == []
+    typed_tree = OmegaConf.to_container(OmegaConf.structured(cls), resolve=False)
+    return _differences(yaml_tree, typed_tree)
+
+
+def test_the_yaml_and_the_dataclasses_agree_key_for_key_and_default_for_default():
+    assert yaml_differences("ppo_trainer", PPOConfig) == []
 
 
 def test_the_typed_config_holds_the_composed_values():

@@ -2,20 +2,14 @@
 for default, and a bad key or value is one line naming it."""
 
 import pytest
-from hydra import compose, initialize_config_module
-from omegaconf import OmegaConf
 
 from hybridrl.config import ConfigError, load_config
 from hybridrl.trainer.eval_config import EvalConfig, eval_config
-from tests.config.test_ppo_config import _differences  # the same key-for-key comparison
+from tests.config.test_ppo_config import yaml_differences
 
 
 def test_the_yaml_and_the_dataclasses_agree_key_for_key_and_default_for_default():
-    with initialize_config_module(config_module="hybridrl.config", version_base=None):
-        raw = compose(config_name="evaluation")  # as written: interpolations unresolved
-    yaml_tree = OmegaConf.to_container(raw, resolve=False)
-    typed_tree = OmegaConf.to_container(OmegaConf.structured(EvalConfig), resolve=False)
-    assert _differences(yaml_tree, typed_tree) == []
+    assert yaml_differences("evaluation", EvalConfig) == []
     assert eval_config(load_config([], config_name="evaluation")) == EvalConfig()
 
 

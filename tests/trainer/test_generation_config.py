@@ -3,21 +3,15 @@ default for default (interpolations included), its rollout section is an engine 
 key or value is one line."""
 
 import pytest
-from hydra import compose, initialize_config_module
-from omegaconf import OmegaConf
 
 from hybridrl.config import ConfigError, load_config
 from hybridrl.trainer.generation_config import GenerationConfig, generation_config
 from hybridrl.workers.config import EngineConfig
-from tests.config.test_ppo_config import _differences
+from tests.config.test_ppo_config import yaml_differences
 
 
 def test_the_yaml_and_the_dataclasses_agree_key_for_key_and_default_for_default():
-    with initialize_config_module(config_module="hybridrl.config", version_base=None):
-        raw = compose(config_name="generation")  # as written: interpolations unresolved
-    yaml_tree = OmegaConf.to_container(raw, resolve=False)
-    typed_tree = OmegaConf.to_container(OmegaConf.structured(GenerationConfig), resolve=False)
-    assert _differences(yaml_tree, typed_tree) == []
+    assert yaml_differences("generation", GenerationConfig) == []
 
 
 def test_the_rollout_section_is_an_engine_section_with_the_composed_values():
