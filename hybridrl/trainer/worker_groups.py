@@ -102,15 +102,15 @@ def ray_init_kwargs(config) -> dict:
     return kwargs
 
 
-def _roles(config, use_critic: bool, use_reference: bool, use_reward_model: bool,
-           total_training_steps: int) -> dict[str, tuple]:
+def _roles(config, use_critic: bool, use_reference: bool, use_reward_model: bool, total_training_steps: int,
+           rollout_pool: list[int]) -> dict[str, tuple]:
     """role name -> (worker class, args, kwargs) of the trainer's pool; ``device`` is filled in by
     the caller. The per-worker batch sizes are computed here, once, for the run's world size;
     ``total_training_steps`` (the LR schedule's length) is handed to the trained roles."""
-    _, world_size = resolve_backend(config.trainer, rollout_pool_spec(config))
+    _, world_size = resolve_backend(config.trainer, rollout_pool)
     n = int(config.actor_rollout_ref.rollout.n)
     role = ("actor_rollout_ref" if use_reference else "actor_rollout").replace(
-        "_rollout", "" if rollout_pool_spec(config) else "_rollout")  # with a rollout pool: no engine here
+        "_rollout", "" if rollout_pool else "_rollout")  # with a rollout pool: no engine here
     actor_sizes = worker_batch_sizes(config.actor_rollout_ref.actor, n, world_size)
     roles = {"actor_rollout": (fsdp_workers.ActorRolloutRefWorker, (config.actor_rollout_ref, actor_sizes),
                                {"role": role, "total_training_steps": total_training_steps})}
@@ -130,8 +130,9 @@ def build_worker_groups(config, use_critic: bool, use_reference: bool, use_rewar
     # One-step-off: a prefetching generate call (from a driver thread) runs beside the training
     # calls in each process; the worker's engine lock keeps weight syncs out of generations.
     concurrency = 2 if config.trainer.one_step_off_policy else 1
-    return launch_worker_groups(config, _roles(config, use_critic, use_reference, use_reward_model, total_training_steps), concurrency,
-                                rollout_pool=rollout_pool_spec(config), ray_init=ray_init_kwargs(config))
+    pool = rollout_pool_spec(config)
+    roles = _roles(config, use_critic, use_reference, use_reward_model, total_training_steps, pool)
+    return launch_worker_groups(config, roles, concurrency, rollout_pool=pool, ray_init=ray_init_kwargs(config))
 
 
 def launch_worker_groups(config, roles: dict[str, tuple], max_concurrency: int = 1, rollout_pool: list[int] = (),
