@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("hybridrl.trainer.main_eval", "score generated responses: mean@N, pass@k, maj@N, best@N per data source"),
     "plot": ("hybridrl.inspection.plot", "draw reward, KL, entropy, length and throughput curves: hybridrl plot <run dir> -o curves.png"),
     "view": ("hybridrl.inspection.viewer", "browse sample dumps (trainer.rollout_data_dir) by step and score; --print for a table"),
+    "plan": ("hybridrl.trainer.plan_cli", "memory per role and device before launching, from config.json: hybridrl plan key=value ... [--device-memory GB] [--json]"),
     "config": ("hybridrl.inspection.show_config", "print the resolved config: hybridrl config --show [--name sft_trainer] [key=value ...]"),
     "diagnose": ("hybridrl.inspection.diagnose", "versions, CPU/GPU devices, Ray status and which optional parts are usable"),
     "retriever": ("hybridrl.agents.retrieval_server", "BM25 retrieval for search agents: hybridrl retriever index|serve --corpus corpus.jsonl [--index_dir DIR]"),

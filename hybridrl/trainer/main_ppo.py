@@ -22,6 +22,7 @@ from hybridrl.rewards.pool import build_reward_pool
 from hybridrl.rewards.sandbox import build_sandbox, set_sandbox
 from hybridrl.trainer.checkpoint import find_latest_checkpoint
 from hybridrl.trainer.config_check import validate_ppo_config
+from hybridrl.trainer.plan_cli import startup_line
 from hybridrl.trainer.ppo_config import typed_ppo_config
 from hybridrl.trainer.ppo_trainer import PPOTrainer
 from hybridrl.trainer.rollout_correction import share_rollout_correction
@@ -87,6 +88,7 @@ def run_ppo(config) -> None:
     import_external_lib(config.actor_rollout_ref.model.external_lib)
     for note in validate_ppo_config(config, world_size=world_size):
         print(f"hybridrl: note: {note}", flush=True)
+    print_memory_plan(config)
     torch.manual_seed(config.data.seed)
 
     model_cfg = config.actor_rollout_ref.model
@@ -131,6 +133,21 @@ def run_ppo(config) -> None:
         groups.shutdown()
         if reward_pool is not None:
             reward_pool.close()  # calls still running after pool.CLOSE_TIMEOUT_S are killed
+
+
+def print_memory_plan(config) -> None:
+    """Prints the memory plan's one-line total (``hybridrl plan`` has the table) and warns when it
+    predicts a device will not fit. It reads config.json only; a plan that cannot be made (an
+    architecture it does not model, ...) never stops the run: one debug line says why."""
+    try:
+        line, fits = startup_line(config)
+    except Exception as exc:  # noqa: BLE001 - the plan is advice; training goes on without it
+        logger.debug("memory plan: not made (%s: %s)", type(exc).__name__, exc)
+        return
+    print(f"hybridrl: {line}", flush=True)
+    if not fits:
+        logger.warning("the memory plan predicts a device will not fit this run; `hybridrl plan` with the same "
+                       "overrides lists the keys that would make it fit")
 
 
 def run_summary(trainer_cfg, last_step: int) -> str:
