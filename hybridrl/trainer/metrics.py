@@ -22,6 +22,7 @@ from hybridrl.trainer.validation_metrics import (  # noqa: F401  (verl's metric_
     calc_maj_val,
     process_validation_metrics,
 )
+from hybridrl.workers.memory import MEMORY_METRICS
 
 # Stages whose per-token time is measured against all tokens (prompt + response);
 # generation is measured against response tokens only.
@@ -289,8 +290,14 @@ def compute_throughout_metrics(batch, timing_raw: dict[str, float], n_gpus: int)
     return compute_throughput_metrics(batch, timing_raw, n_devices=n_gpus)
 
 
+# Metrics whose per-worker (or per-call) values are reduced to their maximum instead of their mean:
+# a peak over the workers is what tells whether the busiest device fits.
+MAX_REDUCED_METRICS = frozenset(MEMORY_METRICS)
+
+
 def reduce_metrics(metrics: dict) -> dict[str, float]:
-    """Mean of each list of metric values (e.g. one per mini-batch); scalars pass through.
+    """Mean of each list of metric values (e.g. one per mini-batch or per worker); the maximum for
+    the names in :data:`MAX_REDUCED_METRICS` (the memory peaks); scalars pass through.
 
     Args:
         metrics: name -> list of numbers (or tensors/arrays of one element) or a single number.
@@ -302,10 +309,31 @@ def reduce_metrics(metrics: dict) -> dict[str, float]:
     for key, value in metrics.items():
         if isinstance(value, (list, tuple)):
             items = [v.item() if hasattr(v, "item") else v for v in value]
-            reduced[key] = float(np.mean(items)) if items else float("nan")
+            reduce = np.max if key in MAX_REDUCED_METRICS else np.mean
+            reduced[key] = float(reduce(items)) if items else float("nan")
         else:
             reduced[key] = float(value.item() if hasattr(value, "item") else value)
     return reduced
+
+
+def reduce_worker_metrics(per_worker: list[Mapping[str, float]]) -> dict[str, float]:
+    """:func:`reduce_metrics` of one dict per worker (a ONE_TO_ALL call's outputs, e.g.
+    ``get_memory_metrics``): the mean over the workers, the maximum for :data:`MAX_REDUCED_METRICS`."""
+    lists: dict[str, list] = {}
+    for worker_metrics in per_worker:
+        for key, value in worker_metrics.items():
+            lists.setdefault(key, []).append(value)
+    return reduce_metrics(lists)
+
+
+def merge_metrics(metrics: dict, reduced: Mapping[str, float]) -> dict:
+    """``metrics.update(reduced)`` in place, except that a name of :data:`MAX_REDUCED_METRICS` already
+    in ``metrics`` (reported by another worker group this step) keeps the larger value. Returns ``metrics``."""
+    for key, value in reduced.items():
+        if key in MAX_REDUCED_METRICS and key in metrics:
+            value = max(metrics[key], value)
+        metrics[key] = value
+    return metrics
 
 
 def compute_rollout_probs_diff_metrics(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,

@@ -19,13 +19,13 @@ import os
 import time
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
 from hybridrl.errors import CheckpointError
 from hybridrl.protocol import DataProto
 from hybridrl.trainer import checkpoint
 from hybridrl.trainer.merge import merge
+from hybridrl.trainer.metrics import reduce_metrics
 from hybridrl.trainer.tracking import tracker_for_run
 from hybridrl.trainer.worker_groups import launch_worker_groups
 from hybridrl.workers.checkpoint_io import HF_DIR
@@ -68,11 +68,13 @@ class SupervisedTrainer:
         raise NotImplementedError
 
     def train_step(self, batch: dict) -> dict:
-        """One optimizer step on ``batch`` over the worker group; the step's metrics."""
+        """One optimizer step on ``batch`` over the worker group; the step's metrics (with verl's
+        ``perf/max_memory_allocated_gb``, ``perf/max_memory_reserved_gb``, ``perf/cpu_memory_used_gb``:
+        GiB, the maximum over the workers)."""
         start = time.perf_counter()
         output = self.worker_group.train_batch(self.to_proto(batch))
         seconds = time.perf_counter() - start
-        metrics = {name: float(np.mean(values)) for name, values in output.meta_info["metrics"].items()}
+        metrics = reduce_metrics(output.meta_info["metrics"])  # the mean over the workers, the memory's maximum
         metrics.update(self.output_metrics(output))
         metrics["perf/time_per_step"] = seconds
         return metrics

@@ -24,6 +24,7 @@ from hybridrl.workers.actor import autocast
 from hybridrl.workers.checkpoint_io import load_worker_state, save_worker_state
 from hybridrl.workers.config import OptimConfig
 from hybridrl.workers.fsdp_workers import import_external_lib
+from hybridrl.workers.memory import memory_metrics
 from hybridrl.workers.optim import build_lr_scheduler, build_optimizer, optimizer_step
 from hybridrl.workers.reward_model import forward_sequence_scores
 from hybridrl.workers.sharding import apply_fsdp2, data_parallel_sum
@@ -152,11 +153,13 @@ class SupervisedWorker(Worker):
         return module
 
     def _step(self) -> dict:
-        """The optimizer step after the gradients of a batch; the step's lr and grad norm."""
+        """The optimizer step after the gradients of a batch; the step's lr, grad norm and this
+        process's memory after it (``perf/max_memory_allocated_gb`` ..., GiB:
+        :func:`~hybridrl.workers.memory.memory_metrics`; the driver keeps the maximum over the workers)."""
         grad_norm = optimizer_step(self.module, self.optimizer, self.config.optim.clip_grad, self.role)
         lr = self.lr_scheduler.get_last_lr()[0]
         self.lr_scheduler.step()
-        return {"train/lr": lr, "train/grad_norm": grad_norm}
+        return {"train/lr": lr, "train/grad_norm": grad_norm, **memory_metrics(self.device)}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path: str, global_step: int) -> None:
@@ -203,7 +206,7 @@ class SFTWorker(SupervisedWorker):
         """One optimizer step on this worker's rows of the batch (``SFT_KEYS``, ``(bs, seqlen)``).
 
         Returns ``meta_info["metrics"]``: ``train/loss`` (mean NLL per loss token of the whole
-        batch, nats), ``train/loss_tokens``, ``train/lr``, ``train/grad_norm``.
+        batch, nats), ``train/loss_tokens``, ``train/lr``, ``train/grad_norm`` and the memory (``_step``).
         """
         batch = {k: v.to(self.device) for k, v in data.batch.items() if k in SFT_KEYS}
         tokens = data_parallel_sum(float(batch["loss_mask"][:, 1:].sum().item()), self.device)
@@ -271,7 +274,7 @@ class RewardModelTrainingWorker(SupervisedWorker):
 
         Returns ``chosen_scores`` / ``rejected_scores`` ``(B,)`` and ``meta_info["metrics"]``:
         ``train/loss`` (the whole batch's mean Bradley-Terry loss), ``train/lr``,
-        ``train/grad_norm``, ``train/tokens``.
+        ``train/grad_norm``, ``train/tokens`` and the memory (``_step``).
         """
         n_pairs = data_parallel_sum(float(len(data)), self.device)
         margins = data.batch["margin"].to(self.device, torch.float32)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from hybridrl.trainer.rm_trainer import main
+from hybridrl.workers.memory import MEMORY_METRICS
 
 HH_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "hh_rlhf"))
 
@@ -65,7 +66,8 @@ def test_validation_accuracy_rises_above_chance_on_real_pairs(trained):
     assert last["val/accuracy"] > 0.55  # 800 pairs: chance would stay within 0.5 +- 0.035 (2 sigma)
     assert last["val/loss"] < math.log(2) - 0.005
     assert last["val/score_gap/mean"] > 0
-    for key in ("train/loss", "train/accuracy", "train/grad_norm", "train/lr", "train/chosen_score/mean"):
+    for key in ("train/loss", "train/accuracy", "train/grad_norm", "train/lr", "train/chosen_score/mean",
+                *MEMORY_METRICS):
         assert key in rows[1], key
 
 

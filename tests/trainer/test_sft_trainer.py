@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from hybridrl.trainer.sft_trainer import main
+from hybridrl.workers.memory import MEMORY_METRICS
 from hybridrl.workers.supervised_worker import accumulate_gradients
 
 
@@ -55,6 +56,8 @@ def test_sft_lowers_the_validation_loss_on_gsm8k(gsm8k_parquet, tiny_model_dir, 
     assert start > 10.0  # a random model: about ln(vocab) = 10.8 nats per token
     assert end < start - 2.0, (start, end)
     assert all(rows[s]["train/loss_tokens"] > 0 and rows[s]["train/lr"] == pytest.approx(2e-2) for s in range(1, 9))
+    assert all(rows[s]["perf/max_memory_allocated_gb"] >= rows[s]["perf/cpu_memory_used_gb"] > 0 for s in range(1, 9))
+    assert all(key in rows[8] for key in MEMORY_METRICS)
 
 
 def test_micro_batches_accumulate_to_the_whole_batch_gradient(gsm8k_parquet, tiny_model_dir):
