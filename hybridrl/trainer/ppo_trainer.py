@@ -30,7 +30,9 @@ from hybridrl.trainer.metrics import (
     compute_throughput_metrics,
     compute_timing_metrics,
     marked_timer,
+    merge_metrics,
     reduce_metrics,
+    reduce_worker_metrics,
 )
 from hybridrl.trainer.prefetch import VERSION_KEY, OneStepOffRollout, engine_deadline_s, staleness_metrics
 from hybridrl.trainer.rollout_correction import apply_bypass_mode, compute_rollout_correction_and_add_to_batch
@@ -123,10 +125,19 @@ class PPOTrainer:
     def _score_with_reward_model(self, batch: DataProto, metrics: dict, timing_raw: dict) -> DataProto:
         if self.rm_wg is not None:  # rm_scores first: the reward manager combines them with rule scores
             with marked_timer("reward", timing_raw):
-                batch = batch.union(self.rm_wg.compute_rm_score(batch))
+                batch = self._rm_scores(batch, metrics)
             rm_seq = batch.batch["rm_scores"].sum(-1)
             metrics.update({f"rm/score/{s}": getattr(rm_seq, s)().item() for s in ("mean", "max", "min")})
         return batch
+
+    def _rm_scores(self, batch: DataProto, metrics: dict | None = None) -> DataProto:
+        """``batch`` with the reward model's ``rm_scores``; the memory its workers report with them goes
+        into ``metrics`` (the maximum, :func:`merge_metrics`), or nowhere when None (validation)."""
+        scored = self.rm_wg.compute_rm_score(batch)
+        memory = scored.meta_info.pop("metrics", {})
+        if metrics is not None:
+            merge_metrics(metrics, reduce_metrics(memory))
+        return batch.union(scored)
 
     def attach_reward(self, batch: DataProto, reward: tuple[torch.Tensor, dict], metrics: dict) -> DataProto:
         """Puts the reward manager's output on the batch: ``token_level_scores`` ``(bs, response_length)``,
@@ -207,6 +218,7 @@ class PPOTrainer:
             with marked_timer("adv", timing_raw):
                 batch = self.compute_advantages(batch, metrics)
             batch = self.update(batch, metrics, timing_raw)
+            self.collect_memory_metrics(metrics)
             if ("rollout_log_probs" in batch.batch.keys() and "old_log_probs" in batch.batch.keys()
                     and not self.rollout_correction.bypass_mode):  # bypass: the actor reports the gap
                 mismatch = (batch.batch["old_log_probs"], batch.batch["rollout_log_probs"], batch.batch["response_mask"])
@@ -250,19 +262,32 @@ class PPOTrainer:
         if self.plan.use_critic:
             with marked_timer("update_critic", timing_raw):
                 critic_output = self.critic_wg.update_critic(batch)
-            metrics.update(reduce_metrics(critic_output.meta_info["metrics"]))
+            merge_metrics(metrics, reduce_metrics(critic_output.meta_info["metrics"]))
         if self.config.trainer.critic_warmup <= self.global_steps:
             with marked_timer("update_actor", timing_raw):
                 # one-step-off: the engine gets the weights at the next step; fully async: from the driver below
                 actor_output = self.actor_rollout_wg.update_actor(
                     batch, on_policy=self.plan.on_policy,
                     sync_rollout_weights=self.prefetch is None and self.streaming is None)
-            metrics.update(reduce_metrics(actor_output.meta_info["metrics"]))
+            merge_metrics(metrics, reduce_metrics(actor_output.meta_info["metrics"]))
             if actor_output.batch is not None:
                 batch.batch["old_log_probs"] = actor_output.batch["old_log_probs"]
         if self.streaming is not None:  # the samples in flight continue on the new weights
             self.streaming.sync_weights(timing_raw)
         return batch
+
+    def collect_memory_metrics(self, metrics: dict) -> None:
+        """verl's ``perf/max_memory_allocated_gb``, ``perf/max_memory_reserved_gb`` and
+        ``perf/cpu_memory_used_gb`` (GiB, :func:`hybridrl.workers.memory.memory_metrics`) into ``metrics``:
+        the maximum over every worker of every group. The updates and the reward model's scoring report
+        theirs with their results; a group without such a call this step (the actor during
+        ``trainer.critic_warmup``, a rollout pool of its own) is asked once (``get_memory_metrics``).
+        With the local backend the workers run in the driver's process: theirs is the driver's memory."""
+        silent = [self.actor_rollout_wg] if self.config.trainer.critic_warmup > self.global_steps else []
+        if self.rollout_wg is not self.actor_rollout_wg:
+            silent.append(self.rollout_wg)
+        for worker_group in silent:
+            merge_metrics(metrics, reduce_worker_metrics(worker_group.get_memory_metrics()))
 
     def greedy_reward_baselines(self, batch: DataProto, prompts: DataProto) -> torch.Tensor:
         """ReMax's baseline: the reward of each prompt's greedy response, ``(n_prompts,)``.
@@ -306,7 +331,7 @@ class PPOTrainer:
             }
             batch = batch.repeat(n, interleave=True).union(self.rollout_wg.generate_sequences(gen_batch))
             if self.rm_wg is not None:
-                batch = batch.union(self.rm_wg.compute_rm_score(batch))
+                batch = self._rm_scores(batch)
             reward_tensor, reward_extra_info = compute_reward(batch, self.val_reward_fn)
             dump.add(batch, reward_tensor, reward_extra_info)
             sources = batch.non_tensor_batch[self.config.data.reward_fn_key]

@@ -17,6 +17,7 @@ from hybridrl.controller.decorator import Dispatch, register
 from hybridrl.controller.worker import Worker, resolve_device
 from hybridrl.models import load_causal_lm, load_tokenizer, resolve_model_path
 from hybridrl.protocol import DataProto
+from hybridrl.workers.memory import memory_metrics
 from hybridrl.workers.rollout.base import get_rollout_cls
 from hybridrl.workers.stream_methods import StreamingMethods
 
@@ -69,3 +70,9 @@ class RolloutWorker(StreamingMethods, Worker):
         output = self.rollout.generate_sequences(prompts.to("cpu"))
         output.non_tensor_batch["param_version"] = np.full(len(output), self.rollout_param_version, dtype=object)
         return output
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def get_memory_metrics(self) -> dict[str, float]:
+        """This process's memory in GiB (:func:`~hybridrl.workers.memory.memory_metrics`; the engine's
+        child processes not counted): the driver asks once per training step."""
+        return memory_metrics(self.device)
