@@ -203,7 +203,8 @@ class MemoryPlan:
     suggestions: list = field(default_factory=list)
 
 
-def layer_activation_bytes(shape: ModelShape, tokens: int, compute_bytes: int, residual_bytes: int | None = None) -> float:
+def layer_activation_bytes(shape: ModelShape, tokens: int, compute_bytes: int,
+                           residual_bytes: int | None = None) -> float:
     """Bytes autograd keeps for one decoder layer over ``tokens`` tokens:
     ``tokens x (c (2h + 2q + 2kv + 4i) + 2h r + 8h)`` (c = ``compute_bytes``, r =
     ``residual_bytes``, the residual stream's dtype, c by default): the norms' inputs (r), their
@@ -249,7 +250,8 @@ def activation_bytes(shape: ModelShape, step: Pass, compute_bytes: int, checkpoi
     return shape.num_hidden_layers * layer + grads + mask
 
 
-def logits_bytes(shape: ModelShape, step: Pass, compute_bytes: int, chunk_elements: int = LOGITS_CHUNK_ELEMENTS) -> float:
+def logits_bytes(shape: ModelShape, step: Pass, compute_bytes: int,
+                 chunk_elements: int = LOGITS_CHUNK_ELEMENTS) -> float:
     """Bytes of the (tokens x vocab) logits of a pass for ``N`` response tokens, ``N V b``: a
     forward holds the head's output and its fp32 copy (``b = c + 4``; 4 in fp32), a training
     pass the fp32 logits kept for backward and their fp32 gradient (``b = 8``), plus
@@ -307,10 +309,10 @@ def _trained_role_items(name: str, role: Role, update: str, step: str, forward: 
 
 def _pass_items(name: str, role: Role, phase: str, prefix: str):
     step = role.passes[phase]
+    residual = role.compute_bytes if role.fsdp else int(role.weight_bytes)  # autocast keeps the model dtype
     return [(name, f"{prefix}gathered_params", gathered_bytes(role, step.train), (phase,)),
-            (name, f"{prefix}activations", activation_bytes(role.shape, step, role.compute_bytes, role.checkpointing,
-                                                            role.compute_bytes if role.fsdp else int(role.weight_bytes)),
-             (phase,)),
+            (name, f"{prefix}activations",
+             activation_bytes(role.shape, step, role.compute_bytes, role.checkpointing, residual), (phase,)),
             (name, f"{prefix}logits", logits_bytes(role.shape, step, role.compute_bytes), (phase,))]
 
 
@@ -384,7 +386,8 @@ def make_plan(inputs: PlanInputs) -> MemoryPlan:
                      f"({inputs.rollout.weights_gb:.1f} GB) and a KV cache: it does not start")
     return MemoryPlan(
         per_device_gb=peak, peak_phase=peak_phase, device_memory_gb=inputs.device_memory_gb,
-        fits=peak <= inputs.device_memory_gb and not inputs.rollout.vllm_too_small, roles=roles, phases=phases, peak_by_role=by_role,
+        fits=peak <= inputs.device_memory_gb and not inputs.rollout.vllm_too_small,
+        roles=roles, phases=phases, peak_by_role=by_role,
         host_gb={role: {k: v / GiB for k, v in parts.items()} for role, parts in host.items()}, when=when_of,
         device=inputs.device, workers=inputs.workers, notes=notes, model=_model_facts(inputs.actor))
 

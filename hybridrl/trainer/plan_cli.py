@@ -57,7 +57,8 @@ def _candidates(config, plan: MemoryPlan) -> list[dict]:
         if roles.get("reference", {}).get("weights"):
             cands.append({f"{REF}.fsdp_config.param_offload": True})
         if "critic" in roles:
-            cands += [{"critic.model.fsdp_config.param_offload": True}, {"critic.model.fsdp_config.optimizer_offload": True}]
+            cands += [{"critic.model.fsdp_config.param_offload": True},
+                      {"critic.model.fsdp_config.optimizer_offload": True}]
     cands += _halved_batches(config, "critic" in roles, "reference" in roles)
     if not arr.model.enable_gradient_checkpointing:
         cands.append({"actor_rollout_ref.model.enable_gradient_checkpointing": True})
@@ -96,7 +97,8 @@ def _halved_batches(config, critic: bool, reference: bool) -> list[dict]:
         sections.append((REF, arr.ref, "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz",
                          "log_prob_max_token_len_per_gpu"))
     if critic:
-        sections.append(("critic", config.critic, "ppo_micro_batch_size", "use_dynamic_bsz", "ppo_max_token_len_per_gpu"))
+        sections.append(("critic", config.critic, "ppo_micro_batch_size", "use_dynamic_bsz",
+                         "ppo_max_token_len_per_gpu"))
     train_micro = worker_batch_sizes(arr.actor, n, workers)["ppo_micro_batch_size_per_gpu"]
     for prefix, section, micro_key, dynamic_key, budget_key in sections:
         if section[dynamic_key]:
@@ -104,7 +106,8 @@ def _halved_batches(config, critic: bool, reference: bool) -> list[dict]:
             if budget > row:
                 out.append({f"{prefix}.{budget_key}": max(row, budget // 2)})
             continue
-        rows = section[f"{micro_key}_per_gpu"] or (int(section[micro_key]) // workers if section[micro_key] else train_micro)
+        global_rows = int(section[micro_key]) // workers if section[micro_key] else train_micro
+        rows = section[f"{micro_key}_per_gpu"] or global_rows
         if rows > 1:
             change = {f"{prefix}.{micro_key}_per_gpu": int(rows) // 2}
             if section[micro_key] is not None:
@@ -198,7 +201,8 @@ def format_table(plan: MemoryPlan) -> str:
                 lines.append(f"{role:<13}{component:<32}{gb:>9.2f}  {plan.when[role][component]}")
     lines += ["", "phases (GB per device): " + ", ".join(f"{p} {gb:.1f}" for p, gb in plan.phases.items())]
     for role, parts in plan.host_gb.items():
-        lines.append(f"offloaded to the host per worker: {role} " + ", ".join(f"{c} {gb:.2f}" for c, gb in parts.items()))
+        held = ", ".join(f"{c} {gb:.2f}" for c, gb in parts.items())
+        lines.append(f"offloaded to the host per worker: {role} {held}")
     lines += [f"note: {note}" for note in plan.notes]
     lines += ["", one_line(plan)]
     if not plan.fits and not plan.suggestions:

@@ -117,12 +117,14 @@ def _actor_role(config, workers: int, cuda: bool, shape, train_micro: int) -> Ro
     lora = _int_at_least(config, f"{MODEL}.lora_rank", 0)
     adapters = shape.lora_param_count(lora, model.target_modules, model.exclude_modules) if lora else 0
     fsdp = actor.fsdp_config
-    return Role(shape=shape, params=shape.param_count() + adapters, weight_bytes=_dtype_bytes(config, f"{ACTOR}.fsdp_config.model_dtype"),
+    return Role(shape=shape, params=shape.param_count() + adapters,
+                weight_bytes=_dtype_bytes(config, f"{ACTOR}.fsdp_config.model_dtype"),
                 compute_bytes=_dtype_bytes(config, f"{ACTOR}.fsdp_config.mixed_precision.param_dtype"),
                 shard=_shard(workers, fsdp.fsdp_size), trainable=adapters or shape.param_count(),
                 param_offload=bool(fsdp.param_offload), optimizer_offload=bool(fsdp.optimizer_offload),
                 checkpointing=bool(model.enable_gradient_checkpointing),
-                reshard_after_forward=bool(fsdp.reshard_after_forward), fsdp=workers > 1 or (cuda and fsdp.param_offload),
+                reshard_after_forward=bool(fsdp.reshard_after_forward),
+                fsdp=workers > 1 or (cuda and fsdp.param_offload),
                 passes={"update_actor": _tokens_pass(update_tokens, share, seq, sp, train=True, chunked=chunked,
                                                      extra_logit_bytes=temp_copy + entropy_grad),
                         "old_log_prob": _tokens_pass(lp_tokens, share, seq, sp, chunked=chunked,
@@ -138,14 +140,14 @@ def _reference_role(config, workers: int, cuda: bool, actor: Role, train_micro: 
     lora = int(config.actor_rollout_ref.model.lora_rank) > 0
     compute = _dtype_bytes(config, f"{REF}.fsdp_config.mixed_precision.param_dtype")
     offload = bool(ref.fsdp_config.param_offload)
+    sp = _sp(config, f"{REF}.ulysses_sequence_parallel_size")
     return Role(shape=actor.shape, params=actor.params, weight_bytes=actor.weight_bytes if lora else compute,
                 compute_bytes=compute, shard=actor.shard if lora else _shard(workers, ref.fsdp_config.fsdp_size),
                 param_offload=actor.param_offload if lora else offload, own_copy=not lora,
                 reshard_after_forward=bool(ref.fsdp_config.reshard_after_forward),
                 fsdp=actor.fsdp if lora else (workers > 1 or (cuda and offload)),
-                passes={"ref_log_prob": _tokens_pass(tokens, response / seq, seq, _sp(config, f"{REF}.ulysses_sequence_parallel_size"),
-                                                     chunked=bool(ref.entropy_from_logits_with_chunking),
-                                                     extra_logit_bytes=temp_copy)})
+                passes={"ref_log_prob": _tokens_pass(tokens, response / seq, seq, sp, extra_logit_bytes=temp_copy,
+                                                     chunked=bool(ref.entropy_from_logits_with_chunking))})
 
 
 def _critic_role(config, workers: int, cuda: bool) -> Role:
@@ -161,15 +163,16 @@ def _critic_role(config, workers: int, cuda: bool) -> Role:
     lora = _int_at_least(config, "critic.model.lora_rank", 0)
     params = shape.scalar_head_param_count()
     model = critic.model
-    trainable = (shape.lora_param_count(lora, model.target_modules, model.exclude_modules) + shape.hidden_size + 1
-                 if lora else params)
+    adapters = shape.lora_param_count(lora, model.target_modules, model.exclude_modules) if lora else 0
+    trainable = adapters + shape.hidden_size + 1 if lora else params  # LoRA: the adapters and the value head
     fsdp = model.fsdp_config
-    return Role(shape=shape, params=params + (trainable if lora else 0),
+    return Role(shape=shape, params=params + adapters,
                 weight_bytes=_dtype_bytes(config, "critic.model.fsdp_config.model_dtype"),
                 compute_bytes=_dtype_bytes(config, "critic.model.fsdp_config.mixed_precision.param_dtype"),
                 shard=_shard(workers, fsdp.fsdp_size), trainable=trainable, param_offload=bool(fsdp.param_offload),
                 optimizer_offload=bool(fsdp.optimizer_offload), checkpointing=bool(model.enable_gradient_checkpointing),
-                reshard_after_forward=bool(fsdp.reshard_after_forward), fsdp=workers > 1 or (cuda and fsdp.param_offload),
+                reshard_after_forward=bool(fsdp.reshard_after_forward),
+                fsdp=workers > 1 or (cuda and fsdp.param_offload),
                 passes={"update_critic": _tokens_pass(update, 0.0, seq, sp, train=True),
                         "values": _tokens_pass(forward, 0.0, seq, sp)})
 
@@ -185,7 +188,8 @@ def _reward_model_role(config, workers: int, cuda: bool, per_worker_rows: int) -
                 weight_bytes=_dtype_bytes(config, "reward_model.model.fsdp_config.model_dtype"),
                 compute_bytes=_dtype_bytes(config, "reward_model.model.fsdp_config.mixed_precision.param_dtype"),
                 shard=_shard(workers, fsdp.fsdp_size), param_offload=bool(fsdp.param_offload),
-                reshard_after_forward=bool(fsdp.reshard_after_forward), fsdp=workers > 1 or (cuda and fsdp.param_offload),
+                reshard_after_forward=bool(fsdp.reshard_after_forward),
+                fsdp=workers > 1 or (cuda and fsdp.param_offload),
                 passes={"reward_model": _tokens_pass(rows * row_len, 0.0, row_len, 1)})
 
 
@@ -214,7 +218,8 @@ def _rollout(config, device_memory_gb: float, cuda: bool, actor: Role, per_worke
     if bucket <= 0:
         raise ConfigError(f"{ROLLOUT}.update_weights_bucket_megabytes={bucket:g} must be > 0 (MB)")
     return Rollout(shape=actor.shape, params=params, engine=engine, dtype_bytes=dtype,
-                   micro_batch=min(micro or per_worker_rows, per_worker_rows), prompt_len=int(config.data.max_prompt_length),
+                   micro_batch=min(micro or per_worker_rows, per_worker_rows),
+                   prompt_len=int(config.data.max_prompt_length),
                    response_len=int(rollout.response_length), bucket_mb=bucket, vllm_gb=vllm_gb,
                    vllm_sleeps=bool(rollout.free_cache_engine))
 
@@ -230,7 +235,8 @@ def _notes(config, device: str, workers: int) -> list[str]:
     if int(config.actor_rollout_ref.model.lora_rank) > 0 and needs_reference_policy(config):
         notes.append("the reference is the actor with its LoRA adapters off: no copy of its own")
     if int(config.actor_rollout_ref.rollout.tensor_model_parallel_size) > 1:
-        notes.append(f"{ROLLOUT}.tensor_model_parallel_size > 1 is not in this build; planned as 1 (one engine per worker)")
+        notes.append(f"{ROLLOUT}.tensor_model_parallel_size > 1 is not in this build; "
+                     "planned as 1 (one engine per worker)")
     if config.reward_model.reward_manager == "judge":
         notes.append("the LLM judge of reward_model.reward_manager=judge is not planned")
     return notes
@@ -263,7 +269,8 @@ def build_plan(config, device_memory_gb: float | None = None) -> MemoryPlan:
         device=device, workers=workers, device_memory_gb=float(device_memory_gb),
         baseline_gb=CUDA_PROCESS_BASELINE_GB if cuda else CPU_PROCESS_BASELINE_GB, actor=actor,
         rollout=_rollout(config, float(device_memory_gb), cuda, actor, per_worker_rows),
-        reference=_reference_role(config, workers, cuda, actor, train_micro) if needs_reference_policy(config) else None,
+        reference=(_reference_role(config, workers, cuda, actor, train_micro)
+                   if needs_reference_policy(config) else None),
         critic=_critic_role(config, workers, cuda) if use_critic else None,
         reward_model=_reward_model_role(config, workers, cuda, per_worker_rows) if config.reward_model.enable else None,
         notes=tuple(_notes(config, device, workers)))

@@ -78,7 +78,8 @@ def _overrides(model_dir):
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "data.max_prompt_length=64",
             "data.max_response_length=128", "actor_rollout_ref.rollout.micro_batch_size=8", "trainer.device=cpu",
             "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
-            "actor_rollout_ref.rollout.dtype=bf16", "trainer.n_gpus_per_node=2", f"actor_rollout_ref.model.path={model_dir}"]
+            "actor_rollout_ref.rollout.dtype=bf16", "trainer.n_gpus_per_node=2",
+            f"actor_rollout_ref.model.path={model_dir}"]
 
 
 @pytest.fixture(scope="module")
@@ -303,3 +304,11 @@ def test_a_plan_that_cannot_be_made_never_stops_training(base, tmp_path, capsys,
 def test_one_line_names_the_peak_phase_and_roles(base):
     line = one_line(_plan(base))
     assert line.startswith("memory plan: ") and "actor" in line and "rollout" in line and line.endswith("fits")
+
+
+def test_a_vllm_share_that_cannot_hold_the_weights_does_not_fit(base):
+    plan = build_plan(_with(base, {"trainer.device": "cuda", f"{A}.rollout.name": "vllm",
+                                   f"{A}.rollout.gpu_memory_utilization": 0.1}), 4.0)
+    weights_gb = SHAPE_360M.param_count() * 2 / GiB  # bf16, more than 0.1 x 4 GB
+    assert plan.roles["rollout"]["engine_weights_and_kv_cache"] == pytest.approx(weights_gb)
+    assert not plan.fits and any("cannot hold the weights" in note for note in plan.notes)
