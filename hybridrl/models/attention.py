@@ -1,11 +1,13 @@
 """hybridrl's attention function for transformers models: SDPA, plus the one-token query that
-SDPA's CPU kernel handles slowly.
+SDPA's CPU kernel handles slowly, plus Ulysses sequence parallelism.
 
 Registered under :data:`ATTENTION_NAME` with ``transformers.AttentionInterface`` (masks built
 as for SDPA) and selected with ``model.set_attn_implementation(register_attention())``. A
 one-token query (decoding with a KV cache) is computed with two grouped matmuls and an fp32
 softmax: ~2.5x faster than SDPA at 32 rows, 19% of a rollout's decoding time before. Everything
-else (prefill, training forwards) goes to transformers' ``sdpa_attention_forward`` unchanged.
+else (prefill, training forwards) goes to transformers' ``sdpa_attention_forward`` unchanged. A
+sequence-parallel forward (keyword argument ``ulysses``, :mod:`hybridrl.models.ulysses`) goes to
+:func:`~hybridrl.models.ulysses.ulysses_attention`.
 
 Tried and not kept: one causal SDPA call per packed sequence (transformers' varlen keywords)
 instead of SDPA with the block-diagonal mask. The attention kernel alone was ~15% faster, but
@@ -15,6 +17,8 @@ the copies around it made an update 8-13% slower on SmolLM2.
 from __future__ import annotations
 
 import torch
+
+from hybridrl.models.ulysses import ULYSSES_KWARG, SequenceParallelError, heads_problem, hf_model_of, ulysses_attention
 
 ATTENTION_NAME = "hybridrl"
 
@@ -29,12 +33,16 @@ def hybridrl_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
         key, value: ``(bs, kv_heads, kv_len, head_dim)``; query head ``h`` reads kv head
             ``h // (heads // kv_heads)`` (as transformers' ``repeat_kv``).
         attention_mask: None, or ``(bs, 1, q_len, >= kv_len)`` bool (True: attend) or additive float.
+        kwargs: transformers' (``softcap``, ``sliding_window``, ...); ``ulysses``: a
+            :class:`~hybridrl.models.ulysses.UlyssesAttention` for a sequence-parallel forward.
 
     Returns:
         ``(bs, q_len, heads, head_dim)`` and None (no attention weights), like SDPA's.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    if kwargs.get(ULYSSES_KWARG) is not None:
+        return ulysses_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     if query.shape[2] == 1 and not dropout and kwargs.get("softcap") is None and not kwargs.get("sliding_window"):
         return _one_token_attention(query, key, value, attention_mask, scaling), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
@@ -75,3 +83,31 @@ def use_hybridrl_attention(module: torch.nn.Module) -> bool:
         module.set_attn_implementation(register_attention())
         return True
     return current == ATTENTION_NAME
+
+
+def use_ulysses_attention(module: torch.nn.Module, size: int, key: str) -> None:
+    """Makes the model inside ``module`` split its attention in sequence-parallel forwards: it
+    switches to :func:`hybridrl_attention`, which runs
+    :func:`~hybridrl.models.ulysses.ulysses_attention` when a forward passes its keyword argument. Idempotent.
+
+    Args:
+        module: a transformers model, or a peft/FSDP wrapper of one.
+        size: the SP group's size (> 1).
+        key: the config key of ``size``, for messages.
+
+    Raises:
+        SequenceParallelError: the model does not route its attention through transformers'
+            attention interface (``_supports_attention_backend``), or ``size`` cannot split its heads.
+    """
+    model = hf_model_of(module)
+    name = type(model if model is not None else module).__name__
+    if model is None or not getattr(type(model), "_supports_attention_backend", False):
+        raise SequenceParallelError(f"{key}={size}: {name} does not use transformers' attention interface, so its "
+                                    f"attention cannot be split over a sequence-parallel group; set {key}=1")
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    problem = heads_problem(getattr(config, "num_attention_heads", None),
+                            getattr(config, "num_key_value_heads", None), size)
+    if problem:
+        raise SequenceParallelError(f"{key}={size}: {problem} ({name}); pick a size that does")
+    if model.config._attn_implementation != ATTENTION_NAME:
+        model.set_attn_implementation(register_attention())

@@ -100,7 +100,7 @@ class PackedBatch:
 
 
 def pack_sequences(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                   max_row_tokens: int | None = None) -> PackedBatch:
+                   max_row_tokens: int | None = None, row_multiple: int = 1) -> PackedBatch:
     """Packs the valid tokens of a padded batch into rows of at most ``max_row_tokens``.
 
     Args:
@@ -110,9 +110,11 @@ def pack_sequences(input_ids: torch.Tensor, attention_mask: torch.Tensor, positi
             ``cumsum(attention_mask) - 1`` gives), which is what the packed rows use.
         max_row_tokens: row capacity; raised to the longest sequence when smaller; None: the
             longest sequence (attention then never costs more than in the padded batch).
+        row_multiple: ``row_len`` is rounded up to a multiple of it with filler (sequence
+            parallelism splits every row in that many equal slices).
 
     Returns:
-        PackedBatch with ``row_len = max(sum of the lengths in a row)``.
+        PackedBatch with ``row_len = max(sum of the lengths in a row)``, rounded up to ``row_multiple``.
 
     Raises:
         PackingError: the position ids of a valid token are not its rank in its sequence
@@ -129,7 +131,7 @@ def pack_sequences(input_ids: torch.Tensor, attention_mask: torch.Tensor, positi
     capacity = max(max(lengths, default=0), int(max_row_tokens or 0), 1)
     bins = first_fit_decreasing(lengths, capacity)
     row_len = max(sum(lengths[i] for i in b) for b in bins) if bins else 1
-    row_len = max(row_len, 1)
+    row_len = -(-max(row_len, 1) // row_multiple) * row_multiple
     # Start offset (flat, in rows * row_len) of every sequence.
     start = [0] * bs
     for r, b in enumerate(bins):
