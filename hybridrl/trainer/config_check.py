@@ -35,6 +35,7 @@ from hybridrl.trainer.ppo_config import PPOConfig, typed_ppo_config
 from hybridrl.trainer.tracking import available_loggers
 from hybridrl.workers.actor import build_policy_loss_config
 from hybridrl.workers.rollout import OPTIONAL_ENGINES, ROLLOUT_REGISTRY
+from hybridrl.workers.sequence_parallel import check_sequence_parallel
 
 # From the typed config's field metadata: key -> (reason, when) for keys that mean nothing here,
 # key -> feature for keys of features this build lacks.
@@ -72,8 +73,9 @@ def validate_ppo_config(config, world_size: int = 1) -> list[str]:
     _check_rollout_engine(config, world_size)
     async_notes = check_async_modes(config)
     _check_multi_turn(config)
+    sp_notes = check_sequence_parallel(config, world_size, _uses_critic(config))
     _check_batch_sizes(config, world_size, _uses_critic(config))
-    return scoring_notes + async_notes + ignored_key_notes(config, world_size)
+    return scoring_notes + async_notes + sp_notes + ignored_key_notes(config, world_size)
 
 
 def _typed(config):

@@ -2,6 +2,8 @@
 
 Used for the actor (with an optimizer) and for the reference policy (without one). It holds
 no config beyond the ``actor_rollout_ref.actor`` section and works on one data-parallel shard.
+With sequence parallelism it works on its SP group's rows and returns its own rows' results
+(:mod:`hybridrl.workers.sequence_parallel`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from hybridrl.algorithms.kl import FULL_KL, kl_full_from_logits, kl_penalty
 from hybridrl.algorithms.policy_loss import POLICY_LOSS_KEYS, PolicyLossConfig, agg_loss, get_policy_loss_fn
 from hybridrl.algorithms.rollout_corr import RolloutCorrectionConfig
 from hybridrl.models import to_torch_dtype
+from hybridrl.models.attention import use_ulysses_attention
+from hybridrl.models.ulysses import UlyssesGroup
 from hybridrl.protocol import DataProto
 from hybridrl.workers.micro_batches import restore_order, split_micro_batches
 from hybridrl.workers.model_forward import (  # noqa: F401 (autocast: the shared mixed-precision context)
@@ -26,7 +30,10 @@ from hybridrl.workers.model_forward import (  # noqa: F401 (autocast: the shared
     scatter_slots,
 )
 from hybridrl.workers.optim import optimizer_step
+from hybridrl.workers.sequence_parallel import gather_rows, own_rows, sequence_parallel_group
 from hybridrl.workers.sharding import loss_normalizers
+
+SP_KEY = "ulysses_sequence_parallel_size"
 
 
 def compute_dtype_of(fsdp_config) -> torch.dtype:
@@ -68,6 +75,15 @@ class PPOActor:
         actor_optimizer: None for the reference policy.
         ref_module: the reference policy's module; needed only for ``kl_loss_type=full``, whose
             exact KL needs the reference logits of every micro batch.
+
+    With the section's ``ulysses_sequence_parallel_size`` S > 1 the actor joins its SP group
+    (:func:`hybridrl.workers.sequence_parallel.sequence_parallel_group`: a collective the first
+    time, so every rank builds its actors in the same order, as ``init_model`` does) and switches
+    the module to the split attention (the reference, same S, too).
+
+    Raises:
+        ConfigError: S does not divide the number of workers.
+        SequenceParallelError: S > 1 with a model whose attention S cannot split.
     """
 
     def __init__(self, config, actor_module: torch.nn.Module, actor_optimizer=None,
@@ -77,6 +93,11 @@ class PPOActor:
         self.actor_optimizer = actor_optimizer
         self.ref_module = ref_module  # the frozen reference, for kl_loss_type=full
         self.compute_dtype = compute_dtype_of(config.fsdp_config)
+        self.sequence_parallel: UlyssesGroup | None = sequence_parallel_group(
+            config.ulysses_sequence_parallel_size, SP_KEY)
+        self.sp_size = self.sequence_parallel.size if self.sequence_parallel is not None else 1
+        if self.sequence_parallel is not None:
+            use_ulysses_attention(actor_module, self.sp_size, SP_KEY)
         if actor_optimizer is not None:
             self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
             self.policy_loss_config = build_policy_loss_config(config)
@@ -89,15 +110,19 @@ class PPOActor:
             use_remove_padding=bool(meta_info.get("use_remove_padding", False)),
             logits_chunking=bool(self.config.entropy_from_logits_with_chunking),
             entropy_checkpointing=bool(self.config.entropy_checkpointing),
+            sequence_parallel=self.sequence_parallel,
         )
 
     def _forward_micro_batches(self, data: DataProto) -> tuple[list[DataProto], list[int] | None]:
         """Micro batches of a log-prob pass: ``meta_info["micro_batch_size"]`` rows, or with
-        ``use_dynamic_bsz`` at most ``max_token_len`` tokens (``max_token_len_key`` names it)."""
+        ``use_dynamic_bsz`` at most ``max_token_len`` tokens (``max_token_len_key`` names it) per
+        rank: ``S * max_token_len`` over an SP group's rows, as verl. Over the SP group's rows."""
         meta = data.meta_info
         keys = ["responses", "input_ids", "attention_mask", "position_ids"]
-        return split_micro_batches(data.select(batch_keys=keys), meta.get("micro_batch_size"),
-                                   bool(meta.get("use_dynamic_bsz", False)), meta.get("max_token_len"),
+        budget = meta.get("max_token_len")
+        return split_micro_batches(gather_rows(data.select(batch_keys=keys), self.sequence_parallel),
+                                   meta.get("micro_batch_size"), bool(meta.get("use_dynamic_bsz", False)),
+                                   budget * self.sp_size if budget else budget,
                                    key=meta.get("max_token_len_key", "log_prob_max_token_len_per_gpu"))
 
     @torch.no_grad()
@@ -119,12 +144,14 @@ class PPOActor:
         outs = [forward_response(self.actor_module, micro, data.meta_info["temperature"], self.compute_dtype,
                                  options, calculate_entropy=calculate_entropy,
                                  return_logits=calculate_sum_pi_squared) for micro in micros]
-        log_probs = restore_order(torch.cat([out.log_probs for out in outs]), order)
-        entropys = restore_order(torch.cat([out.entropy for out in outs]), order) if calculate_entropy else None
+        sp = self.sequence_parallel
+        log_probs = own_rows(restore_order(torch.cat([out.log_probs for out in outs]), order), sp)
+        entropys = own_rows(restore_order(torch.cat([out.entropy for out in outs]), order), sp) \
+            if calculate_entropy else None
         sum_pi_squared = None
         if calculate_sum_pi_squared:
             per_micro = [scatter_slots(sum_pi_squared_from_logits(out.logits), out.slots) for out in outs]
-            sum_pi_squared = restore_order(torch.cat(per_micro), order)
+            sum_pi_squared = own_rows(restore_order(torch.cat(per_micro), order), sp)
         return log_probs, entropys, sum_pi_squared
 
     @torch.no_grad()
@@ -145,7 +172,7 @@ class PPOActor:
                                    return_logits=True)
             ref = forward_response(ref_module, micro, temperature, self.compute_dtype, options, return_logits=True)
             kls.append(scatter_slots(kl_full_from_logits(out.logits, ref.logits), out.slots))
-        return restore_order(torch.cat(kls), order)
+        return own_rows(restore_order(torch.cat(kls), order), self.sequence_parallel)
 
     def update_policy(self, data: DataProto, on_policy: bool = False) -> dict[str, list[float]]:
         """PPO update over ``ppo_epochs`` x mini batches, accumulating micro batches.
@@ -186,24 +213,24 @@ class PPOActor:
                 "compute old_log_probs first or set ppo_epochs=1 and ppo_mini_batch_size=data.train_batch_size")
         log_probs = None
         for _ in range(cfg.ppo_epochs):
-            for mini_batch in mini_batches:
-                log_probs = self._update_mini_batch(mini_batch, data.meta_info["temperature"], metrics, options,
-                                                    on_policy)
+            for mini_batch in mini_batches:  # with SP: the mini batch of every rank of the group
+                log_probs = self._update_mini_batch(gather_rows(mini_batch, self.sequence_parallel),
+                                                    data.meta_info["temperature"], metrics, options, on_policy)
         self.actor_optimizer.zero_grad(set_to_none=True)
-        return dict(metrics), log_probs
+        return dict(metrics), own_rows(log_probs, self.sequence_parallel) if log_probs is not None else None
 
     def _update_mini_batch(self, mini_batch: DataProto, temperature: float, metrics,
                            options: ForwardOptions, on_policy: bool = False) -> torch.Tensor | None:
         """One optimizer step; returns the detached log-probs of an on-policy mini batch, else None."""
         cfg = self.config
-        norm = loss_normalizers(mini_batch.batch["response_mask"], cfg.loss_scale_factor)
+        norm = loss_normalizers(mini_batch.batch["response_mask"], cfg.loss_scale_factor, self.sp_size)
         self.actor_optimizer.zero_grad(set_to_none=True)
         # Micro losses are already scaled by the mini-batch size: their sums are the mini-batch
         # values, however the rows fall into micro batches (fixed row counts or token budgets).
         loss_sums: dict[str, float] = defaultdict(float)
-        micros, order = split_micro_batches(
+        micros, order = split_micro_batches(  # token budget per rank: S times more over an SP group's rows
             mini_batch, cfg.ppo_micro_batch_size_per_gpu, bool(cfg.use_dynamic_bsz),
-            cfg.ppo_max_token_len_per_gpu, key="actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
+            cfg.ppo_max_token_len_per_gpu * self.sp_size, key="actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
         full_kl = cfg.use_kl_loss and cfg.kl_loss_type == FULL_KL
         own_log_probs = []
         for micro in micros:

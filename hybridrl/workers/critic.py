@@ -1,4 +1,8 @@
-"""The PPO critic: token values and the clipped value-loss update."""
+"""The PPO critic: token values and the clipped value-loss update.
+
+With sequence parallelism it works on its SP group's rows and returns its own rows' values
+(:mod:`hybridrl.workers.sequence_parallel`), as the actor does.
+"""
 
 from __future__ import annotations
 
@@ -8,41 +12,61 @@ import torch
 
 from hybridrl.algorithms.functional import masked_mean
 from hybridrl.algorithms.value_loss import compute_value_loss
+from hybridrl.models.attention import use_ulysses_attention
+from hybridrl.models.ulysses import UlyssesGroup
 from hybridrl.protocol import DataProto
 from hybridrl.workers.actor import compute_dtype_of
 from hybridrl.workers.micro_batches import restore_order, split_micro_batches
 from hybridrl.workers.model_forward import ForwardOptions, forward_response_values
 from hybridrl.workers.optim import optimizer_step
+from hybridrl.workers.sequence_parallel import gather_rows, own_rows, sequence_parallel_group
 from hybridrl.workers.sharding import loss_normalizers
 
+SP_KEY = "critic.ulysses_sequence_parallel_size"
+
+
 class PPOCritic:
-    """Args: ``config`` is the ``critic`` section with batch sizes normalised to this worker."""
+    """Args: ``config`` is the ``critic`` section with batch sizes normalised to this worker.
+
+    With ``critic.ulysses_sequence_parallel_size`` S > 1 the critic joins its SP group (a
+    collective the first time, see :class:`~hybridrl.workers.actor.PPOActor`).
+
+    Raises:
+        ConfigError: S does not divide the number of workers.
+        SequenceParallelError: S > 1 with a model whose attention S cannot split.
+    """
 
     def __init__(self, config, critic_module: torch.nn.Module, critic_optimizer) -> None:
         self.config = config
         self.critic_module = critic_module
         self.critic_optimizer = critic_optimizer
         self.compute_dtype = compute_dtype_of(config.model.fsdp_config)
+        self.sequence_parallel: UlyssesGroup | None = sequence_parallel_group(config.ulysses_sequence_parallel_size,
+                                                                              SP_KEY)
+        self.sp_size = self.sequence_parallel.size if self.sequence_parallel is not None else 1
+        if self.sequence_parallel is not None:
+            use_ulysses_attention(critic_module, self.sp_size, SP_KEY)
         self.forward_options = ForwardOptions(
-            use_remove_padding=bool(config.model.use_remove_padding))
+            use_remove_padding=bool(config.model.use_remove_padding), sequence_parallel=self.sequence_parallel)
 
     @torch.no_grad()
     def compute_values(self, data: DataProto) -> torch.Tensor:
         """``(bs, response_length)`` values, zero outside ``response_mask``.
 
         Micro batches: ``data.meta_info["micro_batch_size"]`` rows, or with ``use_dynamic_bsz``
-        at most ``forward_max_token_len_per_gpu`` tokens.
+        at most ``forward_max_token_len_per_gpu`` tokens per rank.
         """
         self.critic_module.eval()
         keys = ["responses", "input_ids", "attention_mask", "position_ids"]
         micros, order = split_micro_batches(
-            data.select(batch_keys=keys), data.meta_info.get("micro_batch_size"),
-            bool(self.config.use_dynamic_bsz), self.config.forward_max_token_len_per_gpu,
+            gather_rows(data.select(batch_keys=keys), self.sequence_parallel), data.meta_info.get("micro_batch_size"),
+            bool(self.config.use_dynamic_bsz), self.config.forward_max_token_len_per_gpu * self.sp_size,
             key="critic.forward_max_token_len_per_gpu")
         values = [forward_response_values(self.critic_module, micro, self.compute_dtype, self.forward_options)
                   for micro in micros]
+        values = own_rows(restore_order(torch.cat(values), order), self.sequence_parallel)
         mask = data.batch["response_mask"].bool()
-        return torch.where(mask, restore_order(torch.cat(values), order), 0.0)  # not `* mask`: NaN * 0 is NaN
+        return torch.where(mask, values, 0.0)  # not `* mask`: NaN * 0 is NaN
 
     def update_critic(self, data: DataProto) -> dict[str, list[float]]:
         """Clipped value-loss updates over ``ppo_epochs`` x mini batches (micro-batch accumulation)."""
@@ -52,17 +76,17 @@ class PPOCritic:
         metrics: dict[str, list[float]] = defaultdict(list)
         for _ in range(cfg.ppo_epochs):
             for mini_batch in data.select(batch_keys=keys).split(cfg.ppo_mini_batch_size):
-                self._update_mini_batch(mini_batch, metrics)
+                self._update_mini_batch(gather_rows(mini_batch, self.sequence_parallel), metrics)
         self.critic_optimizer.zero_grad(set_to_none=True)
         return dict(metrics)
 
     def _update_mini_batch(self, mini_batch: DataProto, metrics) -> None:
         cfg = self.config
-        norm = loss_normalizers(mini_batch.batch["response_mask"], cfg.loss_scale_factor)
+        norm = loss_normalizers(mini_batch.batch["response_mask"], cfg.loss_scale_factor, self.sp_size)
         self.critic_optimizer.zero_grad(set_to_none=True)
         vf_loss_sum = 0.0
         micros, _ = split_micro_batches(mini_batch, cfg.ppo_micro_batch_size_per_gpu,
-                                        bool(cfg.use_dynamic_bsz), cfg.ppo_max_token_len_per_gpu,
+                                        bool(cfg.use_dynamic_bsz), cfg.ppo_max_token_len_per_gpu * self.sp_size,
                                         key="critic.ppo_max_token_len_per_gpu")
         for micro in micros:
             mb = micro.batch

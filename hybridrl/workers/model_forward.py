@@ -7,6 +7,11 @@ predicted (position ``t - 1`` for the token at ``t``). The padded path reads eve
 slot, padding included (as verl does); the packed path only the response tokens that exist
 (``attention_mask == 1``) and leaves 0 in the other slots. Losses mask those slots
 (``response_mask``), so the loss code downstream is the same for both paths.
+
+With sequence parallelism (``ForwardOptions.sequence_parallel``, packed path only) each rank of
+the SP group runs the model on its slice of every packed row (:mod:`hybridrl.models.ulysses`),
+computes the outputs of the response positions it holds, and the outputs are all-gathered, so
+every rank of the group returns the whole micro batch's results.
 """
 
 from __future__ import annotations
@@ -24,6 +29,14 @@ from hybridrl.models.output_head import (
     unchanged_head_output,
 )
 from hybridrl.models.padding import pack_sequences
+from hybridrl.models.ulysses import (
+    ULYSSES_KWARG,
+    UlyssesAttention,
+    UlyssesGroup,
+    gather_outputs,
+    packed_causal_mask,
+    split_packed,
+)
 from hybridrl.protocol import DataProto
 
 
@@ -38,12 +51,22 @@ class ForwardOptions:
         entropy_checkpointing: without chunking, recompute the entropy's softmax in backward
             instead of keeping it (``entropy_checkpointing``).
         max_row_tokens: capacity of a packed row; None: the micro batch's longest sequence.
+        sequence_parallel: this rank's Ulysses SP group (``ulysses_sequence_parallel_size`` > 1,
+            packed path only); None: whole rows on every rank.
+
+    Raises:
+        ValueError: ``sequence_parallel`` without ``use_remove_padding``.
     """
 
     use_remove_padding: bool = False
     logits_chunking: bool = False
     entropy_checkpointing: bool = False
     max_row_tokens: int | None = None
+    sequence_parallel: UlyssesGroup | None = None
+
+    def __post_init__(self):
+        if self.sequence_parallel is not None and not self.use_remove_padding:
+            raise ValueError("sequence parallelism splits packed rows: it needs use_remove_padding")
 
 
 @dataclass
@@ -80,7 +103,9 @@ def response_layout(batch, options: ForwardOptions) -> tuple[dict, torch.Tensor,
         rank = attention_mask.long().cumsum(dim=-1)[:, -response_length:] - 1
         # Response tokens with a predecessor in their own sequence (all, unless the prompt is empty).
         slots = attention_mask[:, -response_length:].bool() & (rank >= 1)
-        packed = pack_sequences(batch["input_ids"], attention_mask, batch["position_ids"], options.max_row_tokens)
+        sp = options.sequence_parallel
+        packed = pack_sequences(batch["input_ids"], attention_mask, batch["position_ids"], options.max_row_tokens,
+                                row_multiple=sp.size if sp is not None else 1)
         positions = packed.token_index[:, -response_length:][slots] - 1  # the previous token of the sequence
         return packed.model_inputs(), positions, slots
     columns = torch.arange(seqlen - response_length - 1, seqlen - 1, device=attention_mask.device)
@@ -127,6 +152,9 @@ def forward_response(module, micro_batch: DataProto, temperature: float, compute
     batch = micro_batch.batch
     inputs, positions, slots = response_layout(batch, options)
     labels = batch["responses"][slots]
+    part = _SequenceSlice(inputs, positions, options.sequence_parallel) if options.sequence_parallel else None
+    if part is not None:  # this rank's slice of the rows, and the response positions in it
+        inputs, positions, labels = part.inputs, part.positions, labels[part.mine]
     chunk = chunk_tokens_for(module) if options.logits_chunking and not return_logits else None
 
     def chunked_head(hidden: torch.Tensor, head) -> torch.Tensor:
@@ -149,6 +177,8 @@ def forward_response(module, micro_batch: DataProto, temperature: float, compute
             logits = module(**inputs, use_cache=False, logits_to_keep=response_length + 1).logits[:, :-1]
             log_probs, entropy, logits = _stats_from_logits(logits, batch["responses"], temperature,
                                                             calculate_entropy, options, entropy_grad)
+    if part is not None:
+        log_probs, entropy, logits = part.gather(module, log_probs, entropy, logits if return_logits else None)
     return ResponseOutput(
         log_probs=scatter_slots(log_probs, slots),
         entropy=scatter_slots(entropy, slots) if entropy is not None else None,
@@ -185,7 +215,40 @@ def forward_response_values(module, micro_batch: DataProto, compute_dtype: torch
     that precedes it, as verl does.
     """
     inputs, positions, slots = response_layout(micro_batch.batch, options)
+    part = _SequenceSlice(inputs, positions, options.sequence_parallel) if options.sequence_parallel else None
+    if part is not None:
+        inputs, positions = part.inputs, part.positions
     with autocast(module, compute_dtype):
         logits = module(**inputs, use_cache=False).logits
     values = logits.reshape(-1, logits.shape[-1]).index_select(0, positions)[:, 0].float()
+    if part is not None:
+        (values,) = part.gather(module, values)
     return scatter_slots(values, slots)
+
+
+class _SequenceSlice:
+    """This rank's share of a sequence-parallel forward of packed rows.
+
+    ``inputs``: the model's keyword arguments for the ``(rows, row_len / S)`` slice, with the SP
+    group and the whole rows' mask for the attention (:data:`ULYSSES_KWARG`); ``positions``: the
+    flat positions into the slice of the response predictions it holds; ``mine``: ``(n,)`` which
+    of the micro batch's ``n`` predictions those are.
+    """
+
+    def __init__(self, inputs: dict, positions: torch.Tensor, sp: UlyssesGroup) -> None:
+        input_ids, position_ids, self.positions, self.owner = split_packed(
+            inputs["input_ids"], inputs["position_ids"], positions, sp.rank, sp.size)
+        self.mine = self.owner == sp.rank
+        self.sp = sp
+        self.attention = UlyssesAttention(sp, packed_causal_mask(inputs["position_ids"]))
+        self.inputs = {"input_ids": input_ids, "position_ids": position_ids, "attention_mask": None,
+                       ULYSSES_KWARG: self.attention}
+
+    def gather(self, module, *values: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        """``(n_local, ...)`` outputs of this rank -> ``(n, ...)`` on every rank (None stays None).
+
+        Raises:
+            SequenceParallelError: the forward never went through the Ulysses attention.
+        """
+        self.attention.check_called(type(module).__name__)
+        return tuple(None if v is None else gather_outputs(v, self.owner, self.sp) for v in values)

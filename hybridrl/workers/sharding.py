@@ -132,7 +132,7 @@ def offload_optimizer(optimizer: torch.optim.Optimizer, device: str) -> None:
                 state[key] = value.to(device, non_blocking=True)
 
 
-def loss_normalizers(mini_batch_response_mask: torch.Tensor, loss_scale_factor=None) -> dict:
+def loss_normalizers(mini_batch_response_mask: torch.Tensor, loss_scale_factor=None, sp_size: int = 1) -> dict:
     """``dp_size``, ``batch_num_tokens``, ``global_batch_size`` (and ``loss_scale_factor``) for
     :func:`agg_loss` on one rank's share of a mini batch, such that data-parallel training equals
     one worker on the whole mini batch.
@@ -141,11 +141,19 @@ def loss_normalizers(mini_batch_response_mask: torch.Tensor, loss_scale_factor=N
     ``W * sum_local / N_global`` and FSDP averages gradients over the ranks, so the update is
     ``sum_all / N_global``: the token (or sequence) mean of the whole mini batch, however the
     tokens fall on ranks and micro batches.
+
+    With sequence parallelism (``sp_size`` = S > 1) every rank holds its SP group's rows
+    (``hybridrl.workers.sequence_parallel.gather_rows``), so the sum over ``W`` ranks counts each
+    row ``S`` times and is divided by ``S``; the data-parallel size is ``W / S`` groups. Each of
+    the ``S`` ranks computes the same group loss ``(W / S) * sum_group / N_global``; the gathered
+    outputs' backward scales by ``S`` (``hybridrl.models.ulysses.gather_outputs``), so FSDP's
+    average over ``W`` ranks is again ``sum_all / N_global``.
     """
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     device = mini_batch_response_mask.device.type
-    tokens = data_parallel_sum(float(mini_batch_response_mask.sum().item()), device)
-    sequences = data_parallel_sum(float((mini_batch_response_mask.sum(-1) > 0).sum().item()), device)
+    tokens = data_parallel_sum(float(mini_batch_response_mask.sum().item()), device) / sp_size
+    sequences = data_parallel_sum(float((mini_batch_response_mask.sum(-1) > 0).sum().item()), device) / sp_size
+    world //= sp_size
     # a mini batch whose every token was rejected (rollout correction) has a zero loss, not an error
     tokens, sequences = max(tokens, 1.0), max(sequences, 1.0)
     return {"dp_size": world, "batch_num_tokens": tokens, "global_batch_size": sequences,

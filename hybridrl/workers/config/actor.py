@@ -9,6 +9,7 @@ from typing import Optional
 
 from hybridrl.algorithms.rollout_corr import RolloutCorrectionConfig
 from hybridrl.config.typed import ignored
+from hybridrl.errors import ConfigError
 
 from .fsdp import CheckpointConfig, OptimConfig, RefFSDPConfig, TrainingFSDPConfig
 from .model import PolicyModelConfig
@@ -17,11 +18,22 @@ from .rollout import RolloutConfig
 FSDP_EITHER = "fsdp and fsdp2 both mean FSDP2 (fully_shard) here"
 EAGER = "models run in eager mode"
 IN_ORDER = "mini batches are taken in batch order"
-NO_SEQUENCE_PARALLEL = "no sequence parallelism here; each worker holds whole sequences"
 
 __all__ = ["PolicyLossConfig", "ActorConfig", "RefConfig", "ActorRolloutRefConfig"]
 
 ACTOR = "${actor_rollout_ref.actor."  # the reference follows these actor keys
+
+
+def check_sequence_parallel_size(value, key: str) -> None:
+    """``ulysses_sequence_parallel_size`` is a whole number >= 1 (an interpolation not yet
+    resolved is left to the typed config).
+
+    Raises:
+        ConfigError: one line naming ``key``.
+    """
+    if isinstance(value, int) and value < 1:
+        raise ConfigError(f"{key}={value} must be >= 1 (1: no sequence parallelism; S > 1: each packed "
+                          "sequence is split over S workers, docs/distributed.md)")
 
 
 @dataclass
@@ -73,12 +85,16 @@ class ActorConfig:
     ppo_epochs: int = 1
     skip_on_policy_old_log_prob: bool = True
     shuffle: bool = ignored(False, IN_ORDER)
-    ulysses_sequence_parallel_size: int = ignored(1, NO_SEQUENCE_PARALLEL)
+    ulysses_sequence_parallel_size: int = 1
     entropy_from_logits_with_chunking: bool = False
     entropy_checkpointing: bool = False
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: TrainingFSDPConfig = field(default_factory=TrainingFSDPConfig)
+
+    def __post_init__(self):
+        check_sequence_parallel_size(self.ulysses_sequence_parallel_size,
+                                     "actor_rollout_ref.actor.ulysses_sequence_parallel_size")
 
 
 @dataclass
@@ -92,9 +108,13 @@ class RefConfig:
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
     log_prob_use_dynamic_bsz: bool = ACTOR + "use_dynamic_bsz}"
     log_prob_max_token_len_per_gpu: int = ACTOR + "ppo_max_token_len_per_gpu}"
-    ulysses_sequence_parallel_size: int = ignored(ACTOR + "ulysses_sequence_parallel_size}", NO_SEQUENCE_PARALLEL)
+    ulysses_sequence_parallel_size: int = ACTOR + "ulysses_sequence_parallel_size}"
     entropy_from_logits_with_chunking: bool = False
     entropy_checkpointing: bool = False
+
+    def __post_init__(self):
+        check_sequence_parallel_size(self.ulysses_sequence_parallel_size,
+                                     "actor_rollout_ref.ref.ulysses_sequence_parallel_size")
 
 
 @dataclass

@@ -9,7 +9,7 @@ from typing import Optional
 
 from hybridrl.config.typed import ignored
 
-from .actor import FSDP_EITHER, IN_ORDER, NO_SEQUENCE_PARALLEL
+from .actor import FSDP_EITHER, IN_ORDER, check_sequence_parallel_size
 from .fsdp import CheckpointConfig, OptimConfig
 from .model import CriticModelConfig
 
@@ -35,7 +35,7 @@ class CriticConfig:
     use_dynamic_bsz: bool = ACTOR + "use_dynamic_bsz}"
     ppo_max_token_len_per_gpu: int = 32768
     forward_max_token_len_per_gpu: int = "${critic.ppo_max_token_len_per_gpu}"
-    ulysses_sequence_parallel_size: int = ignored(1, NO_SEQUENCE_PARALLEL)
+    ulysses_sequence_parallel_size: int = 1
     ppo_epochs: int = ACTOR + "ppo_epochs}"
     shuffle: bool = ignored(ACTOR + "shuffle}", IN_ORDER)
     grad_clip: float = 1.0
@@ -43,3 +43,6 @@ class CriticConfig:
     loss_agg_mode: str = ACTOR + "loss_agg_mode}"
     loss_scale_factor: Optional[float] = ACTOR + "loss_scale_factor}"
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    def __post_init__(self):
+        check_sequence_parallel_size(self.ulysses_sequence_parallel_size, "critic.ulysses_sequence_parallel_size")

@@ -10,11 +10,15 @@ from typing import Any, Dict, Optional
 from hybridrl.config.typed import ignored
 from hybridrl.rewards.config import JudgeConfig, OverlongBufferConfig, SandboxConfig, SandboxFusionConfig
 
-from .actor import FSDP_EITHER, NO_SEQUENCE_PARALLEL
+from .actor import FSDP_EITHER
 from .model import RewardModelModelConfig
 from .rollout import EngineConfig
 
 __all__ = ["RewardModelConfig"]
+
+# verl's reward model has the key too; its forwards score short (prompt, response) pairs once per step
+NO_SEQUENCE_PARALLEL = ("the reward model scores whole sequences on each worker; sequence parallelism splits "
+                        "the actor, reference and critic only")
 
 
 @dataclass
