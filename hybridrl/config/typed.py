@@ -28,14 +28,15 @@ __all__ = ["to_dataclass", "to_structured", "ignored", "refused", "marked_keys",
 IGNORED = "ignored"  # field metadata: (why the key means nothing here, when: always | single | hf)
 REFUSED = "refused"  # field metadata: the feature the key asks for, which this build does not have
 
-When = Literal["always", "single", "hf"]
+When = Literal["always", "single", "hf", "cpu"]
 
 
 def ignored(default=dataclasses.MISSING, reason: str = "", when: When = "always", *, factory=dataclasses.MISSING,
             subkeys: dict | None = None):
     """A field kept so verl command lines run; a value other than its default prints ``reason``
     once at start-up. ``when``: ``single`` notes it only with one worker (FSDP keys), ``hf`` only
-    when the section's engine is the HF one (vLLM keys). ``subkeys`` (for a free-form mapping
+    when the section's engine is the HF one (vLLM keys), ``cpu`` only when the run computes on
+    the CPU (offload keys). ``subkeys`` (for a free-form mapping
     field): ``{"a.b": (reason, when)}`` for keys inside it, instead of the field itself."""
     marks = {sub: tuple(mark) for sub, mark in subkeys.items()} if subkeys else (reason, when)
     return _marked_field(IGNORED, marks, default, factory)

@@ -15,10 +15,14 @@ import os
 import shutil
 import struct
 import tempfile
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from hybridrl.errors import UserError
+from hybridrl.models.materialize import (CheckpointWeightsError, checkpoint_name, empty_model, init_adapter_params,
+                                         load_weights, materialize, write_full_tensor)
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +51,7 @@ def unreadable_model_files(what: str, hint: str = "check config.json and the wei
     anything else pass through."""
     try:
         yield
-    except (ModelPathError, ModelDependencyError, ModelConfigError):
+    except (ModelPathError, ModelDependencyError, ModelConfigError, CheckpointWeightsError):
         raise
     except Exception as exc:  # noqa: BLE001 - filtered just below
         text = f"{type(exc).__name__}: {exc}"
@@ -304,60 +308,105 @@ def _enable_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
-def _from_pretrained(auto_cls, path: str, dtype, trust_remote_code: bool, attn_implementation: str,
-                     override_config: dict | None, enable_gradient_checkpointing: bool, **config_fields):
-    """``(model, loading_info)``: ``auto_cls.from_pretrained`` on the resolved folder, its config
-    overridden (``override_config``, then ``config_fields``); errors as :func:`load_causal_lm`."""
+def _build(auto_cls, path: str, options: "ModelOptions", **config_fields):
+    """``(module, missing)``: ``auto_cls`` built from the resolved folder's config (overridden by
+    ``options.override_config``, then ``config_fields``) with empty parameters, wrapped
+    (``options.wrap``), sharded (``options.shard``) and materialised on ``options.device``, then
+    filled from the checkpoint tensor by tensor (:mod:`hybridrl.models.materialize`). LoRA
+    adapters are initialised from ``options.adapter_seed``. ``missing``: the parameter names no
+    checkpoint tensor or adapter init filled (the caller decides: a value head is zeroed, anything
+    else is an error). Errors as :func:`load_causal_lm`."""
+    from transformers import GenerationConfig
+
     folder = resolve_model_path(path)
     with unreadable_model_files(folder):
-        config = _load_config(folder, trust_remote_code, override_config)
+        config = _load_config(folder, options.trust_remote_code, options.override_config)
         for key, value in config_fields.items():
             setattr(config, key, value)
-        model, info = auto_cls.from_pretrained(folder, config=config, dtype=to_torch_dtype(dtype),
-                                               trust_remote_code=trust_remote_code,
-                                               attn_implementation=attn_implementation, output_loading_info=True)
-    if enable_gradient_checkpointing:
-        _enable_checkpointing(model)
-    return model, info
+        dtype = to_torch_dtype(options.dtype)
+        model = empty_model(lambda: auto_cls.from_config(
+            config, dtype=dtype, trust_remote_code=options.trust_remote_code,
+            attn_implementation=options.attn_implementation))
+        if os.path.isfile(os.path.join(folder, "generation_config.json")):
+            model.generation_config = GenerationConfig.from_pretrained(folder)
+        if options.enable_gradient_checkpointing:
+            _enable_checkpointing(model)
+        module = options.wrap(model) if options.wrap is not None else model
+        materialize(module, options.device, options.shard)
+        missing = load_weights(module, folder, model.base_model_prefix)
+    missing = init_adapter_params(module, missing, seed=options.adapter_seed)
+    return module.eval(), missing
 
 
-def load_causal_lm(
-    path: str,
-    dtype=torch.float32,
-    trust_remote_code: bool = False,
-    attn_implementation: str = "sdpa",
-    override_config: dict | None = None,
-    enable_gradient_checkpointing: bool = False,
-):
-    """Load an `AutoModelForCausalLM` on CPU from any form `resolve_model_path` accepts.
+def empty_copy(model: torch.nn.Module, dtype, device) -> torch.nn.Module:
+    """A plain model of ``model``'s class and config with ``dtype`` parameters on ``device``,
+    their values undefined (fill them, e.g. with ``materialize.copy_weights``): how an engine
+    gets its own copy of a (maybe sharded) policy without a second full copy in between."""
+    import copy
+
+    config = copy.deepcopy(model.config)
+    dtype = to_torch_dtype(dtype)
+    copy_model = empty_model(lambda: type(model)._from_config(config, dtype=dtype))
+    copy_model.generation_config = copy.deepcopy(getattr(model, "generation_config", None))
+    return materialize(copy_model, device).eval()
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """How :func:`load_causal_lm` / :func:`load_value_model` build a model.
+
+    Attributes:
+        dtype: dtype of the parameters (a torch dtype or a name: "fp32", "bf16", ...).
+        trust_remote_code, attn_implementation: as transformers takes them.
+        override_config: config fields to replace, e.g. ``{"attention_dropout": 0.0}``.
+        enable_gradient_checkpointing: non-reentrant activation checkpointing (as verl).
+        device: where the parameters live ("cpu", "cuda", ...).
+        wrap: called on the empty model before it is sharded; returns the module to keep (e.g.
+            with LoRA adapters: ``lambda m: apply_lora(m, ...)``).
+        shard: shards the (wrapped) empty module in place (FSDP2 ``fully_shard``): each rank
+            then holds and reads only its shard.
+        adapter_seed: LoRA adapters are drawn from it (the same on every rank and world size).
+    """
+
+    dtype: object = torch.float32
+    trust_remote_code: bool = False
+    attn_implementation: str = "sdpa"
+    override_config: dict | None = None
+    enable_gradient_checkpointing: bool = False
+    device: str = "cpu"
+    wrap: Callable | None = None
+    shard: Callable | None = None
+    adapter_seed: int = 0
+
+
+def load_causal_lm(path: str, dtype=torch.float32, **options):
+    """Load an ``AutoModelForCausalLM`` from any form `resolve_model_path` accepts, without ever
+    holding more than this rank's shard of it plus one checkpoint tensor
+    (:mod:`hybridrl.models.materialize`).
 
     Args:
         dtype: torch dtype or its name ("float32", "bf16", ...).
-        override_config: config fields to replace, e.g. ``{"attention_dropout": 0.0}``.
-        enable_gradient_checkpointing: non-reentrant activation checkpointing (as verl).
+        options: the other fields of :class:`ModelOptions` (``trust_remote_code``,
+            ``override_config``, ``enable_gradient_checkpointing``, ``device``, ``wrap``, ``shard``, ...).
 
-    Returns the model with ``config.use_cache = False`` (training); logits are
+    Returns the model (in eval mode) with ``config.use_cache = False`` (training); logits are
     ``(bs, seqlen, vocab_size)``.
 
     Raises:
         ModelPathError / ModelDependencyError: see `resolve_model_path`.
         ModelConfigError: unknown dtype or override_config key.
+        CheckpointWeightsError: a parameter the checkpoint lacks.
     """
     from transformers import AutoModelForCausalLM
 
-    model, _ = _from_pretrained(AutoModelForCausalLM, path, dtype, trust_remote_code, attn_implementation,
-                                override_config, enable_gradient_checkpointing)
-    return model
+    module, missing = _build(AutoModelForCausalLM, path, ModelOptions(dtype=dtype, **options))
+    if missing:
+        raise CheckpointWeightsError(f"{resolve_model_path(path)}: the checkpoint has no {sorted(missing)[:3]}; "
+                                     "is it a causal language model of this architecture?")
+    return module
 
 
-def load_value_model(
-    path: str,
-    dtype=torch.float32,
-    trust_remote_code: bool = False,
-    attn_implementation: str = "sdpa",
-    override_config: dict | None = None,
-    enable_gradient_checkpointing: bool = False,
-):
+def load_value_model(path: str, dtype=torch.float32, **options):
     """Load the PPO critic: the causal-LM backbone with a scalar head, as verl does.
 
     `AutoModelForTokenClassification` with ``num_labels=1`` and no dropout on the head; the value
@@ -373,12 +422,13 @@ def load_value_model(
     from transformers import AutoModelForTokenClassification
 
     # no dropout on values: it would make the critic's targets noisy
-    model, info = _from_pretrained(AutoModelForTokenClassification, path, dtype, trust_remote_code,
-                                   attn_implementation, override_config, enable_gradient_checkpointing,
-                                   num_labels=1, classifier_dropout=0.0)
-    missing = set(info.get("missing_keys", ()))
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name in missing and not name.startswith(model.base_model_prefix + "."):
-                param.zero_()
-    return model
+    module, missing = _build(AutoModelForTokenClassification, path, ModelOptions(dtype=dtype, **options),
+                             num_labels=1, classifier_dropout=0.0)
+    prefix = module.base_model_prefix if hasattr(module, "base_model_prefix") else ""
+    backbone = [name for name in missing if checkpoint_name(name).startswith(prefix + ".")]
+    if backbone:
+        raise CheckpointWeightsError(f"{resolve_model_path(path)}: the checkpoint has no {sorted(backbone)[:3]}")
+    params = dict(module.named_parameters())
+    for name in missing:
+        write_full_tensor(params[name], torch.zeros(params[name].shape))
+    return module

@@ -13,11 +13,13 @@ Source: "LoRA: Low-Rank Adaptation of Large Language Models", Hu et al., arXiv:2
 from __future__ import annotations
 
 import os
+from typing import Iterator
 
 import torch
 
 from hybridrl.errors import ConfigError
 from hybridrl.models.loader import ModelDependencyError
+from hybridrl.models.materialize import checkpoint_name, full_tensor
 
 LORA_ADAPTER_DIR = "lora_adapter"  # peft's adapter_config.json + adapter_model.safetensors
 ADAPTER = "default"  # peft's name of the one adapter
@@ -127,24 +129,15 @@ class AdapterDisabled(torch.nn.Module):
             return self.peft_model(*args, **kwargs)
 
 
-def _full(tensor: torch.Tensor) -> torch.Tensor:
-    """The whole tensor of an FSDP2 shard (an all-gather), or the tensor itself."""
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-
-
-def _plain_name(peft_name: str) -> str:
-    """``base_model.model.model.layers.0.q_proj`` -> ``model.layers.0.q_proj`` (the HF model's name)."""
-    return peft_name.removeprefix("base_model.model.")
-
-
 @torch.no_grad()
-def merged_lora_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """``W + (lora_alpha / r) B A`` of every adapted layer, keyed as in the plain HF model.
+def merged_lora_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, W + (lora_alpha / r) B A)`` of each adapted layer in turn, named as in the plain HF model.
 
     ``W`` is the frozen base weight ``(out, in)``, ``A`` ``(r, in)``, ``B`` ``(out, r)``; the
     product is formed in fp32 and returned in ``W``'s dtype, on ``W``'s device. The other
     weights of a LoRA model never change, so these are all a rollout copy of the base model
-    needs to generate with the current policy. A collective on a sharded model.
+    needs to generate with the current policy. One layer is gathered at a time (a collective on
+    a sharded model: every rank consumes the whole iterator).
 
     Raises:
         NotImplementedError: a DoRA or bias-carrying adapter (never built by :func:`apply_lora`).
@@ -152,17 +145,15 @@ def merged_lora_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     from peft.tuners.lora import LoraLayer
     from peft.utils.other import transpose
 
-    merged = {}
     for name, layer in model.named_modules():
         if not isinstance(layer, LoraLayer) or ADAPTER not in layer.lora_A:
             continue
         if layer.use_dora.get(ADAPTER) or layer.lora_bias.get(ADAPTER):
             raise NotImplementedError(f"{name}: DoRA / LoRA-bias adapters cannot be merged for the rollout")
-        weight = _full(layer.get_base_layer().weight)
-        lora_a, lora_b = _full(layer.lora_A[ADAPTER].weight), _full(layer.lora_B[ADAPTER].weight)
+        weight = full_tensor(layer.get_base_layer().weight)
+        lora_a, lora_b = full_tensor(layer.lora_A[ADAPTER].weight), full_tensor(layer.lora_B[ADAPTER].weight)
         delta = transpose(lora_b.float() @ lora_a.float(), layer.fan_in_fan_out) * layer.scaling[ADAPTER]
-        merged[f"{_plain_name(name)}.weight"] = (weight.float() + delta).to(weight.dtype)
-    return merged
+        yield f"{checkpoint_name(name)}.weight", (weight.float() + delta).to(weight.dtype)
 
 
 def save_lora_adapter(model: torch.nn.Module, folder: str, rank: int = 0) -> None:

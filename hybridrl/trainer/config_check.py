@@ -406,6 +406,16 @@ def _check_reward_manager_keys(manager_cls, config) -> None:
             raise ConfigError(str(exc)) from exc
 
 
+def _on_cuda(config) -> bool:
+    """Whether ``trainer.device`` computes on CUDA (``auto``: when torch sees a GPU)."""
+    device = _get(config, "trainer.device")
+    if device == "auto":
+        import torch
+
+        return torch.cuda.is_available()
+    return device == "cuda"
+
+
 def ignored_key_notes(config, world_size: int = 1) -> list[str]:
     """Notes for keys that mean nothing on this build or device and are set to non-defaults, and
     for a ``rollout.name`` in :data:`~hybridrl.workers.rollout.OPTIONAL_ENGINES` that has no registered
@@ -414,7 +424,8 @@ def ignored_key_notes(config, world_size: int = 1) -> list[str]:
     notes = []
     name = _get(config, f"{ROLLOUT}.name")
     for key, (reason, when) in IGNORED_KEYS.items():
-        if (when == "single" and world_size > 1) or (when == "hf" and not _on_hf_engine(config, key)):
+        if ((when == "single" and world_size > 1) or (when == "hf" and not _on_hf_engine(config, key))
+                or (when == "cpu" and _on_cuda(config))):
             continue
         value = _get(config, key)
         default = _get(defaults, key, _UNSET)

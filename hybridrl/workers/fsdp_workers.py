@@ -8,6 +8,7 @@ local backend (world size 1) and are written against ``self.rank`` / ``self.worl
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import logging
 
@@ -23,10 +24,10 @@ from hybridrl.workers.actor import PPOActor
 from hybridrl.workers.checkpoint_io import load_worker_state, save_worker_state
 from hybridrl.workers.critic import PPOCritic
 from hybridrl.workers.engine_lock import EngineLock
+from hybridrl.workers.memory import memory_metrics
 from hybridrl.workers.optim import build_lr_scheduler, build_optimizer
 from hybridrl.workers.reward_model import load_reward_model
-from hybridrl.workers.rollout.base import get_rollout_cls
-from hybridrl.workers.rollout.vllm import actor_weights
+from hybridrl.workers.rollout.base import get_rollout_cls, policy_weights
 from hybridrl.workers.sharding import apply_fsdp2, optimizer_on_device
 from hybridrl.workers.stream_methods import StreamingMethods
 
@@ -37,6 +38,12 @@ def import_external_lib(name: str | None) -> None:
     """``model.external_lib``: a module imported before loading, e.g. one that registers a model class."""
     if name:
         importlib.import_module(name)
+
+
+def needs_fsdp(world_size: int, device: str, fsdp_config) -> bool:
+    """Whether a role is wrapped with FSDP2: with more than one worker (sharding), and with one
+    worker on CUDA when ``param_offload`` asks for FSDP2's CPU offload (as verl, at any world size)."""
+    return world_size > 1 or (device == "cuda" and bool(fsdp_config.param_offload))
 
 
 def shard_module(module, fsdp_config, device: str, reduce_dtype: str = "fp32"):
@@ -88,44 +95,24 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
+        """Builds this worker's roles, each sharded from its first byte: no rank ever holds a whole
+        copy of the actor or the reference (:func:`hybridrl.models.load_causal_lm` with a ``shard``);
+        the engine's own copy is filled from the actor one tensor at a time."""
         model_cfg = self.config.model
         import_external_lib(model_cfg.external_lib)
         self.model_path = resolve_model_path(model_cfg.path, config_key="actor_rollout_ref.model.path")
         self.tokenizer = load_tokenizer(self.model_path, trust_remote_code=model_cfg.trust_remote_code,
                                         chat_template=model_cfg.custom_chat_template)
-        module = load_causal_lm(
-            self.model_path,
-            dtype=self.config.actor.fsdp_config.model_dtype,
-            trust_remote_code=model_cfg.trust_remote_code,
-            override_config=model_cfg.override_config,
-            enable_gradient_checkpointing=self._is_actor and model_cfg.enable_gradient_checkpointing,
-        ).to(self.device)
         actor_sizes = _with_batch_sizes(self.config.actor, self.batch_sizes)
         self.actor_micro_batch_size = actor_sizes.ppo_micro_batch_size_per_gpu
-        sharded = self.world_size > 1
         lora = lora_settings(model_cfg) if self._is_actor else None
-        # The rollout generates on whole weights: with FSDP each rank keeps an unsharded copy,
-        # refreshed from the gathered actor after every update (generation is not lock-step
-        # across ranks, so it cannot run on the sharded module). With LoRA it is a plain copy
-        # of the base model that receives the merged weights.
-        rollout_module = copy.deepcopy(module) if (sharded or lora) and self._is_rollout else module
-        if lora:  # before sharding: FSDP2 then shards the adapted layers like any other
-            module = apply_lora(module, **lora, config_key="actor_rollout_ref.model", seed=0)
+        module = self._load_actor(lora) if self._is_actor else None
         if self._is_ref:
-            ref_cfg = self.config.ref
-            if lora:  # the same weights with the adapter switched off: no second copy
-                ref_module = AdapterDisabled(module)
-            else:
-                ref_module = copy.deepcopy(module) if self._is_actor else module
-                ref_module.requires_grad_(False)
-                if sharded:
-                    shard_module(ref_module, ref_cfg.fsdp_config, self.device)
-            self.ref_policy = PPOActor(ref_cfg, ref_module)
+            # a LoRA actor's reference is the same weights with the adapter switched off: no second copy
+            ref_module = AdapterDisabled(module) if lora else self._load_reference()
+            self.ref_policy = PPOActor(self.config.ref, ref_module)
         if not self._is_actor:
             return
-        if sharded:
-            fsdp_config = self.config.actor.fsdp_config
-            shard_module(module, fsdp_config, self.device, reduce_dtype=fsdp_config.mixed_precision.reduce_dtype)
         self.actor_optimizer = build_optimizer(module, actor_sizes.optim)
         self.actor_lr_scheduler = build_lr_scheduler(self.actor_optimizer, actor_sizes.optim, self.total_training_steps)
         ref_module = self.ref_policy.actor_module if self._is_ref else None
@@ -134,11 +121,40 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
         if not self._is_rollout:
             return
         rollout_cls = get_rollout_cls(self.config.rollout.name, self.config.rollout.mode)
-        self.rollout = rollout_cls(rollout_module, self.config.rollout, self.tokenizer,
-                                   getattr(module, "generation_config", None))
+        self.rollout = rollout_cls(module, self.config.rollout, self.tokenizer, getattr(module, "generation_config", None))
         self.agent_loop_manager = None  # multi-turn agent loops (hybridrl.agents)
         if self.config.rollout.multi_turn.enable:
             self._agent_loops(force=True)  # at start-up, so a bad tool/interaction file fails early
+
+    def _model_options(self, fsdp_config, reduce_dtype: str = "fp32") -> dict:
+        """``load_causal_lm`` options shared by the actor and the reference: the model section's,
+        on this worker's device, sharded over the group with the role's ``fsdp_config``."""
+        model_cfg = self.config.model
+        shard = None
+        if needs_fsdp(self.world_size, self.device, fsdp_config):
+            shard = functools.partial(shard_module, fsdp_config=fsdp_config, device=self.device, reduce_dtype=reduce_dtype)
+        return {"trust_remote_code": model_cfg.trust_remote_code, "override_config": model_cfg.override_config,
+                "device": self.device, "shard": shard}
+
+    def _load_actor(self, lora: dict | None):
+        """The trained policy: fp32 master weights (``fsdp_config.model_dtype``), LoRA adapters
+        when ``lora_rank > 0`` (drawn from seed 0 on every rank), sharded when there are workers to
+        shard over."""
+        fsdp_config = self.config.actor.fsdp_config
+        wrap = None
+        if lora:
+            wrap = functools.partial(apply_lora, **lora, config_key="actor_rollout_ref.model")
+        return load_causal_lm(self.model_path, dtype=fsdp_config.model_dtype, wrap=wrap,
+                              enable_gradient_checkpointing=self.config.model.enable_gradient_checkpointing,
+                              **self._model_options(fsdp_config, fsdp_config.mixed_precision.reduce_dtype))
+
+    def _load_reference(self):
+        """The frozen initial policy, in the dtype it computes in (``ref.fsdp_config.mixed_precision.
+        param_dtype``: bf16 where the precision rule picks bf16, as verl keeps it), sharded like the actor."""
+        fsdp_config = self.config.ref.fsdp_config
+        module = load_causal_lm(self.model_path, dtype=fsdp_config.mixed_precision.param_dtype,
+                                **self._model_options(fsdp_config))
+        return module.requires_grad_(False)
 
     def _start_engine_bookkeeping(self) -> None:
         """The engine lock and the policy versions (verl's ``param_version``): ``param_version``
@@ -213,9 +229,14 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def engine_weights(self) -> tuple[dict | None, int]:
         """``(weights, param_version)`` for a rollout pool of its own: the weights an engine needs
-        (``actor_weights``: gathered, a collective when sharded) on rank 0, None on the others."""
-        state = actor_weights(self.actor.actor_module)
-        return ({k: v.detach().cpu() for k, v in state.items()} if self.rank == 0 else None), self.param_version
+        (``policy_weights``: gathered one at a time, a collective when sharded) on rank 0, None on
+        the others. Rank 0 holds them all on the CPU: they cross to the pool in one Ray call."""
+        weights = policy_weights(self.actor.actor_module)
+        if self.rank != 0:
+            for _ in weights:  # the other ranks take part in each gather
+                pass
+            return None, self.param_version
+        return {name: tensor.cpu() for name, tensor in weights}, self.param_version
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
@@ -260,7 +281,8 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
                 when the driver syncs them itself (one-step-off and fully asynchronous training).
 
         Returns the metrics in ``meta_info``; ``on_policy``: also ``old_log_probs``
-        ``(bs, response_length)``, the update's own."""
+        ``(bs, response_length)``, the update's own. The metrics include this process's memory
+        (``perf/max_memory_allocated_gb`` ..., GiB: :func:`~hybridrl.workers.memory.memory_metrics`)."""
         data = data.to(self.device)
         data.meta_info["temperature"] = float(self.config.rollout.temperature)
         data.meta_info["use_remove_padding"] = bool(self.config.model.use_remove_padding)
@@ -272,6 +294,7 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
         self.param_version += 1
         if self._is_rollout and sync_rollout_weights:
             self._sync_engine()
+        metrics.update(memory_metrics(self.device))  # after the sync: verl's perf/max_memory_*_gb (driver: max)
         tensors = {"old_log_probs": own_log_probs.cpu()} if own_log_probs is not None else None
         return DataProto.from_dict(tensors=tensors, meta_info={"metrics": metrics})
 
@@ -290,6 +313,12 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
         if self._is_rollout:
             self._sync_engine()
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def get_memory_metrics(self) -> dict[str, float]:
+        """This process's memory in GiB (:func:`~hybridrl.workers.memory.memory_metrics`), for a step
+        without an actor update (``trainer.critic_warmup``)."""
+        return memory_metrics(self.device)
+
 
 class CriticWorker(Worker):
     """Value-model worker. ``config`` is the ``critic`` section; ``batch_sizes`` its per-worker
@@ -306,20 +335,19 @@ class CriticWorker(Worker):
         model_cfg = self.config.model
         import_external_lib(model_cfg.external_lib)
         path = resolve_model_path(model_cfg.path, config_key="critic.model.path")
-        module = load_value_model(
-            path,
-            dtype=model_cfg.fsdp_config.model_dtype,
-            trust_remote_code=model_cfg.trust_remote_code,
-            override_config=model_cfg.override_config,
-            enable_gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
-        ).to(self.device)
-        critic_cfg = _with_batch_sizes(self.config, self.batch_sizes)
+        fsdp_config = model_cfg.fsdp_config
         lora = lora_settings(model_cfg)
+        wrap = None
         if lora:  # adapters on the backbone; the value head is trained whole (peft's TOKEN_CLS)
-            module = apply_lora(module, **lora, task_type="TOKEN_CLS", config_key="critic.model", seed=0)
-        if self.world_size > 1:
-            shard_module(module, model_cfg.fsdp_config, self.device,
-                         reduce_dtype=model_cfg.fsdp_config.mixed_precision.reduce_dtype)
+            wrap = functools.partial(apply_lora, **lora, task_type="TOKEN_CLS", config_key="critic.model")
+        shard = None
+        if needs_fsdp(self.world_size, self.device, fsdp_config):
+            shard = functools.partial(shard_module, fsdp_config=fsdp_config, device=self.device,
+                                      reduce_dtype=fsdp_config.mixed_precision.reduce_dtype)
+        module = load_value_model(path, dtype=fsdp_config.model_dtype, trust_remote_code=model_cfg.trust_remote_code,
+                                  override_config=model_cfg.override_config, device=self.device, wrap=wrap, shard=shard,
+                                  enable_gradient_checkpointing=model_cfg.enable_gradient_checkpointing)
+        critic_cfg = _with_batch_sizes(self.config, self.batch_sizes)
         self.critic_optimizer = build_optimizer(module, critic_cfg.optim)
         self.critic_lr_scheduler = build_lr_scheduler(self.critic_optimizer, critic_cfg.optim, self.total_training_steps)
         self.critic = PPOCritic(critic_cfg, module, self.critic_optimizer)
@@ -337,6 +365,7 @@ class CriticWorker(Worker):
         with optimizer_on_device(self.critic_optimizer, self.device, offload):
             metrics = self.critic.update_critic(data.to(self.device))
         metrics["critic/lr"] = [self.critic_lr_scheduler.get_last_lr()[0]]
+        metrics.update(memory_metrics(self.device))  # verl's perf/max_memory_*_gb (driver: max)
         self.critic_lr_scheduler.step()
         return DataProto(meta_info={"metrics": metrics})
 
@@ -367,9 +396,11 @@ class RewardModelWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         import_external_lib(self.config.model.external_lib)
-        self.reward_model = load_reward_model(self.config, self.device)
-        if self.world_size > 1:
-            shard_module(self.reward_model.reward_module, self.config.model.fsdp_config, self.device)
+        fsdp_config = self.config.model.fsdp_config
+        shard = None
+        if needs_fsdp(self.world_size, self.device, fsdp_config):
+            shard = functools.partial(shard_module, fsdp_config=fsdp_config, device=self.device)
+        self.reward_model = load_reward_model(self.config, self.device, shard=shard)
 
     def _micro_batch_size(self, n_rows: int) -> int:
         """``micro_batch_size_per_gpu``, else the deprecated global ``micro_batch_size`` / workers,
@@ -383,7 +414,9 @@ class RewardModelWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_rm_score(self, data: DataProto) -> DataProto:
-        """``rm_scores`` ``(bs, response_length)`` fp32 of a rollout batch."""
+        """``rm_scores`` ``(bs, response_length)`` fp32 of a rollout batch, and this process's memory in
+        ``meta_info["metrics"]`` (GiB, :func:`~hybridrl.workers.memory.memory_metrics`; the driver pops it)."""
         data = data.to(self.device)
         scores = self.reward_model.compute_rm_score(data, self._micro_batch_size(len(data)))
-        return DataProto.from_dict(tensors={"rm_scores": scores}).to("cpu")
+        return DataProto.from_dict(tensors={"rm_scores": scores},
+                                   meta_info={"metrics": memory_metrics(self.device)}).to("cpu")

@@ -20,8 +20,18 @@ MEMORY_METRICS = ("perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb",
 
 
 def peak_rss_bytes() -> int:
-    """This process's peak resident set size since it started, in bytes (``getrusage`` ``ru_maxrss``:
-    KiB on Linux, bytes on macOS). Never reset; threads included, child processes not."""
+    """This process's peak resident set size, in bytes: ``VmHWM`` of ``/proc/self/status`` (the
+    high-water mark of this program's address space, reset by ``exec``). ``getrusage``'s
+    ``ru_maxrss`` stands in where there is no ``/proc`` (KiB on Linux, bytes on macOS); Linux
+    carries it over ``fork`` + ``exec``, so a process started by a large one would report its
+    parent's size. Never reset; threads included, child processes not."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak) if sys.platform == "darwin" else int(peak) * 1024
 
@@ -42,7 +52,7 @@ def memory_metrics(device) -> dict[str, float]:
     in GiB (1024**3 bytes), under verl's names:
 
     - ``perf/max_memory_allocated_gb``: on CUDA, ``torch.cuda.max_memory_allocated(device)``, the peak
-      of the tensors on the device; on CPU, the process's peak resident memory (``ru_maxrss``).
+      of the tensors on the device; on CPU, the process's peak resident memory (``VmHWM``).
     - ``perf/max_memory_reserved_gb``: on CUDA, ``torch.cuda.max_memory_reserved(device)``, the peak
       held by PyTorch's caching allocator (>= allocated); on CPU, the peak resident memory again.
     - ``perf/cpu_memory_used_gb``: the process's resident memory now (verl logs the machine's used

@@ -20,6 +20,7 @@ import torch
 from hybridrl.data.preference_dataset import encode_rm_inputs, right_pad
 from hybridrl.errors import ConfigError
 from hybridrl.models import load_tokenizer, load_value_model, resolve_model_path
+from hybridrl.models.materialize import full_tensor
 from hybridrl.protocol import DataProto
 from hybridrl.workers.actor import autocast, compute_dtype_of
 
@@ -78,7 +79,7 @@ def head_is_untrained(module) -> bool:
     found no scalar head in the checkpoint (a plain causal LM) and zero-initialised it."""
     prefix = module.base_model_prefix + "."
     head = [p for name, p in module.named_parameters() if not name.startswith(prefix)]
-    return bool(head) and all(not p.detach().any() for p in head)
+    return bool(head) and all(not full_tensor(p.detach()).any() for p in head)
 
 
 class RewardModel:
@@ -152,12 +153,13 @@ class RewardModel:
         return right_pad(ids, self.tokenizer.pad_token_id)
 
 
-def load_reward_model(config, device: str) -> RewardModel:
+def load_reward_model(config, device: str, shard=None) -> RewardModel:
     """Build :class:`RewardModel` from the ``reward_model`` config section.
 
     Reads ``model.path``, ``model.input_tokenizer`` (null: never re-tokenise),
     ``model.trust_remote_code``, ``model.fsdp_config.model_dtype`` /
-    ``mixed_precision.param_dtype`` and ``max_length``.
+    ``mixed_precision.param_dtype`` and ``max_length``. The model is built on ``device``,
+    sharded by ``shard`` (FSDP2's ``fully_shard``, applied while it is still empty) when given.
 
     Raises:
         ModelPathError / ModelDependencyError: a path that cannot be resolved.
@@ -167,12 +169,12 @@ def load_reward_model(config, device: str) -> RewardModel:
     trust = bool(model_cfg.trust_remote_code)
     path = resolve_model_path(model_cfg.path, config_key="reward_model.model.path")
     fsdp_config = model_cfg.fsdp_config
-    module = load_value_model(path, dtype=fsdp_config.model_dtype, trust_remote_code=trust)
+    module = load_value_model(path, dtype=fsdp_config.model_dtype, trust_remote_code=trust, device=device, shard=shard)
     if head_is_untrained(module):
         raise ConfigError(
             f"reward_model.model.path={model_cfg.path}: the model has no trained reward head (it looks like a plain "
             "causal LM); train one with `hybridrl rm` and pass its checkpoint folder")
-    module.requires_grad_(False).eval().to(device)
+    module.requires_grad_(False).eval()
     tokenizer = load_tokenizer(path, trust_remote_code=trust, padding_side="right")
     input_tokenizer = None
     if model_cfg.input_tokenizer:

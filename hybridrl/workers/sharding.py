@@ -60,7 +60,8 @@ def apply_fsdp2(module: torch.nn.Module, device_type: str, *, fsdp_size: int = -
         fsdp_size: workers per shard group (-1: all of them); must divide the world size.
         reshard_after_forward: free the gathered parameters after the forward (less memory,
             one more all-gather in backward).
-        param_offload: parameters on CPU between uses (CUDA only).
+        param_offload: parameters on CPU between uses (CUDA only; FSDP2's ``CPUOffloadPolicy``,
+            with one worker too: a group of one is started when there is none).
         param_dtype: the forward's compute dtype (a name or a torch dtype).
         reduce_dtype: the dtype gradients are reduced in (fp32 keeps the update exact; a
             forward-only model never reduces).
@@ -74,6 +75,9 @@ def apply_fsdp2(module: torch.nn.Module, device_type: str, *, fsdp_size: int = -
     """
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
+    if not dist.is_initialized():  # one worker (CPU offload on CUDA): FSDP2 over a group of one
+        dist.init_process_group("nccl" if device_type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
+                                world_size=1)
     world_size = world_size or dist.get_world_size()
     mesh = build_device_mesh(world_size, fsdp_size, device_type)
     policy = MixedPrecisionPolicy(param_dtype=to_torch_dtype(param_dtype), reduce_dtype=to_torch_dtype(reduce_dtype),

@@ -178,7 +178,9 @@ def test_verl_grpo_command_line_loads_and_validates():
     hf_text = "\n".join(validate_ppo_config(cfg, world_size=8))
     assert "actor_rollout_ref.rollout.tensor_model_parallel_size=2 is ignored" in hf_text
     assert "actor_rollout_ref.rollout.gpu_memory_utilization=0.6 is ignored" in hf_text
-    assert "fsdp_config" not in hf_text  # 8 workers: FSDP keys mean something
+    # 8 workers: the sharding keys mean something; offload means nothing on the CPU, however many workers
+    assert "actor_rollout_ref.ref.fsdp_config.param_offload=True is ignored: offload" in hf_text
+    assert "fsdp_config" not in hf_text.replace("actor_rollout_ref.ref.fsdp_config.param_offload", "")
     single = "\n".join(validate_ppo_config(cfg, world_size=1))
     assert "actor_rollout_ref.ref.fsdp_config.param_offload=True is ignored" in single
 

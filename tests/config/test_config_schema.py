@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 from hybridrl.config import ConfigError, load_config, normalize_batch_sizes
 from hybridrl.config.defaults import packaged_defaults
 from hybridrl.trainer import config_check as schema
-from hybridrl.trainer.config_check import validate_ppo_config
+from hybridrl.trainer.config_check import ignored_key_notes, validate_ppo_config
 
 A = "actor_rollout_ref.actor"
 R = "actor_rollout_ref.rollout"
@@ -204,8 +204,14 @@ def test_ignored_key_notes(base_cfg):
     # vLLM reads the engine keys: no note for them
     vllm_notes = validate_ppo_config(cfg_with(cfg, **{f"{R}__name": "vllm"}), world_size=1)
     assert not any("enforce_eager" in n or "vLLM" in n for n in vllm_notes) and len(vllm_notes) == 2
-    # with several workers the FSDP key means something
-    assert not any("fsdp_config" in n for n in validate_ppo_config(cfg, world_size=2))
+    # offload means nothing on the CPU, however many workers; on CUDA it works with one worker too
+    assert any("param_offload" in n for n in validate_ppo_config(cfg, world_size=2))
+    on_cuda = cfg_with(cfg, trainer__device="cuda")
+    assert not any("param_offload" in n for n in ignored_key_notes(on_cuda, world_size=1))
+    # with several workers a sharding key means something
+    sharded = cfg_with(base_cfg, **{f"{A}__fsdp_config__fsdp_size": 2})
+    assert any("fsdp_size" in n for n in validate_ppo_config(sharded, world_size=1))
+    assert not any("fsdp_size" in n for n in validate_ppo_config(sharded, world_size=2))
 
 
 def test_every_ignored_key_exists_in_the_packaged_yaml():

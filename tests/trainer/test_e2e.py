@@ -7,6 +7,7 @@ import os
 import pytest
 
 from hybridrl.trainer.main_ppo import main
+from hybridrl.workers.memory import MEMORY_METRICS
 
 
 # The tiny random model never solves GSM8K: a custom reward that varies with the response gives
@@ -85,8 +86,11 @@ def test_grpo_two_steps_write_verl_metrics(gsm8k_parquet, tiny_model_dir, tmp_pa
                     "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm", "actor/lr",
                     "actor/kl_loss", "response_length/mean", "response_length/clip_ratio",
                     "prompt_length/mean", "timing_s/gen", "timing_s/update_actor", "timing_s/ref",
-                    "perf/throughput", "perf/time_per_step"):
+                    "perf/throughput", "perf/time_per_step", *MEMORY_METRICS):
             assert key in row, key
+        # on CPU both peaks are the process's peak resident memory (the local backend: the driver's own)
+        peak, used = row["perf/max_memory_allocated_gb"], row["perf/cpu_memory_used_gb"]
+        assert peak == row["perf/max_memory_reserved_gb"] >= used > 0
         assert row["actor/grad_norm"] > 0
         assert row["critic/advantages/max"] > 0 > row["critic/advantages/min"]
         assert 0 < row["response_length/mean"] <= 12
@@ -104,7 +108,8 @@ def test_ppo_with_critic_two_steps(gsm8k_parquet, tiny_model_dir, tmp_path, rewa
     assert [r["step"] for r in rows] == [1, 2]
     assert rows[0]["critic/score/mean"] > 0  # the custom reward was used
     for key in ("critic/values/mean", "critic/vf_loss", "critic/vf_clipfrac", "critic/returns/mean",
-                "critic/vf_explained_var", "actor/reward_kl_penalty", "timing_s/values", "timing_s/update_critic"):
+                "critic/vf_explained_var", "actor/reward_kl_penalty", "timing_s/values", "timing_s/update_critic",
+                *MEMORY_METRICS):
         assert key in rows[0], key
     # the zero-initialised value head has been trained after the first critic update
     assert rows[0]["critic/values/mean"] == 0.0

@@ -26,6 +26,7 @@ from hybridrl.config import ConfigError, load_config
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.config_check import validate_ppo_config
 from hybridrl.trainer.fully_async import DataExhausted, StreamingRollout, StreamSettings
+from hybridrl.workers.memory import MEMORY_METRICS
 from hybridrl.workers.rollout.base import RolloutEngineError
 
 ASYNC = ["trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.name=vllm",
@@ -313,7 +314,7 @@ def test_two_steps_then_a_resume_that_trains_nothing_twice(small_data, vllm_mode
     assert [r["fully_async/count/current_param_version"] for r in rows] == [0, 1]
     for key in ("timing_s/gen", "timing_s/sync_rollout_weights", "fully_async/queue_size", "fully_async/in_flight",
                 "fully_async/dropped", "fully_async/partial/partial_ratio", "fully_async/trainer/idle_ratio",
-                "fully_async/rollouter/idle_ratio"):
+                "fully_async/rollouter/idle_ratio", *MEMORY_METRICS):
         assert key in rows[-1], key
     assert "timing_s/old_log_prob" not in rows[-1]  # bypass mode: the rollout log-probs are the old ones
     # resume from step 1's checkpoint: its groups in flight are generated again, nothing trains twice
@@ -399,6 +400,7 @@ def test_a_rollout_pool_of_its_own_generates_while_the_trainer_trains(ray_cluste
     assert all(r["fully_async/staleness/max"] == 0 for r in rows)
     assert all(abs(r["actor/ppo_kl"]) < 1e-4 for r in rows), [r["actor/ppo_kl"] for r in rows]
     assert "val-core/openai/gsm8k/reward/mean@1" in rows[-1]
+    assert all(r[key] > 0 for r in rows for key in MEMORY_METRICS)  # the trainer's and the pool's workers (max)
 
 
 def test_a_rollout_pool_needs_separate_async_ray_and_workers():

@@ -26,6 +26,7 @@ from hybridrl.config import ConfigError, load_config
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.config_check import validate_ppo_config
 from hybridrl.trainer.prefetch import OneStepOffRollout, PendingGeneration, staleness_metrics
+from hybridrl.workers.memory import MEMORY_METRICS
 from hybridrl.workers.rollout.base import RolloutEngineError
 from tests.tiny_models import ppo_section
 
@@ -276,7 +277,8 @@ def test_three_steps_stale_by_one_with_the_generation_overlapping_the_update(str
     assert [{s["param_version"] for s in _samples(out, step)} for step in (1, 2, 3)] == [{0}, {0}, {1}]
     for row in rows:
         for key in ("timing_s/gen", "timing_s/generate_async", "timing_s/sync_rollout_weights",
-                    "timing_s/old_log_prob", "fully_async/trainer/idle_ratio", "rollout_corr/rollout_is_mean"):
+                    "timing_s/old_log_prob", "fully_async/trainer/idle_ratio", "rollout_corr/rollout_is_mean",
+                    *MEMORY_METRICS):
             assert key in row, key
         assert row["actor/grad_norm"] > 0
     # The engine's log-probs are the actor's in step 1 (same weights, fp32); afterwards they are a step old.

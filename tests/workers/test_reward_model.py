@@ -17,6 +17,7 @@ from tiny_models import build_tiny_model
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.config_check import validate_ppo_config
 from hybridrl.workers.fsdp_workers import RewardModelWorker
+from hybridrl.workers.memory import MEMORY_METRICS
 from hybridrl.workers.reward_model import expand_to_token_level, forward_sequence_scores, last_token_index
 
 HH_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "hh_rlhf"))
@@ -128,7 +129,9 @@ def test_same_tokenizer_reads_the_policy_ids(rm_dir, tiny_model_dir, tokenizer):
     assert group.workers[0].reward_model.input_tokenizer is None  # same tokenizer: nothing to re-tokenise
     data = policy_batch(tokenizer)
     del data.non_tensor_batch["raw_prompt"]  # not needed then
-    rm_scores = group.compute_rm_score(data).batch["rm_scores"]
+    scored = group.compute_rm_score(data)
+    rm_scores = scored.batch["rm_scores"]
+    assert set(scored.meta_info["metrics"]) == set(MEMORY_METRICS)  # the worker's memory, one value per worker
     model = load_value_model(rm_dir)
     lengths = data.batch["response_mask"].sum(-1).tolist()
     for i, length in enumerate(lengths):
@@ -242,3 +245,4 @@ def test_ppo_step_takes_its_reward_from_the_reward_model(hh_parquet, tiny_model_
         assert row[f"critic/score/{stat}"] == pytest.approx(row[f"rm/score/{stat}"], abs=1e-6)
     assert row["critic/advantages/max"] > 0 > row["critic/advantages/min"]
     assert "val-core/Anthropic/hh-rlhf/reward/mean@1" in row
+    assert all(row[key] > 0 for key in MEMORY_METRICS)

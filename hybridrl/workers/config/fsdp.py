@@ -12,7 +12,8 @@ from typing import List, Optional
 
 from hybridrl.config.typed import ignored
 
-_FSDP_SINGLE = "FSDP sharding and offload need more than one worker; a single worker keeps the whole model"
+_FSDP_SINGLE = "FSDP sharding needs more than one worker; a single worker keeps the whole model"
+_OFFLOAD_CPU = "offload moves state from an accelerator to host memory; on the CPU it lives there already"
 _ALWAYS_SAVED = "checkpoints always hold model, optimizer and extra state (no HF-format copy)"
 
 __all__ = ["WrapPolicyConfig", "MixedPrecisionConfig", "TrainingMixedPrecisionConfig", "FSDPConfig",
@@ -49,7 +50,7 @@ class FSDPConfig:
 
     wrap_policy: WrapPolicyConfig = field(default_factory=WrapPolicyConfig)
     fsdp_size: int = ignored(-1, _FSDP_SINGLE, "single")
-    param_offload: bool = ignored(False, _FSDP_SINGLE, "single")
+    param_offload: bool = ignored(False, _OFFLOAD_CPU, "cpu")
     reshard_after_forward: bool = ignored(True, _FSDP_SINGLE, "single")
     forward_prefetch: bool = ignored(False, "FSDP2 prefetches with its default schedule")
     model_dtype: str = "fp32"
@@ -58,10 +59,11 @@ class FSDPConfig:
 
 @dataclass
 class RefFSDPConfig(FSDPConfig):
-    """The reference policy's: a copy of the actor in the actor's dtypes, so KL compares like with like."""
+    """The reference policy's: the initial actor, frozen, held in the dtype it computes in
+    (``mixed_precision.param_dtype``, the actor's: bf16 where the precision rule picks it, as verl)."""
 
     model_dtype: str = ignored("${actor_rollout_ref.actor.fsdp_config.model_dtype}",
-                               "the reference model is a copy of the actor in actor.fsdp_config.model_dtype")
+                               "the reference is held in its compute dtype, ref.fsdp_config.mixed_precision.param_dtype")
     mixed_precision: TrainingMixedPrecisionConfig = "${actor_rollout_ref.actor.fsdp_config.mixed_precision}"
 
 
@@ -69,7 +71,7 @@ class RefFSDPConfig(FSDPConfig):
 class TrainingFSDPConfig(FSDPConfig):
     """A trained role's (actor, critic): also where the optimizer state lives."""
 
-    optimizer_offload: bool = ignored(False, _FSDP_SINGLE, "single")
+    optimizer_offload: bool = ignored(False, _OFFLOAD_CPU, "cpu")
     offload_policy: bool = ignored(False, "param_offload selects FSDP2's CPU offload")
     mixed_precision: TrainingMixedPrecisionConfig = field(default_factory=TrainingMixedPrecisionConfig)
 

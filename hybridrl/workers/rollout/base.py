@@ -7,10 +7,14 @@ the trainer and the workers do not change.
 from __future__ import annotations
 
 import abc
+import itertools
+from typing import Iterator
 
 import torch
 
 from hybridrl.errors import UserError
+from hybridrl.models.lora import is_lora_model, merged_lora_weights
+from hybridrl.models.materialize import iter_full_weights
 from hybridrl.protocol import DataProto
 from hybridrl.registry import Registry, RegistryError
 
@@ -115,10 +119,10 @@ class BaseRollout(abc.ABC):
         assume it.
 
     ``sync_weights(actor_module)``: called after every actor update and after a checkpoint is
-        loaded, on every rank (a collective when the actor is FSDP-sharded: gather with
-        ``hybridrl.workers.sharding.full_state_dict``). ``actor_module`` may be a LoRA (peft)
-        model: take ``hybridrl.models.lora.merged_lora_weights`` then. An engine that generates
-        with the actor module itself has nothing to do.
+        loaded, on every rank (a collective when the actor is FSDP-sharded). Take the weights
+        from :func:`policy_weights`: one tensor at a time, gathered from the shards, with the
+        adapters merged into the base weights of a LoRA (peft) actor; never a whole state dict.
+        An engine that generates with the actor module itself has nothing to do.
 
     Optional, for multi-turn agent loops (``hybridrl.agents``): ``generate_token_ids(prompt_ids,
     max_new_tokens, sampling_kwargs, stop_strings) -> list[SampledIds]`` and ``pad_token_id``, as
@@ -133,6 +137,24 @@ class BaseRollout(abc.ABC):
 
     def sync_weights(self, actor_module: torch.nn.Module) -> None:
         """Bring the engine's weights up to date with the actor (see the class docstring)."""
+
+
+def policy_weights(actor_module: torch.nn.Module, everything: bool = False, dtype: torch.dtype | None = None,
+                   gather: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+    """What an engine's copy of the policy needs from the actor, as ``(name, whole tensor)``
+    pairs named as in the plain HF model, one tensor gathered at a time (the peak is one tensor,
+    not a state dict; a collective on a sharded actor: every rank consumes the whole iterator).
+
+    Every weight, or for a LoRA actor (``everything=False``) only its adapted layers with the
+    adapters merged (the rest never changes); ``everything=True`` fills a copy from scratch.
+    ``dtype``: the engine's; shards are cast before they are gathered. ``gather=False``: shards
+    come as DTensors, for an in-process copy to gather in place
+    (:func:`hybridrl.models.materialize.copy_weights`).
+    """
+    if not is_lora_model(actor_module):
+        return iter_full_weights(actor_module, dtype=dtype, gather=gather)
+    merged = merged_lora_weights(actor_module)
+    return itertools.chain(iter_full_weights(actor_module, dtype=dtype, gather=gather), merged) if everything else merged
 
 
 def resolve_sampling(meta_info: dict, config) -> dict:

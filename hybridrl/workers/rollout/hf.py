@@ -2,27 +2,30 @@
 
 from __future__ import annotations
 
-import copy
-
 import torch
 
 from hybridrl.models import to_torch_dtype
 from hybridrl.models.attention import ATTENTION_NAME, use_hybridrl_attention
-from hybridrl.models.lora import is_lora_model, merged_lora_weights
+from hybridrl.models.loader import empty_copy
+from hybridrl.models.lora import is_lora_model
+from hybridrl.models.materialize import copy_weights
 from hybridrl.protocol import DataProto
-from hybridrl.workers.rollout.base import (BaseRollout, SampledIds, get_response_mask, register_rollout,
-                                           resolve_sampling, rollout_output)
+from hybridrl.workers.rollout.base import (BaseRollout, SampledIds, get_response_mask, policy_weights,
+                                           register_rollout, resolve_sampling, rollout_output)
 from hybridrl.workers.rollout.decoding import InverseCDFSampler, SampledLogProbRecorder
-from hybridrl.workers.sharding import full_state_dict
+from hybridrl.workers.sharding import is_sharded
 
 
 @register_rollout("hf")
 class HFRollout(BaseRollout):
     """Samples with ``model.generate`` on a copy of the actor in ``rollout.dtype``.
 
-    With ``rollout.dtype`` equal to the actor's dtype the actor module itself is used (no
-    copy, nothing to sync). Otherwise a copy in that dtype is kept (bf16 decoding is several
-    times faster on AMX CPUs and on GPUs) and ``sync_weights`` refreshes it after every update.
+    With ``rollout.dtype`` equal to the dtype of a plain (unsharded, non-LoRA) actor the actor
+    module itself is used (no copy, nothing to sync). Otherwise the engine keeps a whole copy of
+    the base model in that dtype (bf16 decoding is several times faster on AMX CPUs and on
+    GPUs; generation is not lock-step across ranks, so it cannot run on a sharded module): built
+    empty and filled from the actor one tensor at a time, as ``sync_weights`` refreshes it after
+    every update.
     Generation stops as soon as every sequence has produced an EOS token
     (``rollout.ignore_eos=True``: always ``response_length`` tokens). With
     ``rollout.fast_decoding`` (default) the module decodes with :mod:`hybridrl.models.attention`'s
@@ -33,10 +36,13 @@ class HFRollout(BaseRollout):
         self.config = config
         self.tokenizer = tokenizer
         dtype = to_torch_dtype(config.dtype)
-        if dtype == next(actor_module.parameters()).dtype:
+        plain = not is_sharded(actor_module) and not is_lora_model(actor_module)
+        if plain and dtype == next(actor_module.parameters()).dtype:
             self.module = actor_module
         else:
-            self.module = copy.deepcopy(actor_module).to(dtype)
+            base = actor_module.get_base_model() if is_lora_model(actor_module) else actor_module
+            self.module = empty_copy(base, dtype, next(actor_module.parameters()).device)
+            copy_weights(self.module, policy_weights(actor_module, everything=True, dtype=dtype, gather=False))
         self.fast_decoding = bool(config.fast_decoding)
         if self.fast_decoding:
             use_hybridrl_attention(self.module)
@@ -53,24 +59,17 @@ class HFRollout(BaseRollout):
         self.module.generation_config = GenerationConfig(pad_token_id=self.pad_token_id)
 
     def sync_weights(self, actor_module: torch.nn.Module) -> None:
-        """Copies the actor's weights into the rollout's module (gathering them first when the
-        actor is FSDP-sharded: then every rank must call this).
-
-        A LoRA actor (a peft model) sends only its adapted layers, with the adapter folded into
-        the base weights; the rollout module is then a plain copy of the base model.
+        """Copies the actor's weights into the rollout's module one tensor at a time
+        (:func:`~hybridrl.workers.rollout.base.policy_weights`: gathered from the shards when the
+        actor is FSDP-sharded, so every rank must call this; a LoRA actor sends only its adapted
+        layers, with the adapter folded into the base weights).
 
         Raises:
-            RuntimeError: the merged LoRA weights name layers the rollout module lacks.
+            KeyError: the actor names a weight the rollout module lacks.
         """
-        if self.module is actor_module:
-            return
-        if not is_lora_model(actor_module):
-            self.module.load_state_dict(full_state_dict(actor_module))
-            return
-        result = self.module.load_state_dict(merged_lora_weights(actor_module), strict=False)
-        if result.unexpected_keys:
-            raise RuntimeError(f"rollout sync: the rollout model has no {result.unexpected_keys[:3]}; it must be "
-                               "a plain copy of the LoRA actor's base model")
+        if self.module is not actor_module:
+            dtype = next(self.module.parameters()).dtype
+            copy_weights(self.module, policy_weights(actor_module, dtype=dtype, gather=False))
 
     def _generation_config(self, sampling: dict, **fields) -> tuple:
         """``(GenerationConfig, processor)`` for one ``generate`` call with ``sampling``

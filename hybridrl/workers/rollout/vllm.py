@@ -26,12 +26,12 @@ import warnings
 import torch
 
 from hybridrl.models import to_torch_dtype
-from hybridrl.models.lora import is_lora_model, merged_lora_weights
+from hybridrl.models.lora import is_lora_model
 from hybridrl.protocol import DataProto
-from hybridrl.workers.rollout.base import (BaseRollout, RolloutEngineError, SampledIds, get_response_mask,
+from hybridrl.workers.rollout.base import (BaseRollout, RolloutEngineError, SampledIds, get_response_mask, policy_weights,
                                            register_rollout, resolve_sampling, rollout_output)
 from hybridrl.workers.rollout.hf import _eos_ids
-from hybridrl.workers.sharding import full_state_dict
+from hybridrl.workers.sharding import is_sharded
 
 # Set before vLLM is imported, unless the user set them: the engine core and its one worker run
 # in this process (weights are handed over in memory), on CPU vLLM leaves thread binding alone,
@@ -142,14 +142,16 @@ class VLLMRollout(BaseRollout):
         self._start(actor_module, base)
 
     def _start(self, actor_module: torch.nn.Module, base: torch.nn.Module) -> None:
-        """Writes the folder the engine starts from and starts it with the actor's weights."""
+        """Writes the folder the engine starts from and starts it with the actor's weights:
+        streamed in (``load_format=dummy*``, and always for a sharded or LoRA actor, which has no
+        plain folder to write), or read by vLLM from the folder (a plain actor with ``auto``)."""
         load_format = str(self.config.load_format)
-        dummy_load = load_format.startswith("dummy")
+        in_memory = load_format.startswith("dummy") or is_sharded(actor_module) or is_lora_model(actor_module)
         self._folder = tempfile.TemporaryDirectory(prefix="hybridrl-vllm-")
-        _write_model_folder(base, self.tokenizer, self._folder.name, weights=not dummy_load)
-        self._build_engine("dummy" if dummy_load else load_format)
-        if dummy_load:
-            self.sync_weights(actor_module)
+        _write_model_folder(base, self.tokenizer, self._folder.name, weights=not in_memory)
+        self._build_engine("dummy" if in_memory else load_format)
+        if in_memory:
+            self.sync_weights(actor_module, everything=True)
 
     def _engine_kwargs(self, load_format: str) -> dict:
         """Keyword arguments of ``vllm.LLM`` from the rollout section (verl's keys)."""
@@ -199,11 +201,12 @@ class VLLMRollout(BaseRollout):
 
     # ------------------------------------------------------------------ weights and memory
     @torch.no_grad()
-    def sync_weights(self, actor_module: torch.nn.Module) -> None:
-        """Loads the actor's weights into the running engine (a collective when the actor is
+    def sync_weights(self, actor_module: torch.nn.Module, everything: bool = False) -> None:
+        """Streams the actor's weights into the running engine one tensor at a time
+        (:func:`~hybridrl.workers.rollout.base.policy_weights`; a collective when the actor is
         FSDP-sharded: every rank calls this), in the engine's dtype, and resets the prefix cache.
-        A LoRA actor sends its adapted layers with the adapters merged."""
-        weights = [(name, t.detach().to(self.dtype)) for name, t in actor_weights(actor_module).items()]
+        A LoRA actor sends its adapted layers with the adapters merged (``everything``: all weights)."""
+        weights = ((name, t.to(self.dtype)) for name, t in policy_weights(actor_module, everything, self.dtype))
         self._wake_up()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
@@ -312,12 +315,6 @@ def sampled_ids(completion) -> SampledIds:
     ids = list(completion.token_ids)
     log_probs = [lp[t].logprob for t, lp in zip(ids, completion.logprobs)] if completion.logprobs else None
     return SampledIds(ids, log_probs)
-
-
-def actor_weights(actor_module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The weights an engine needs from the actor: the whole state dict (gathered when the actor
-    is FSDP-sharded: a collective), or for a LoRA actor its adapted layers with the adapters merged."""
-    return merged_lora_weights(actor_module) if is_lora_model(actor_module) else full_state_dict(actor_module)
 
 
 def _write_model_folder(model: torch.nn.Module, tokenizer, folder: str, weights: bool) -> None:

@@ -33,9 +33,9 @@ import weakref
 
 import torch
 
-from hybridrl.workers.rollout.base import RolloutEngineError, SampledIds, register_rollout, resolve_sampling
-from hybridrl.workers.rollout.vllm import (VLLMRollout, _hidden_unscannable_globals, _write_model_folder,
-                                           actor_weights, sampled_ids)
+from hybridrl.workers.rollout.base import (RolloutEngineError, SampledIds, policy_weights, register_rollout,
+                                           resolve_sampling)
+from hybridrl.workers.rollout.vllm import VLLMRollout, _hidden_unscannable_globals, _write_model_folder, sampled_ids
 
 DEFAULT_ENGINE_TIMEOUT_S = 900.0
 WEIGHTS_FILE = "model.safetensors"
@@ -136,7 +136,7 @@ class AsyncVLLMRollout(VLLMRollout):
         sweep_orphan_folders(_ram_dir())
         self._folder = tempfile.TemporaryDirectory(prefix=f"{FOLDER_PREFIX}{os.getpid()}-", dir=_ram_dir())
         _write_model_folder(base, self.tokenizer, self._folder.name, weights=False)
-        self._write_weights(actor_weights(actor_module))
+        self._write_weights(dict(policy_weights(actor_module, everything=True)))
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="hybridrl-vllm-async", daemon=True)
         self._thread.start()
@@ -216,10 +216,11 @@ class AsyncVLLMRollout(VLLMRollout):
         os.replace(path + ".tmp", path)
 
     @torch.no_grad()
-    def sync_weights(self, actor_module: torch.nn.Module) -> None:
+    def sync_weights(self, actor_module: torch.nn.Module, everything: bool = False) -> None:
         """Hands the actor's weights to the engine process through the folder in RAM (a collective
-        when the actor is FSDP-sharded: every rank calls this) and resets its prefix cache."""
-        self.load_weights(actor_weights(actor_module))
+        when the actor is FSDP-sharded: every rank calls this) and resets its prefix cache. The
+        file holds them all at once: the engine process reads one file (issue 30 streams it)."""
+        self.load_weights(dict(policy_weights(actor_module, everything)))
 
     @torch.no_grad()
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
