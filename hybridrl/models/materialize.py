@@ -5,9 +5,9 @@ afterwards, so start-up needed the full model on each rank however many ranks sh
 model is built with its parameters on the meta device (no memory; buffers such as rotary
 frequencies are real), optionally wrapped (LoRA) and sharded with FSDP2 while still empty, then
 given memory for its own shard only (``to_empty``) and filled from the checkpoint one tensor at a
-time: each rank reads one full tensor from the safetensors files, keeps its slice
-(``distribute_tensor(..., src_data_rank=None)``: no communication) and frees it. The largest
-extra allocation is the largest tensor of the checkpoint (the embedding), whatever the model size.
+time: each rank reads its own slice of each tensor from the safetensors files (no communication).
+The largest extra allocation is one slice of the largest tensor (the embedding), whatever the
+model size.
 
 The reverse direction is the same: :func:`iter_full_weights` yields a sharded model's tensors one
 at a time, gathered (an all-gather per tensor), which is how a rollout engine's copy is filled and
@@ -100,21 +100,38 @@ def weight_files(folder: str) -> list[str]:
     return files
 
 
+def _local_region(target: torch.Tensor, global_shape) -> tuple[slice, ...] | None:
+    """The index of this rank's shard of a DTensor ``target`` in its whole tensor; None for a plain tensor."""
+    if not hasattr(target, "device_mesh"):
+        return None
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(tuple(global_shape), target.device_mesh, target.placements)
+    return tuple(slice(start, start + size) for size, start in zip(shape, offset))
+
+
 @torch.no_grad()
 def write_full_tensor(target: torch.Tensor, full: torch.Tensor) -> None:
     """Copies a whole tensor into ``target``: a plain tensor, or this rank's shard of a DTensor
     (a view of the slice is copied: no communication, no second full-size tensor); the copy
     casts to ``target``'s dtype and device on the fly."""
-    if hasattr(target, "device_mesh"):
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-        shape, offset = compute_local_shape_and_global_offset(full.shape, target.device_mesh, target.placements)
-        view = full
-        for dim, (size, start) in enumerate(zip(shape, offset)):
-            view = view.narrow(dim, start, size)
-        target.to_local().copy_(view)
-    else:
+    region = _local_region(target, full.shape)
+    if region is None:
         target.copy_(full)
+    else:
+        target.to_local().copy_(full[region])
+
+
+@torch.no_grad()
+def _read_into(target: torch.Tensor, handle, key: str) -> None:
+    """``target`` <- tensor ``key`` of an open safetensors file: only this rank's slice is read
+    for a DTensor shard, the whole tensor for a plain one (cast on the fly)."""
+    part = handle.get_slice(key)
+    region = _local_region(target, part.get_shape())
+    if region is None:
+        target.copy_(handle.get_tensor(key))
+    else:
+        target.to_local().copy_(part[region])
 
 
 def _prefix_variants(name: str, prefix: str) -> tuple[str, ...]:
@@ -128,7 +145,7 @@ def _prefix_variants(name: str, prefix: str) -> tuple[str, ...]:
 
 def load_weights(module: torch.nn.Module, folder: str, base_model_prefix: str = "") -> set[str]:
     """Fills ``module``'s parameters and persistent buffers from the safetensors files of
-    ``folder``, one tensor at a time (sharded parameters keep their slice only).
+    ``folder``, one tensor at a time; a sharded parameter reads only its own slice.
 
     Checkpoint tensors the module lacks (a causal LM's ``lm_head`` in a value model) are skipped.
 
@@ -151,11 +168,9 @@ def load_weights(module: torch.nn.Module, folder: str, base_model_prefix: str = 
                 continue
             # reopened per tensor: the mapped pages of the tensors already read leave the RSS
             with safe_open(path, framework="pt") as f:
-                full = f.get_tensor(key)
-            for target in targets[match]:
-                write_full_tensor(target, full)
+                for target in targets[match]:
+                    _read_into(target, f, key)
             filled.add(match)
-            del full
     return {name for name, _ in module.named_parameters() if checkpoint_name(name) not in filled}
 
 

@@ -217,8 +217,9 @@ class PPOTrainer:
 
             with marked_timer("adv", timing_raw):
                 batch = self.compute_advantages(batch, metrics)
-            batch = self.update(batch, metrics, timing_raw)
+            # before the update: its weight sync may be the last call a failing rollout pool answers
             self.collect_memory_metrics(metrics)
+            batch = self.update(batch, metrics, timing_raw)
             if ("rollout_log_probs" in batch.batch.keys() and "old_log_probs" in batch.batch.keys()
                     and not self.rollout_correction.bypass_mode):  # bypass: the actor reports the gap
                 mismatch = (batch.batch["old_log_probs"], batch.batch["rollout_log_probs"], batch.batch["response_mask"])

@@ -22,6 +22,7 @@ from hybridrl.controller.ray import (RayClassWithInitArgs, RayWorkerGroup, Resou
                                      create_colocated_worker_cls)
 from hybridrl.controller.worker import MALLOC_REUSE_ENV, resolve_device
 from hybridrl.errors import ConfigError
+from hybridrl.trainer.metrics import reduce_worker_metrics
 from hybridrl.workers import fsdp_workers
 from hybridrl.workers.rollout_worker import RolloutWorker
 
@@ -132,7 +133,19 @@ def build_worker_groups(config, use_critic: bool, use_reference: bool, use_rewar
     concurrency = 2 if config.trainer.one_step_off_policy else 1
     pool = rollout_pool_spec(config)
     roles = _roles(config, use_critic, use_reference, use_reward_model, total_training_steps, pool)
-    return launch_worker_groups(config, roles, concurrency, rollout_pool=pool, ray_init=ray_init_kwargs(config))
+    groups = launch_worker_groups(config, roles, concurrency, rollout_pool=pool, ray_init=ray_init_kwargs(config))
+    report_startup_memory(groups.groups["actor_rollout"], groups.world_size)
+    return groups
+
+
+def report_startup_memory(actor_group, world_size: int) -> float:
+    """Prints the workers' peak memory once every role is built (GiB, the busiest worker's:
+    ``perf/max_memory_allocated_gb`` of :func:`hybridrl.workers.memory.memory_metrics`; the roles
+    share the actor's processes), so a run shows whether start-up or training is its peak.
+    Returns it."""
+    peak = reduce_worker_metrics(actor_group.get_memory_metrics())["perf/max_memory_allocated_gb"]
+    print(f"hybridrl: workers built: peak memory {peak:.2f} GB per worker (max over {world_size})", flush=True)
+    return peak
 
 
 def launch_worker_groups(config, roles: dict[str, tuple], max_concurrency: int = 1, rollout_pool: list[int] = (),
