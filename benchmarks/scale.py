@@ -37,6 +37,9 @@ SHAPES = {
              "num_key_value_heads": 5},
     "1.7b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 24, "num_attention_heads": 32,
              "num_key_value_heads": 32},
+    # a small body whose heads SP=2 divides (SmolLM2-135M has 9), for long-response sweeps on 2 cores
+    "sp-small": {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 12, "num_attention_heads": 8,
+                 "num_key_value_heads": 4},
     # Qwen2.5-0.5B's body (14 heads, 2 KV heads: Ulysses SP=2 divides them), SmolLM2's vocabulary
     "qwen0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
                  "num_key_value_heads": 2},

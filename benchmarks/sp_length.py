@@ -1,6 +1,6 @@
 """The longest response that trains on 2 CPU workers, with and without Ulysses sequence parallelism.
 
-    python benchmarks/sp_length.py --sp 2 --lengths 2048 4096 8192 16384 [--model qwen0.5b]
+    python benchmarks/sp_length.py --sp 2 --lengths 2048 4096 8192 16384 [--model sp-small]
                                    [--limit-gb 11] [--out benchmarks/results/sp_length.jsonl]
 
 Two Ray workers hold the actor (FSDP2, fp32 weights, bf16 compute where ``auto`` picks it,
@@ -64,7 +64,7 @@ def _group(model: str, sp: int, max_length: int):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="qwen0.5b")
+    parser.add_argument("--model", default="sp-small")
     parser.add_argument("--sp", type=int, default=1)
     parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
     parser.add_argument("--limit-gb", type=float, default=11.0)

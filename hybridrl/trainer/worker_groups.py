@@ -167,8 +167,8 @@ def launch_worker_groups(config, roles: dict[str, tuple], max_concurrency: int =
     """
     backend, world_size = resolve_backend(config.trainer, rollout_pool)
     device = config.trainer.device
-    if config.trainer.cpu_malloc_reuse and resolve_device(device) == "cpu":
-        os.environ[MALLOC_REUSE_ENV] = "1"  # read by every worker process as it starts
+    if resolve_device(device) == "cpu":  # read by every worker process as it starts: keep or return freed memory
+        os.environ[MALLOC_REUSE_ENV] = "1" if config.trainer.cpu_malloc_reuse else "0"
     if backend == "local":
         groups = {name: LocalWorkerGroup(cls, *args, device=device, **kwargs) for name, (cls, args, kwargs) in roles.items()}
         result = WorkerGroups(groups, world_size=1, backend="local")

@@ -37,3 +37,34 @@ def test_large_blocks_come_from_the_heap_only_after_tuning():
 
     assert run("plain") == ["None", "False", "False"]  # glibc mmaps a 64 MB block by default
     assert run("tuned") == ["True", "False", "True"]
+
+
+RELEASE = textwrap.dedent("""
+    import ctypes, sys
+    from hybridrl.controller.worker import release_freed_cpu_memory
+
+    def in_heap(address):
+        for line in open("/proc/self/maps"):
+            if line.rstrip().endswith("[heap]"):
+                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                if lo <= address < hi:
+                    return True
+        return False
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    tuned = release_freed_cpu_memory() if sys.argv[1] == "tuned" else None
+    libc.free(libc.malloc(16 << 20))  # freeing an mmap'd block raises glibc's dynamic threshold
+    print(tuned, in_heap(libc.malloc(4 << 20)))
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
+def test_freed_blocks_go_back_to_the_os_with_a_fixed_threshold():
+    def run(mode):
+        out = subprocess.run([sys.executable, "-c", RELEASE, mode], capture_output=True, text=True, check=True)
+        return out.stdout.split()
+
+    assert run("plain") == ["None", "True"]  # after the free, glibc serves 4 MB from the heap (kept when freed)
+    assert run("tuned") == ["True", "False"]  # a fixed 128 KiB threshold: its own mmap, unmapped on free

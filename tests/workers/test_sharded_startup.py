@@ -5,7 +5,7 @@ tensor (the largest: the embedding) and the process baseline.
 The baseline is measured, not guessed: the same worker and config on a model with the same
 tokenizer but a tiny body, whose weights are negligible. The model under test (~113M parameters,
 453 MB in fp32; budget 684 MB, measured 646-661 MB on an AMD EPYC) sits far below the old
-start-up, which held three whole fp32 copies plus a bf16 one on every rank (~1.4 GB).
+start-up, which held three whole fp32 copies plus a bf16 one on every rank (~1.6 GB by arithmetic).
 """
 
 import pytest
