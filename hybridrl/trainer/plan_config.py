@@ -239,6 +239,9 @@ def _notes(config, device: str, workers: int) -> list[str]:
                      "planned as 1 (one engine per worker)")
     if config.reward_model.reward_manager == "judge":
         notes.append("the LLM judge of reward_model.reward_manager=judge is not planned")
+    if device == "cpu" and config.trainer.cpu_malloc_reuse:
+        notes.append("trainer.cpu_malloc_reuse=true keeps freed memory resident: measured peaks were up to 1.6x "
+                     "this plan on 2 workers (docs/scale.md); trainer.cpu_malloc_reuse=false for the leanest run")
     return notes
 
 

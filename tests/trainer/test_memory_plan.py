@@ -150,6 +150,11 @@ def test_offload_on_cpu_saves_nothing_and_says_so(base):
     assert any("saves nothing" in note for note in offload.notes)
 
 
+def test_a_cpu_plan_warns_about_kept_freed_memory_only_when_malloc_keeps_it(base):
+    assert any("cpu_malloc_reuse=true" in note for note in _plan(base, **{"trainer.cpu_malloc_reuse": True}).notes)
+    assert not any("cpu_malloc_reuse" in note for note in _plan(base, **{"trainer.cpu_malloc_reuse": False}).notes)
+
+
 def test_lora_trains_only_the_adapters_and_the_reference_is_no_copy(base):
     full, lora = _plan(base), _plan(base, **{f"{A}.model.lora_rank": 16})
     adapters = SHAPE_360M.lora_param_count(16)
