@@ -90,8 +90,11 @@ def split_packed(input_ids: torch.Tensor, position_ids: torch.Tensor, positions:
     return input_ids[:, columns].contiguous(), position_ids[:, columns].contiguous(), local_positions, owner
 
 
-def packed_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
-    """The block-diagonal causal mask of packed rows, ``(rows, 1, row_len, row_len)`` bool (True: attend).
+def packed_causal_mask(position_ids: torch.Tensor) -> torch.Tensor | None:
+    """The block-diagonal causal mask of packed rows, ``(rows, 1, row_len, row_len)`` bool (True:
+    attend), or None when every row holds one sequence: plain causal attention then, which SDPA
+    computes without an ``L x L`` mask (its flash kernel; a dense mask sends it to the O(L^2)
+    math path, which for long responses is most of the memory).
 
     A sequence starts wherever the position id is not the previous one plus 1 (transformers'
     ``find_packed_sequence_indices``); a token attends to the earlier tokens of its own sequence.
@@ -101,6 +104,8 @@ def packed_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
     """
     first = position_ids[:, :1] - 1
     sequence = (torch.diff(position_ids, prepend=first, dim=-1) != 1).cumsum(-1)  # (rows, row_len)
+    if bool((sequence == 0).all()):
+        return None
     row_len = position_ids.shape[-1]
     causal = torch.ones(row_len, row_len, dtype=torch.bool, device=position_ids.device).tril()
     same = sequence[:, :, None] == sequence[:, None, :]
@@ -210,12 +215,13 @@ class UlyssesAttention:
 
     Attributes:
         group: this rank's SP group.
-        mask: ``(rows, 1, row_len, row_len)`` bool mask of the whole rows (:func:`packed_causal_mask`).
+        mask: ``(rows, 1, row_len, row_len)`` bool mask of the whole rows, or None for plain
+            causal attention (:func:`packed_causal_mask`).
         calls: attention calls so far; 0 after a forward means the model never called
             :func:`ulysses_attention` (its attention cannot be split).
     """
 
-    def __init__(self, group: UlyssesGroup, mask: torch.Tensor) -> None:
+    def __init__(self, group: UlyssesGroup, mask: torch.Tensor | None) -> None:
         self.group = group
         self.mask = mask
         self.calls = 0
@@ -268,7 +274,8 @@ def ulysses_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if groups > 1:  # grouped-query attention: query head h reads KV head h // groups
         key, value = (t.repeat_interleave(groups, dim=1) for t in (key, value))
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=state.mask,
-                                                           dropout_p=dropout, scale=scaling)
+                                                           is_causal=state.mask is None, dropout_p=dropout,
+                                                           scale=scaling)
     state.calls += 1
     return heads_to_seq(out, group).transpose(1, 2).contiguous(), None
 

@@ -90,6 +90,18 @@ def test_packed_mask_is_the_one_transformers_builds():
     torch.testing.assert_close(packed_causal_mask(position_ids), theirs, rtol=0, atol=0)
 
 
+def test_one_sequence_per_row_needs_no_mask():
+    """Plain causal attention (SDPA without a dense L x L mask) when no row holds two sequences;
+    the same attention as the block-diagonal mask would give."""
+    position_ids = torch.arange(6).expand(2, -1)
+    assert packed_causal_mask(position_ids) is None
+    assert packed_causal_mask(torch.tensor([[0, 1, 2, 0, 1, 2]])) is not None  # two sequences
+    q, k, v = (torch.randn(2, 4, 6, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    causal = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    masked = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(6, 6, dtype=torch.bool).tril())
+    torch.testing.assert_close(causal, masked)
+
+
 # ---- one process: what can be split ------------------------------------------------------------
 
 def test_heads_rules():
