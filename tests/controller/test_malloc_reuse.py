@@ -7,9 +7,9 @@ import textwrap
 
 import pytest
 
-SCRIPT = textwrap.dedent("""
+PRELUDE = textwrap.dedent("""
     import ctypes, sys
-    from hybridrl.controller.worker import reuse_freed_cpu_memory
+    from hybridrl.controller.worker import release_freed_cpu_memory, reuse_freed_cpu_memory
 
     def in_heap(address):
         for line in open("/proc/self/maps"):
@@ -21,6 +21,10 @@ SCRIPT = textwrap.dedent("""
 
     libc = ctypes.CDLL("libc.so.6")
     libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+""")
+
+SCRIPT = PRELUDE + textwrap.dedent("""
     size = 64 << 20
     before = libc.malloc(size)
     tuned = reuse_freed_cpu_memory() if sys.argv[1] == "tuned" else None
@@ -39,21 +43,7 @@ def test_large_blocks_come_from_the_heap_only_after_tuning():
     assert run("tuned") == ["True", "False", "True"]
 
 
-RELEASE = textwrap.dedent("""
-    import ctypes, sys
-    from hybridrl.controller.worker import release_freed_cpu_memory
-
-    def in_heap(address):
-        for line in open("/proc/self/maps"):
-            if line.rstrip().endswith("[heap]"):
-                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
-                if lo <= address < hi:
-                    return True
-        return False
-
-    libc = ctypes.CDLL("libc.so.6")
-    libc.malloc.restype = ctypes.c_void_p
-    libc.free.argtypes = [ctypes.c_void_p]
+RELEASE = PRELUDE + textwrap.dedent("""
     tuned = release_freed_cpu_memory() if sys.argv[1] == "tuned" else None
     libc.free(libc.malloc(16 << 20))  # freeing an mmap'd block raises glibc's dynamic threshold
     print(tuned, in_heap(libc.malloc(4 << 20)))
