@@ -46,6 +46,14 @@ def needs_fsdp(world_size: int, device: str, fsdp_config) -> bool:
     return world_size > 1 or (device == "cuda" and bool(fsdp_config.param_offload))
 
 
+def sharder(world_size: int, device: str, fsdp_config, reduce_dtype: str = "fp32"):
+    """The ``shard`` a model loader applies to a role's empty model (:func:`shard_module` with the
+    role's ``fsdp_config``), or None when the role stays a plain module (:func:`needs_fsdp`)."""
+    if not needs_fsdp(world_size, device, fsdp_config):
+        return None
+    return functools.partial(shard_module, fsdp_config=fsdp_config, device=device, reduce_dtype=reduce_dtype)
+
+
 def shard_module(module, fsdp_config, device: str, reduce_dtype: str = "fp32"):
     """FSDP2-shards ``module`` over the worker group with the role's typed ``fsdp_config``
     (``hybridrl.workers.config.FSDPConfig``); ``reduce_dtype``: a trained role's
@@ -130,11 +138,8 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
         """``load_causal_lm`` options shared by the actor and the reference: the model section's,
         on this worker's device, sharded over the group with the role's ``fsdp_config``."""
         model_cfg = self.config.model
-        shard = None
-        if needs_fsdp(self.world_size, self.device, fsdp_config):
-            shard = functools.partial(shard_module, fsdp_config=fsdp_config, device=self.device, reduce_dtype=reduce_dtype)
         return {"trust_remote_code": model_cfg.trust_remote_code, "override_config": model_cfg.override_config,
-                "device": self.device, "shard": shard}
+                "device": self.device, "shard": sharder(self.world_size, self.device, fsdp_config, reduce_dtype)}
 
     def _load_actor(self, lora: dict | None):
         """The trained policy: fp32 master weights (``fsdp_config.model_dtype``), LoRA adapters
@@ -340,10 +345,7 @@ class CriticWorker(Worker):
         wrap = None
         if lora:  # adapters on the backbone; the value head is trained whole (peft's TOKEN_CLS)
             wrap = functools.partial(apply_lora, **lora, task_type="TOKEN_CLS", config_key="critic.model")
-        shard = None
-        if needs_fsdp(self.world_size, self.device, fsdp_config):
-            shard = functools.partial(shard_module, fsdp_config=fsdp_config, device=self.device,
-                                      reduce_dtype=fsdp_config.mixed_precision.reduce_dtype)
+        shard = sharder(self.world_size, self.device, fsdp_config, fsdp_config.mixed_precision.reduce_dtype)
         module = load_value_model(path, dtype=fsdp_config.model_dtype, trust_remote_code=model_cfg.trust_remote_code,
                                   override_config=model_cfg.override_config, device=self.device, wrap=wrap, shard=shard,
                                   enable_gradient_checkpointing=model_cfg.enable_gradient_checkpointing)
@@ -397,10 +399,8 @@ class RewardModelWorker(Worker):
     def init_model(self) -> None:
         import_external_lib(self.config.model.external_lib)
         fsdp_config = self.config.model.fsdp_config
-        shard = None
-        if needs_fsdp(self.world_size, self.device, fsdp_config):
-            shard = functools.partial(shard_module, fsdp_config=fsdp_config, device=self.device)
-        self.reward_model = load_reward_model(self.config, self.device, shard=shard)
+        self.reward_model = load_reward_model(self.config, self.device,
+                                              shard=sharder(self.world_size, self.device, fsdp_config))
 
     def _micro_batch_size(self, n_rows: int) -> int:
         """``micro_batch_size_per_gpu``, else the deprecated global ``micro_batch_size`` / workers,

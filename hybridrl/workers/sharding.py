@@ -1,6 +1,6 @@
 """FSDP2 for the workers: sharding a model over the worker group, and the few operations that
-differ between a sharded and a whole model (full state dict, gradient-norm clipping,
-optimizer offload).
+differ between a sharded and a whole model (gradient-norm clipping, optimizer offload; a
+sharded model's whole tensors stream from :mod:`hybridrl.models.materialize`).
 
 A worker group of one keeps the plain module: there is nothing to shard, and the code below
 then reduces to the ordinary torch calls, so the local backend and the Ray backend run the
@@ -89,21 +89,6 @@ def apply_fsdp2(module: torch.nn.Module, device_type: str, *, fsdp_size: int = -
         fully_shard(layer, **kwargs)
     fully_shard(module, **kwargs)
     return module
-
-
-def full_state_dict(module: torch.nn.Module, cpu: bool = False) -> dict[str, torch.Tensor]:
-    """Whole (unsharded) parameters and buffers on every rank, e.g. to refresh the rollout's copy.
-
-    A collective for a sharded module: every rank of the group must call it.
-    """
-    if not is_sharded(module):
-        state = module.state_dict()
-        return {k: v.cpu() for k, v in state.items()} if cpu else state
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    # broadcast_from_rank0=False and cpu_offload=False: every rank receives the full tensors.
-    state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
-    return {k: v.cpu() for k, v in state.items()} if cpu else state
 
 
 def clip_grad_norm(module: torch.nn.Module, max_norm: float) -> float:

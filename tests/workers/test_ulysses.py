@@ -232,7 +232,7 @@ def _run_workers(sp: int, model_dir: str, rank: int = 0) -> dict:
     from hybridrl.config import worker_batch_sizes
     from hybridrl.controller.decorator import Dispatch, dispatch_args
     from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
-    from hybridrl.workers.sharding import full_state_dict
+    from hybridrl.models.materialize import iter_full_weights
 
     actor_cfg, critic_cfg = _actor_config(model_dir, sp)
     world = 2 if sp > 1 else 1
@@ -248,7 +248,7 @@ def _run_workers(sp: int, model_dir: str, rank: int = 0) -> dict:
     grads = _capture_grads(actor.actor.actor_module, actor.actor_optimizer)
     out["actor_metrics"] = actor.update_actor(mine).meta_info["metrics"]
     out["actor_grads"] = grads
-    out["actor_weights"] = full_state_dict(actor.actor.actor_module)
+    out["actor_weights"] = dict(iter_full_weights(actor.actor.actor_module))
     critic = CriticWorker(critic_cfg, worker_batch_sizes(critic_cfg, 2, world), device="cpu")
     critic.init_model()
     out["values"] = critic.compute_values(mine).batch["values"]
