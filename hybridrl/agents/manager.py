@@ -17,7 +17,6 @@ from hybridrl.agents.base import AgentContext, AgentLoopOutput, get_agent_loop_c
 from hybridrl.agents.engine import AsyncBatchEngine, RequestEngine
 from hybridrl.agents.interactions.base import load_interactions
 from hybridrl.agents.retrieval import make_retriever
-from hybridrl.agents.tools.base import load_tools
 from hybridrl.protocol import DataProto
 
 logger = logging.getLogger(__name__)
@@ -110,7 +109,9 @@ class AgentLoopManager:
         self.multi_turn = config.multi_turn
         self.default_agent = config.agent.default_agent_loop
         self.tools, self.interactions = {}, {}
-        if self.multi_turn.tool_config_path:  # imported only when used: pydantic, jsonschema
+        if self.multi_turn.tool_config_path:  # imported only when used: pydantic, jsonschema (the agents extra)
+            from hybridrl.agents.tools.base import load_tools
+
             self.tools = load_tools(self.multi_turn.tool_config_path)
         if self.multi_turn.interaction_config_path:
             self.interactions = load_interactions(self.multi_turn.interaction_config_path)

@@ -15,12 +15,14 @@ sent, so the search tool can import :class:`RetrieverError` without them.
 from __future__ import annotations
 
 import abc
+import asyncio
 import hashlib
 import json
 import logging
 import os
 import shutil
 import tempfile
+import threading
 from typing import Any
 
 from hybridrl.data.errors import DataError
@@ -37,6 +39,7 @@ __all__ = [
     "load_or_build_index",
     "read_corpus",
     "format_passages",
+    "search_passages",
 ]
 
 logger = logging.getLogger(__name__)
@@ -363,3 +366,35 @@ def format_passages(hits: list[dict]) -> str:
         title, _, text = hit["document"]["contents"].partition("\n")
         out.append(f"Doc {i}(Title: {title}) {text}\n")
     return "".join(out)
+
+
+async def search_passages(retriever, queries: list[str], topk: int, timeout_s: float) -> list[list[dict]]:
+    """``retriever.retrieve(queries, topk)`` in a daemon thread, bounded by ``timeout_s`` seconds.
+
+    Not ``asyncio.to_thread``: ``asyncio.run`` waits for the default executor's threads when the
+    batch's event loop closes, so one stuck retrieval would hold the whole step after its
+    timeout. A daemon thread that overruns is left alone and nobody waits for it.
+
+    Raises:
+        RetrieverError: the retriever failed.
+        asyncio.TimeoutError: no answer in time.
+    """
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(result=None, error=None) -> None:
+        if not future.done():
+            future.set_exception(error) if error is not None else future.set_result(result)
+
+    def run() -> None:
+        try:
+            outcome = (retriever.retrieve(list(queries), int(topk)), None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+            outcome = (None, exc)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:  # the loop closed after the timeout: nobody waits for this answer
+            pass
+
+    threading.Thread(target=run, name="retriever", daemon=True).start()
+    return await asyncio.wait_for(future, timeout_s)

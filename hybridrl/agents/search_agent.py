@@ -26,8 +26,7 @@ import re
 
 from hybridrl.agents.base import AgentLoopBase, AgentLoopOutput, ResponseBuilder, register_agent_loop
 from hybridrl.agents.errors import AgentConfigError
-from hybridrl.agents.retrieval import RetrieverError, format_passages
-from hybridrl.agents.tools.search import search_passages
+from hybridrl.agents.retrieval import RetrieverError, format_passages, search_passages
 
 logger = logging.getLogger(__name__)
 

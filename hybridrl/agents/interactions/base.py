@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import Any
 from uuid import uuid4
 
+from hybridrl.agents.config_files import read_yaml_list, resolve_class
 from hybridrl.agents.errors import AgentConfigError, AgentNameError
-from hybridrl.agents.tools.base import read_yaml_list, resolve_class
 from hybridrl.registry import Registry
 
 __all__ = ["BaseInteraction", "INTERACTIONS", "register_interaction", "load_interactions"]

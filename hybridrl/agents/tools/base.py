@@ -20,15 +20,14 @@ Each row gives per-tool arguments in ``extra_info.tools_kwargs``:
 
 from __future__ import annotations
 
-import importlib
-import os
 from typing import Any, Literal
 from uuid import uuid4
 
 from pydantic import BaseModel, ValidationError
 
+from hybridrl.agents.config_files import read_yaml_list, resolve_class
 from hybridrl.agents.errors import AgentConfigError, AgentNameError
-from hybridrl.registry import Registry, RegistryError
+from hybridrl.registry import Registry
 
 __all__ = [
     "OpenAIFunctionParameters",
@@ -133,47 +132,8 @@ def register_tool(name: str):
     return TOOLS.register(name)
 
 
-def resolve_class(registry: Registry, class_name: Any, aliases: dict[str, str], base: type, where: str,
-                  example: str = "") -> type:
-    """The class a config's ``class_name`` means: a name in ``registry``, a verl dotted path in
-    ``aliases``, or any dotted path to a ``base`` subclass.
-
-    Raises:
-        AgentConfigError: it cannot be imported or is not a ``base`` subclass (one line, ``where`` first).
-    """
-    try:
-        if class_name in registry:
-            cls = registry.get(class_name)
-        else:
-            module_name, _, attr = (aliases.get(class_name) or class_name).rpartition(".")
-            cls = getattr(importlib.import_module(module_name), attr) if module_name else None
-    except (ImportError, AttributeError, TypeError, RegistryError):
-        cls = None
-    if not (isinstance(cls, type) and issubclass(cls, base)):
-        raise AgentConfigError(
-            f"{where}: class_name={class_name!r} is not a {base.__name__} subclass that can be imported; use a "
-            f"dotted path{example} or one of {', '.join(registry.names())}")
-    return cls
-
-
 def _tool_class(class_name: str, where: str) -> type[BaseTool]:
     return resolve_class(TOOLS, class_name, _VERL_ALIASES, BaseTool, where, " (my_pkg.my_tools.MyTool)")
-
-
-def read_yaml_list(path: str, key: str, config_key: str) -> list:
-    """The list under ``key`` of a YAML file, with one-line errors naming ``config_key``."""
-    import yaml
-
-    if not os.path.isfile(path):
-        raise AgentConfigError(f"{config_key}={path}: file not found; point it at a YAML file")
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except yaml.YAMLError as exc:
-        raise AgentConfigError(f"{config_key}={path}: not valid YAML ({' '.join(str(exc).split())})") from None
-    if not isinstance(data, dict) or not isinstance(data.get(key), list):
-        raise AgentConfigError(f"{config_key}={path}: expected a top-level '{key}:' list")
-    return data[key]
 
 
 def load_tools(path: str, config_key: str = "actor_rollout_ref.rollout.multi_turn.tool_config_path") -> dict[str, BaseTool]:

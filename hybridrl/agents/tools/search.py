@@ -7,46 +7,13 @@ down, slow or broken gives an error response (``metrics["search_error"] = 1``), 
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Callable
 
 from hybridrl.agents.errors import AgentConfigError
-from hybridrl.agents.retrieval import RetrieverError, format_passages, make_retriever
+from hybridrl.agents.retrieval import RetrieverError, format_passages, make_retriever, search_passages
 from hybridrl.agents.tools.base import BaseTool, register_tool
 
-__all__ = ["SearchTool", "search_passages"]
-
-
-async def search_passages(retriever, queries: list[str], topk: int, timeout_s: float) -> list[list[dict]]:
-    """``retriever.retrieve(queries, topk)`` in a daemon thread, bounded by ``timeout_s`` seconds.
-
-    Not ``asyncio.to_thread``: ``asyncio.run`` waits for the default executor's threads when the
-    batch's event loop closes, so one stuck retrieval would hold the whole step after its
-    timeout. A daemon thread that overruns is left alone and nobody waits for it.
-
-    Raises:
-        RetrieverError: the retriever failed.
-        asyncio.TimeoutError: no answer in time.
-    """
-    loop = asyncio.get_running_loop()
-    future = loop.create_future()
-
-    def settle(result=None, error=None) -> None:
-        if not future.done():
-            future.set_exception(error) if error is not None else future.set_result(result)
-
-    def run() -> None:
-        try:
-            outcome = (retriever.retrieve(list(queries), int(topk)), None)
-        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
-            outcome = (None, exc)
-        try:
-            loop.call_soon_threadsafe(settle, *outcome)
-        except RuntimeError:  # the loop closed after the timeout: nobody waits for this answer
-            pass
-
-    threading.Thread(target=run, name="retriever", daemon=True).start()
-    return await asyncio.wait_for(future, timeout_s)
+__all__ = ["SearchTool"]
 
 
 @register_tool("search")
