@@ -19,6 +19,7 @@ import time
 
 import torch
 
+
 def load_model(dtype: torch.dtype):
     """The bundled SmolLM2-135M-Instruct and its left-padding tokenizer, as training loads them.
 
@@ -37,19 +38,19 @@ def load_model(dtype: torch.dtype):
 
 
 @torch.no_grad()
-def generate(model, tokenizer, messages: list, n: int, max_new_tokens: int, batch_size: int,
-             greedy: bool) -> tuple[list[str], list[int], list[bool]]:
+def generate(
+    model, tokenizer, messages: list, n: int, max_new_tokens: int, batch_size: int, greedy: bool
+) -> tuple[list[str], list[int], list[bool]]:
     """``n`` responses per prompt (prompt-major order): texts, token lengths, finished flags."""
-    texts = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True)
-             for m in messages for _ in range(n)]
+    texts = [
+        tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in messages for _ in range(n)
+    ]
     out_texts, lengths, finished = [], [], []
     for start in range(0, len(texts), batch_size):
-        enc = tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True)
-        sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": 1.0,
-                                                        "top_p": 1.0, "top_k": 0}
-        seqs = model.generate(**enc, max_new_tokens=max_new_tokens, **sampling,
-                              pad_token_id=tokenizer.pad_token_id)
-        for row in seqs[:, enc["input_ids"].shape[1]:]:
+        enc = tokenizer(texts[start : start + batch_size], return_tensors="pt", padding=True)
+        sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
+        seqs = model.generate(**enc, max_new_tokens=max_new_tokens, **sampling, pad_token_id=tokenizer.pad_token_id)
+        for row in seqs[:, enc["input_ids"].shape[1] :]:
             is_eos = (row == tokenizer.eos_token_id).nonzero()
             length = int(is_eos[0]) + 1 if len(is_eos) else len(row)
             out_texts.append(tokenizer.decode(row[:length], skip_special_tokens=True))
@@ -90,12 +91,12 @@ def main(argv: list[str] | None = None) -> dict:
     model, tokenizer = load_model(getattr(torch, args.dtype))
 
     start = time.perf_counter()
-    texts, lengths, finished = generate(model, tokenizer, messages, args.n_samples,
-                                        args.max_new_tokens, args.batch_size, greedy=False)
+    texts, lengths, finished = generate(
+        model, tokenizer, messages, args.n_samples, args.max_new_tokens, args.batch_size, greedy=False
+    )
     sample_s = time.perf_counter() - start
     rewards = [compute_score(t, truths[i // args.n_samples]) for i, t in enumerate(texts)]
-    greedy_texts, _, _ = generate(model, tokenizer, messages, 1, args.max_new_tokens,
-                                  args.batch_size, greedy=True)
+    greedy_texts, _, _ = generate(model, tokenizer, messages, 1, args.max_new_tokens, args.batch_size, greedy=True)
     greedy = [compute_score(t, g) for t, g in zip(greedy_texts, truths)]
     wall_s = time.perf_counter() - start
 
@@ -109,8 +110,9 @@ def main(argv: list[str] | None = None) -> dict:
         "sampling_wall_s": sample_s,
         "total_wall_s": wall_s,
     }
-    print(f"prompts {len(messages)} x {args.n_samples} samples, dtype {args.dtype}, "
-          f"max_new_tokens {args.max_new_tokens}")
+    print(
+        f"prompts {len(messages)} x {args.n_samples} samples, dtype {args.dtype}, max_new_tokens {args.max_new_tokens}"
+    )
     for key, value in result.items():
         print(f"{key:22s} {value:.3f}")
     return result

@@ -49,8 +49,10 @@ import time
 import yaml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-JOBS = {"arithmetic": os.path.join(REPO, "examples", "run_arithmetic_grpo.sh"),
-        "gsm8k": os.path.join(REPO, "examples", "run_gsm8k_grpo.sh")}
+JOBS = {
+    "arithmetic": os.path.join(REPO, "examples", "run_arithmetic_grpo.sh"),
+    "gsm8k": os.path.join(REPO, "examples", "run_gsm8k_grpo.sh"),
+}
 MODES = ("sync", "one_step_off", "colocate_async", "separate_async")
 
 
@@ -61,7 +63,10 @@ def mode_overrides(mode: str, args) -> tuple[list[str], dict]:
         return [f"actor_rollout_ref.rollout.mode={args.rollout_mode}"], env
     if args.trainer_threads > 0:
         env["OMP_NUM_THREADS"] = str(args.trainer_threads)
-    common = ["algorithm.rollout_correction.bypass_mode=true", f"actor_rollout_ref.rollout.cpu_threads={args.engine_threads}"]
+    common = [
+        "algorithm.rollout_correction.bypass_mode=true",
+        f"actor_rollout_ref.rollout.cpu_threads={args.engine_threads}",
+    ]
     if mode == "one_step_off":
         return ["trainer.one_step_off_policy=true", f"actor_rollout_ref.rollout.mode={args.rollout_mode}", *common], env
     return [f"trainer.v1.trainer_mode={mode}", "actor_rollout_ref.rollout.mode=async", *common], env
@@ -72,17 +77,27 @@ def run(mode: str, seed: int, args, extra: list[str], out_dir: str) -> dict:
     name = f"{mode}_seed{seed}"
     run_dir = os.path.join(out_dir, name)
     overrides, env = mode_overrides(mode, args)
-    overrides = [f"trainer.total_training_steps={args.steps}", "trainer.val_before_train=False",
-                 "trainer.test_freq=-1", "trainer.save_freq=-1", f"trainer.default_local_dir={run_dir}",
-                 "trainer.logger=['console','file']", "trainer.resume_mode=disable",
-                 "actor_rollout_ref.rollout.name=vllm", f"actor_rollout_ref.rollout.seed={seed}", *overrides]
+    overrides = [
+        f"trainer.total_training_steps={args.steps}",
+        "trainer.val_before_train=False",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        f"trainer.default_local_dir={run_dir}",
+        "trainer.logger=['console','file']",
+        "trainer.resume_mode=disable",
+        "actor_rollout_ref.rollout.name=vllm",
+        f"actor_rollout_ref.rollout.seed={seed}",
+        *overrides,
+    ]
     env = dict(os.environ, ROLLOUT="vllm", **env)
     if args.data_dir:
         env["DATA_DIR"] = args.data_dir
     log_path = os.path.join(out_dir, f"{name}.log")
     started = time.perf_counter()
     with open(log_path, "w") as log:
-        proc = subprocess.run(["bash", JOBS[args.job], *overrides, *extra], env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.run(
+            ["bash", JOBS[args.job], *overrides, *extra], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
     wall_s = time.perf_counter() - started
     if proc.returncode != 0:
         sys.exit(f"{name}: the run failed (exit {proc.returncode}); see {log_path}")
@@ -122,11 +137,15 @@ def summarize(result: dict) -> dict:
 def report(results: dict[str, list[dict]], args) -> None:
     """Prints the mean over seeds of every number, then each mode's scores against sync's spread."""
     keys = list(dict.fromkeys(k for runs in results.values() for summary in runs for k in summary))
-    print(f"\n{args.job} job, vLLM, {args.steps} steps, seeds {args.seeds}; timed: steps 2..{args.steps}; mean over seeds")
+    print(
+        f"\n{args.job} job, vLLM, {args.steps} steps, seeds {args.seeds}; timed: steps 2..{args.steps}; mean over seeds"
+    )
     print(f"{'':24s}" + "".join(f"{mode:>16s}" for mode in results))
     for key in keys:
-        values = [statistics.mean([s[key] for s in runs if key in s]) if any(key in s for s in runs) else float("nan")
-                  for runs in results.values()]
+        values = [
+            statistics.mean([s[key] for s in runs if key in s]) if any(key in s for s in runs) else float("nan")
+            for runs in results.values()
+        ]
         print(f"{key:24s}" + "".join(f"{v:16.3f}" for v in values))
     print("\ncritic/score/mean, mean of the last 3 steps, per seed:")
     for mode, runs in results.items():
@@ -142,9 +161,15 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--steps", type=int, default=10, help="training steps per run")
     p.add_argument("--modes", nargs="+", default=["sync", "one_step_off"], choices=MODES)
     p.add_argument("--seeds", nargs="+", type=int, default=[0], help="actor_rollout_ref.rollout.seed of each run")
-    p.add_argument("--rollout_mode", choices=["sync", "async"], default="sync",
-                   help="sync and one_step_off: vLLM in the trainer's process (sync) or in its own (async)")
-    p.add_argument("--trainer_threads", type=int, default=1, help="async modes: the trainer's torch threads (0: default)")
+    p.add_argument(
+        "--rollout_mode",
+        choices=["sync", "async"],
+        default="sync",
+        help="sync and one_step_off: vLLM in the trainer's process (sync) or in its own (async)",
+    )
+    p.add_argument(
+        "--trainer_threads", type=int, default=1, help="async modes: the trainer's torch threads (0: default)"
+    )
     p.add_argument("--engine_threads", type=int, default=1, help="async modes: rollout.cpu_threads")
     p.add_argument("--data_dir", default=None, help="the job's parquet folder (default: the job's own)")
     p.add_argument("--out_dir", default=None, help="run folders and logs (default: a new temporary folder)")
@@ -156,8 +181,10 @@ def main(argv: list[str] | None = None) -> dict:
     results: dict[str, list[dict]] = {}
     for mode in args.modes:
         for seed in args.seeds:
-            print(f"{mode}, seed {seed}: {args.steps} steps (log: {os.path.join(out_dir, f'{mode}_seed{seed}.log')}) ...",
-                  flush=True)
+            print(
+                f"{mode}, seed {seed}: {args.steps} steps (log: {os.path.join(out_dir, f'{mode}_seed{seed}.log')}) ...",
+                flush=True,
+            )
             results.setdefault(mode, []).append(summarize(run(mode, seed, args, extra, out_dir)))
     report(results, args)
     return results

@@ -43,8 +43,10 @@ def gsm8k_prompt_ids(tokenizer, n_prompts: int) -> list[list[int]]:
 
     examples = gsm8k.read_jsonl(os.path.join(GSM8K_DIR, "train.jsonl"))[:n_prompts]
     rows = [gsm8k.make_row(ex["question"], ex["answer"], "train", i) for i, ex in enumerate(examples)]
-    return [tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False)
-            for row in rows]
+    return [
+        tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False)
+        for row in rows
+    ]
 
 
 def _live_children() -> list:
@@ -144,22 +146,44 @@ class GRPOSettings:
         a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
         micro = self.micro_batch
         return [
-            "algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=true", "algorithm.use_kl_in_reward=false",
-            f"data.train_files={parquet_dir}/train.parquet", "data.val_files=null", "data.shuffle=false",
-            f"data.train_batch_size={self.prompts}", "data.max_prompt_length=512",
-            f"data.max_response_length={self.response_length}", f"data.seed={self.seed}",
-            f"actor_rollout_ref.model.path={model_path}", "actor_rollout_ref.model.enable_gradient_checkpointing=false",
-            f"{a}.ppo_mini_batch_size={self.prompts}", f"{a}.ppo_micro_batch_size_per_gpu={micro}",
-            f"{a}.use_kl_loss={str(self.kl_coef > 0).lower()}", f"{a}.kl_loss_coef={self.kl_coef}",
-            f"{a}.kl_loss_type=low_var_kl", f"{a}.loss_agg_mode=token-mean", f"{a}.clip_ratio={self.clip_ratio}",
-            f"{a}.clip_ratio_low={self.clip_ratio}", f"{a}.clip_ratio_high={self.clip_ratio}",
-            f"{a}.grad_clip={self.grad_clip}", f"{a}.optim.lr={self.lr}", f"{a}.optim.weight_decay={self.weight_decay}",
+            "algorithm.adv_estimator=grpo",
+            "algorithm.norm_adv_by_std_in_grpo=true",
+            "algorithm.use_kl_in_reward=false",
+            f"data.train_files={parquet_dir}/train.parquet",
+            "data.val_files=null",
+            "data.shuffle=false",
+            f"data.train_batch_size={self.prompts}",
+            "data.max_prompt_length=512",
+            f"data.max_response_length={self.response_length}",
+            f"data.seed={self.seed}",
+            f"actor_rollout_ref.model.path={model_path}",
+            "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+            f"{a}.ppo_mini_batch_size={self.prompts}",
+            f"{a}.ppo_micro_batch_size_per_gpu={micro}",
+            f"{a}.use_kl_loss={str(self.kl_coef > 0).lower()}",
+            f"{a}.kl_loss_coef={self.kl_coef}",
+            f"{a}.kl_loss_type=low_var_kl",
+            f"{a}.loss_agg_mode=token-mean",
+            f"{a}.clip_ratio={self.clip_ratio}",
+            f"{a}.clip_ratio_low={self.clip_ratio}",
+            f"{a}.clip_ratio_high={self.clip_ratio}",
+            f"{a}.grad_clip={self.grad_clip}",
+            f"{a}.optim.lr={self.lr}",
+            f"{a}.optim.weight_decay={self.weight_decay}",
             f"{a}.fsdp_config.mixed_precision.param_dtype=bf16",
-            f"{r}.n={self.group}", f"{r}.temperature=1.0", f"{r}.top_p=1.0", f"{r}.top_k=-1", f"{r}.dtype=bfloat16",
+            f"{r}.n={self.group}",
+            f"{r}.temperature=1.0",
+            f"{r}.top_p=1.0",
+            f"{r}.top_k=-1",
+            f"{r}.dtype=bfloat16",
             f"{r}.log_prob_micro_batch_size_per_gpu={micro}",
             f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro}",
-            "trainer.device=cpu", "trainer.backend=local", "trainer.val_before_train=false", "trainer.test_freq=-1",
-            "trainer.save_freq=-1", f"trainer.total_training_steps={steps}",
+            "trainer.device=cpu",
+            "trainer.backend=local",
+            "trainer.val_before_train=false",
+            "trainer.test_freq=-1",
+            "trainer.save_freq=-1",
+            f"trainer.total_training_steps={steps}",
         ]
 
 
@@ -186,10 +210,21 @@ def build_hybridrl_grpo(settings: GRPOSettings, parquet_dir: str, steps: int, ex
     tokenizer = load_tokenizer(model_path)
     dataset = RLHFDataset(config.data.train_files, tokenizer, config.data)
     loader = create_rl_dataloader(dataset, batch_size=settings.prompts, shuffle=False, seed=settings.seed)
-    groups = build_worker_groups(config, use_critic=False, use_reference=needs_reference_policy(config),
-                                 total_training_steps=steps)
-    trainer = PPOTrainer(config, tokenizer, groups.actor_rollout, None, load_reward_manager(config, tokenizer),
-                         None, loader, None, steps, n_workers=1)
+    groups = build_worker_groups(
+        config, use_critic=False, use_reference=needs_reference_policy(config), total_training_steps=steps
+    )
+    trainer = PPOTrainer(
+        config,
+        tokenizer,
+        groups.actor_rollout,
+        None,
+        load_reward_manager(config, tokenizer),
+        None,
+        loader,
+        None,
+        steps,
+        n_workers=1,
+    )
     return trainer, iter(loader), groups
 
 

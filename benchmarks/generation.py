@@ -35,17 +35,18 @@ import time
 # processes for cores (10x slower decoding measured at load 10). Must be set before torch loads.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch  # noqa: E402
+import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import cpu_seconds, gsm8k_prompt_ids, load_smollm2  # noqa: E402
+from common import cpu_seconds, gsm8k_prompt_ids, load_smollm2
 
 MODES = ("dynamic", "fast", "static", "static_compile", "return_sequences", "continuous", "vllm", "vllm_async")
 _VLLM: dict = {}  # mode -> its one vLLM engine (vLLM keeps the in-process engine's state in module globals)
 
 
-def vllm_tokens(model, tokenizer, rows: list[list[int]], new_tokens: int, threads: int | None,
-                mode: str = "vllm") -> int:
+def vllm_tokens(
+    model, tokenizer, rows: list[list[int]], new_tokens: int, threads: int | None, mode: str = "vllm"
+) -> int:
     """Generates with hybridrl's vLLM engine of ``mode`` (built once); returns the number of new tokens."""
     from omegaconf import OmegaConf
 
@@ -54,14 +55,24 @@ def vllm_tokens(model, tokenizer, rows: list[list[int]], new_tokens: int, thread
 
     if mode not in _VLLM:
         dtype = "bf16" if next(model.parameters()).dtype == torch.bfloat16 else "fp32"
-        cfg = OmegaConf.create({"dtype": dtype, "prompt_length": 512, "response_length": 1024,
-                                "ignore_eos": True, "cpu_threads": threads, "max_num_seqs": 1024})
+        cfg = OmegaConf.create(
+            {
+                "dtype": dtype,
+                "prompt_length": 512,
+                "response_length": 1024,
+                "ignore_eos": True,
+                "cpu_threads": threads,
+                "max_num_seqs": 1024,
+            }
+        )
         cls = get_rollout_cls("vllm", "async" if mode == "vllm_async" else "sync")
         _VLLM[mode] = cls(model, cfg, tokenizer, model.generation_config)
     engine = _VLLM[mode]
     ids, mask = left_pad(rows, tokenizer.pad_token_id)
-    prompts = DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": mask.cumsum(1) - 1},
-                                  meta_info={"response_length": new_tokens, "temperature": 1.0, "top_k": -1, "top_p": 1.0})
+    prompts = DataProto.from_dict(
+        {"input_ids": ids, "attention_mask": mask, "position_ids": mask.cumsum(1) - 1},
+        meta_info={"response_length": new_tokens, "temperature": 1.0, "top_k": -1, "top_p": 1.0},
+    )
     return int(engine.generate_sequences(prompts).batch["response_mask"].sum())
 
 
@@ -72,16 +83,25 @@ def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     return ids, mask
 
 
-def run_mode(mode: str, model, prompt_rows: list[list[int]], n: int, new_tokens: int, tokenizer,
-             vllm_threads: int | None = None) -> int:
+def run_mode(
+    mode: str, model, prompt_rows: list[list[int]], n: int, new_tokens: int, tokenizer, vllm_threads: int | None = None
+) -> int:
     """Generates once in ``mode``; returns the number of new tokens produced."""
     from transformers import CompileConfig, GenerationConfig
 
     pad_id = tokenizer.pad_token_id
     if mode.startswith("vllm"):
         return vllm_tokens(model, tokenizer, [r for r in prompt_rows for _ in range(n)], new_tokens, vllm_threads, mode)
-    sampling = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=new_tokens,
-                    min_new_tokens=new_tokens, eos_token_id=None, pad_token_id=pad_id)
+    sampling = dict(
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        eos_token_id=None,
+        pad_token_id=pad_id,
+    )
     rows = [r for r in prompt_rows for _ in range(n)]
     if mode == "continuous":
         from transformers import ContinuousBatchingConfig
@@ -89,8 +109,9 @@ def run_mode(mode: str, model, prompt_rows: list[list[int]], n: int, new_tokens:
         # Size the paged KV cache for this batch (its default takes 90% of free memory).
         pages = len(rows) * (-(-(max(map(len, rows)) + new_tokens) // 64))
         cb = ContinuousBatchingConfig(page_size=64, num_blocks=pages, max_batch_tokens=2048)
-        out = model.generate_batch(rows, generation_config=GenerationConfig(**sampling),
-                                   continuous_batching_config=cb, progress_bar=False)
+        out = model.generate_batch(
+            rows, generation_config=GenerationConfig(**sampling), continuous_batching_config=cb, progress_bar=False
+        )
         return sum(len(o.generated_tokens) for o in out.values())
     extra = {}
     if mode in ("static", "static_compile"):
@@ -114,11 +135,12 @@ def run_mode(mode: str, model, prompt_rows: list[list[int]], n: int, new_tokens:
         kwargs["logits_processor"] = LogitsProcessorList([sampler])
     ids, mask = left_pad(rows, pad_id)
     try:
-        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=GenerationConfig(**sampling, **extra),
-                             **kwargs)
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, generation_config=GenerationConfig(**sampling, **extra), **kwargs
+        )
     finally:
         model.set_attn_implementation("sdpa")
-    return out[:, ids.shape[1]:].numel()
+    return out[:, ids.shape[1] :].numel()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,8 +157,11 @@ def main(argv: list[str] | None = None) -> int:
 
     model, tokenizer = load_smollm2(getattr(torch, args.dtype))
     prompt_rows = gsm8k_prompt_ids(tokenizer, args.prompts)
-    print(f"batch {args.prompts} prompts x n={args.n} = {args.prompts * args.n} rows, {args.new_tokens} new tokens, "
-          f"{args.dtype}, {torch.get_num_threads()} threads; load average {os.getloadavg()[0]:.1f}", flush=True)
+    print(
+        f"batch {args.prompts} prompts x n={args.n} = {args.prompts * args.n} rows, {args.new_tokens} new tokens, "
+        f"{args.dtype}, {torch.get_num_threads()} threads; load average {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
     print(f"{'mode':<18}{'wall s':>10}{'cpu s':>10}{'tok/s':>10}{'tok/cpu-s':>11}   runs (wall s)")
     for mode in args.modes:
         torch.manual_seed(0)
@@ -153,8 +178,11 @@ def main(argv: list[str] | None = None) -> int:
             walls.append(time.perf_counter() - wall0)
             cpus.append(cpu_seconds() - cpu0)
         wall, cpu = statistics.median(walls), statistics.median(cpus)
-        print(f"{mode:<18}{wall:>10.1f}{cpu:>10.1f}{tokens / wall:>10.1f}{tokens / cpu:>11.1f}   "
-              f"{' '.join(f'{w:.1f}' for w in walls)}", flush=True)
+        print(
+            f"{mode:<18}{wall:>10.1f}{cpu:>10.1f}{tokens / wall:>10.1f}{tokens / cpu:>11.1f}   "
+            f"{' '.join(f'{w:.1f}' for w in walls)}",
+            flush=True,
+        )
     return 0
 
 

@@ -25,10 +25,10 @@ from collections import defaultdict
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see generation.py; before torch loads OpenMP
 
-import torch  # noqa: E402
+import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (  # noqa: E402
+from common import (
     GRPOSettings,
     build_hybridrl_grpo,
     cpu_seconds,
@@ -37,8 +37,12 @@ from common import (  # noqa: E402
     matmul_peak_flops,
 )
 
-STAGES = {"gen": "generate_sequences", "old_log_prob": "compute_log_prob", "ref": "compute_ref_log_prob",
-          "update_actor": "update_actor"}
+STAGES = {
+    "gen": "generate_sequences",
+    "old_log_prob": "compute_log_prob",
+    "ref": "compute_ref_log_prob",
+    "update_actor": "update_actor",
+}
 
 
 class StageClock:
@@ -82,11 +86,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     peak = matmul_peak_flops(2048, torch.bfloat16)
-    print(f"bf16 matmul peak (2048^3, {torch.get_num_threads()} threads): {peak['flops_per_s'] / 1e9:.0f} GFLOP/s, "
-          f"{peak['flops_per_cpu_s'] / 1e9:.0f} GFLOP per CPU-second; load average {os.getloadavg()[0]:.1f}",
-          flush=True)
-    settings = GRPOSettings(prompts=args.prompts, group=args.group, response_length=args.response_length,
-                            micro_batch=args.micro_batch, kl_coef=args.kl_coef)
+    print(
+        f"bf16 matmul peak (2048^3, {torch.get_num_threads()} threads): {peak['flops_per_s'] / 1e9:.0f} GFLOP/s, "
+        f"{peak['flops_per_cpu_s'] / 1e9:.0f} GFLOP per CPU-second; load average {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
+    settings = GRPOSettings(
+        prompts=args.prompts,
+        group=args.group,
+        response_length=args.response_length,
+        micro_batch=args.micro_batch,
+        kl_coef=args.kl_coef,
+    )
     total = args.warmup + args.steps
     with tempfile.TemporaryDirectory() as tmp:
         parquet = gsm8k_parquet(tmp, train_size=args.prompts * total)
@@ -103,8 +114,11 @@ def main(argv: list[str] | None = None) -> int:
                 trainer.global_steps += 1
                 if index >= args.warmup:
                     steps.append(dict(clock.step))
-                    print(f"step {index + 1}: " + ", ".join(f"{s} {clock.step[f'{s}/wall']:.1f}s"
-                                                             for s in STAGES if f"{s}/wall" in clock.step), flush=True)
+                    print(
+                        f"step {index + 1}: "
+                        + ", ".join(f"{s} {clock.step[f'{s}/wall']:.1f}s" for s in STAGES if f"{s}/wall" in clock.step),
+                        flush=True,
+                    )
         finally:
             groups.shutdown()
     report(steps, peak)
@@ -119,14 +133,18 @@ def report(steps: list[dict], peak: dict) -> None:
             continue
         rates = [s[f"{stage}/tokens"] / s[f"{stage}/wall"] for s in steps]
         cpu_rates = [s[f"{stage}/tokens"] / s[f"{stage}/cpu"] for s in steps]
-        print(f"{stage:<14}{statistics.median(rates):>10.0f}{statistics.median(cpu_rates):>11.0f}   "
-              f"({min(rates):.0f}-{max(rates):.0f})")
+        print(
+            f"{stage:<14}{statistics.median(rates):>10.0f}{statistics.median(cpu_rates):>11.0f}   "
+            f"({min(rates):.0f}-{max(rates):.0f})"
+        )
     mfu = [s["update_actor/flops"] / s["update_actor/wall"] / peak["flops_per_s"] for s in steps]
     mfu_cpu = [s["update_actor/flops"] / s["update_actor/cpu"] / peak["flops_per_cpu_s"] for s in steps]
     achieved = statistics.median(s["update_actor/flops"] / s["update_actor/wall"] for s in steps)
-    print(f"\nupdate_actor MFU: {100 * statistics.median(mfu):.1f}% of the measured bf16 peak per wall second "
-          f"({achieved / 1e9:.0f} GFLOP/s), {100 * statistics.median(mfu_cpu):.1f}% per CPU second "
-          f"(min-max {100 * min(mfu_cpu):.1f}-{100 * max(mfu_cpu):.1f}%)")
+    print(
+        f"\nupdate_actor MFU: {100 * statistics.median(mfu):.1f}% of the measured bf16 peak per wall second "
+        f"({achieved / 1e9:.0f} GFLOP/s), {100 * statistics.median(mfu_cpu):.1f}% per CPU second "
+        f"(min-max {100 * min(mfu_cpu):.1f}-{100 * max(mfu_cpu):.1f}%)"
+    )
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ import re
 import time
 
 import torch
-
 from common import GSM8K_DIR, MODEL
 
 DATA_DIR = os.path.dirname(GSM8K_DIR)
@@ -38,15 +37,18 @@ def _jsonl(path: str) -> list[dict]:
 def gsm8k_task(n: int) -> tuple[str, list[str], list[str]]:
     rows = _jsonl(os.path.join(GSM8K_DIR, "test.jsonl"))[:n]
     truths = [row["answer"].split("####")[-1].strip().replace(",", "") for row in rows]
-    responses = [row["answer"] if i % 2 == 0 else re.sub(r"####.*$", "#### 0.5", row["answer"])
-                 for i, row in enumerate(rows)]
+    responses = [
+        row["answer"] if i % 2 == 0 else re.sub(r"####.*$", "#### 0.5", row["answer"]) for i, row in enumerate(rows)
+    ]
     return "openai/gsm8k", responses, truths
 
 
 def math_task(n: int) -> tuple[str, list[str], list[str]]:
     rows = _jsonl(os.path.join(DATA_DIR, "math500", "test.jsonl"))[:n]
-    responses = [row["solution"] if i % 2 == 0 else row["solution"] + r" Final answer: $\boxed{\frac{3}{7}}$"
-                 for i, row in enumerate(rows)]
+    responses = [
+        row["solution"] if i % 2 == 0 else row["solution"] + r" Final answer: $\boxed{\frac{3}{7}}$"
+        for i, row in enumerate(rows)
+    ]
     return "HuggingFaceH4/MATH-500", responses, [row["answer"] for row in rows]
 
 
@@ -59,8 +61,10 @@ def code_task(n: int) -> tuple[str, list[str], list[str]] | None:
 
     problems = _jsonl(os.path.join(DATA_DIR, "humaneval", "HumanEval.jsonl.gz"))
     rows = [problems[i % len(problems)] for i in range(n)]
-    responses = [row["canonical_solution"] if i % 2 == 0 else "\n".join(row["canonical_solution"].splitlines()[:-1])
-                 for i, row in enumerate(rows)]
+    responses = [
+        row["canonical_solution"] if i % 2 == 0 else "\n".join(row["canonical_solution"].splitlines()[:-1])
+        for i, row in enumerate(rows)
+    ]
     return "humaneval", responses, [make_ground_truth(row) for row in rows]
 
 
@@ -75,8 +79,11 @@ def make_batch(tokenizer, source: str, responses: list[str], truths: list[str]):
     mask = torch.tensor([[1] + [1] * len(row) + [0] * (width - len(row)) for row in ids])
     return DataProto.from_dict(
         tensors={"prompts": torch.full((len(ids), 1), pad), "responses": response_ids, "attention_mask": mask},
-        non_tensors={"data_source": [source] * len(ids),
-                     "reward_model": [{"style": "rule", "ground_truth": t} for t in truths]})
+        non_tensors={
+            "data_source": [source] * len(ids),
+            "reward_model": [{"style": "rule", "ground_truth": t} for t in truths],
+        },
+    )
 
 
 def rate(manager, data) -> tuple[float, torch.Tensor]:
@@ -100,8 +107,10 @@ def main() -> None:
     tokenizer = load_tokenizer(resolve_model_path(MODEL))
     rows = args.samples * (args.repeats + 1)  # a warm-up batch, then a fresh batch per repeat
     tasks = [task for task in (gsm8k_task(rows), math_task(rows), code_task(rows)) if task]
-    print(f"{args.samples} samples per call, best of {args.repeats}; {os.cpu_count()} cores, load average "
-          f"{os.getloadavg()[0]:.1f}")
+    print(
+        f"{args.samples} samples per call, best of {args.repeats}; {os.cpu_count()} cores, load average "
+        f"{os.getloadavg()[0]:.1f}"
+    )
     print(f"{'task':<24} {'serial/s':>10} {f'{args.workers} workers/s':>13} {'speed-up':>9} {'mean score':>11}")
     with build_reward_pool(args.workers) as pool:
         serial = NaiveRewardManager(tokenizer, 0)
@@ -115,14 +124,16 @@ def main() -> None:
             serial_rate = pool_rate = 0.0
             means = []
             for k in range(1, min(args.repeats, len(data) // n - 1) + 1):
-                batch = data[k * n:(k + 1) * n]
+                batch = data[k * n : (k + 1) * n]
                 serial_k, serial_scores = rate(serial, batch)
                 pool_k, pool_scores = rate(parallel, batch)
                 assert torch.equal(serial_scores, pool_scores), f"{source}: the pool scored differently"
                 serial_rate, pool_rate = max(serial_rate, serial_k), max(pool_rate, pool_k)
                 means.append(serial_scores.sum(-1).mean().item())
             mean = sum(means) / len(means)
-            print(f"{source:<24} {serial_rate:>10.1f} {pool_rate:>13.1f} {pool_rate / serial_rate:>8.2f}x {mean:>11.2f}")
+            print(
+                f"{source:<24} {serial_rate:>10.1f} {pool_rate:>13.1f} {pool_rate / serial_rate:>8.2f}x {mean:>11.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -33,16 +33,36 @@ import torch
 
 # SmolLM2's published config.json shapes (HuggingFaceTB/SmolLM2-{360M,1.7B}); 135M is the real model.
 SHAPES = {
-    "360m": {"hidden_size": 960, "intermediate_size": 2560, "num_hidden_layers": 32, "num_attention_heads": 15,
-             "num_key_value_heads": 5},
-    "1.7b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 24, "num_attention_heads": 32,
-             "num_key_value_heads": 32},
+    "360m": {
+        "hidden_size": 960,
+        "intermediate_size": 2560,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 15,
+        "num_key_value_heads": 5,
+    },
+    "1.7b": {
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+    },
     # a small body whose heads SP=2 divides (SmolLM2-135M has 9), for long-response sweeps on 2 cores
-    "sp-small": {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 12, "num_attention_heads": 8,
-                 "num_key_value_heads": 4},
+    "sp-small": {
+        "hidden_size": 512,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+    },
     # Qwen2.5-0.5B's body (14 heads, 2 KV heads: Ulysses SP=2 divides them), SmolLM2's vocabulary
-    "qwen0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
-                 "num_key_value_heads": 2},
+    "qwen0.5b": {
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+    },
 }
 CACHE = os.path.join(os.path.expanduser("~"), ".cache", "hybridrl", "bench_models")
 
@@ -79,19 +99,33 @@ def overrides(args, model: str, data_dir: str, out_dir: str) -> list[str]:
     """The main job's GRPO keys for this run (examples/run_arithmetic_grpo.sh, shorter)."""
     a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     keys = [
-        "algorithm.adv_estimator=grpo", f"data.train_files={data_dir}/train.parquet",
-        f"data.val_files={data_dir}/test.parquet", f"data.train_batch_size={args.prompts}",
-        "data.max_prompt_length=128", f"data.max_response_length={args.response_length}",
-        f"actor_rollout_ref.model.path={model}", f"actor_rollout_ref.model.lora_rank={args.lora}",
+        "algorithm.adv_estimator=grpo",
+        f"data.train_files={data_dir}/train.parquet",
+        f"data.val_files={data_dir}/test.parquet",
+        f"data.train_batch_size={args.prompts}",
+        "data.max_prompt_length=128",
+        f"data.max_response_length={args.response_length}",
+        f"actor_rollout_ref.model.path={model}",
+        f"actor_rollout_ref.model.lora_rank={args.lora}",
         f"actor_rollout_ref.model.enable_gradient_checkpointing={args.gradient_checkpointing}",
-        f"{a}.optim.lr=1e-5", f"{a}.ppo_mini_batch_size={args.prompts}",
-        f"{a}.ppo_micro_batch_size_per_gpu={args.micro_batch}", f"{a}.use_kl_loss={args.kl}",
-        f"{a}.ulysses_sequence_parallel_size={args.sp}", f"{r}.name=hf", f"{r}.n=4",
-        f"{r}.log_prob_micro_batch_size_per_gpu={args.micro_batch}", "trainer.device=cpu",
-        f"trainer.n_gpus_per_node={args.workers}", f"trainer.total_training_steps={args.steps}",
-        "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1",
-        "trainer.logger=['console','file']", f"trainer.default_local_dir={out_dir}",
-        "trainer.project_name=bench", f"trainer.experiment_name=scale_{args.model}_{args.workers}w",
+        f"{a}.optim.lr=1e-5",
+        f"{a}.ppo_mini_batch_size={args.prompts}",
+        f"{a}.ppo_micro_batch_size_per_gpu={args.micro_batch}",
+        f"{a}.use_kl_loss={args.kl}",
+        f"{a}.ulysses_sequence_parallel_size={args.sp}",
+        f"{r}.name=hf",
+        f"{r}.n=4",
+        f"{r}.log_prob_micro_batch_size_per_gpu={args.micro_batch}",
+        "trainer.device=cpu",
+        f"trainer.n_gpus_per_node={args.workers}",
+        f"trainer.total_training_steps={args.steps}",
+        "trainer.val_before_train=False",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.logger=['console','file']",
+        f"trainer.default_local_dir={out_dir}",
+        "trainer.project_name=bench",
+        f"trainer.experiment_name=scale_{args.model}_{args.workers}w",
     ]
     if args.lora:
         keys.append("actor_rollout_ref.model.lora_alpha=32")
@@ -100,8 +134,9 @@ def overrides(args, model: str, data_dir: str, out_dir: str) -> list[str]:
 
 def plan_gb(keys: list[str]) -> float | None:
     """``hybridrl plan``'s ``per_device_gb`` for ``keys`` (None when it fails)."""
-    out = subprocess.run([sys.executable, "-m", "hybridrl.cli", "plan", *keys, "--json"], capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "hybridrl.cli", "plan", *keys, "--json"], capture_output=True, text=True, timeout=300
+    )
     try:
         return float(json.loads(out.stdout)["per_device_gb"])
     except (ValueError, KeyError):
@@ -121,22 +156,40 @@ def run(args) -> dict:
         start = time.time()
         proc = subprocess.run([sys.executable, "-m", "hybridrl.cli", "train", *keys], capture_output=True, text=True)
         wall = time.time() - start
-        startup = next((float(line.split("peak memory ")[1].split(" GB")[0]) for line in proc.stdout.splitlines()
-                        if "workers built: peak memory" in line), None)
+        startup = next(
+            (
+                float(line.split("peak memory ")[1].split(" GB")[0])
+                for line in proc.stdout.splitlines()
+                if "workers built: peak memory" in line
+            ),
+            None,
+        )
         metrics_file = os.path.join(tmp, "out", "metrics.jsonl")
         steps = [json.loads(line) for line in open(metrics_file)] if os.path.isfile(metrics_file) else []
     if proc.returncode != 0:
         print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
     peak = steps[-1].get("perf/max_memory_allocated_gb") if steps else None
-    timings = [s["timing_s/step"] for s in steps[1:] if "timing_s/step" in s] or \
-              [s["timing_s/step"] for s in steps if "timing_s/step" in s]
-    return {"model": args.model, "workers": args.workers, "lora": args.lora, "sp": args.sp, "set": args.set,
-            "response_length": args.response_length, "gradient_checkpointing": args.gradient_checkpointing,
-            "steps": len(steps), "exit": proc.returncode, "wall_s": round(wall, 1),
-            "startup_peak_gb": startup, "peak_gb": peak, "plan_gb": planned,
-            "plan_error": round(planned / peak - 1, 3) if planned and peak else None,
-            "s_per_step": round(sum(timings) / len(timings), 1) if timings else None,
-            "cpu": torch.backends.cpu.get_cpu_capability()}
+    timings = [s["timing_s/step"] for s in steps[1:] if "timing_s/step" in s] or [
+        s["timing_s/step"] for s in steps if "timing_s/step" in s
+    ]
+    return {
+        "model": args.model,
+        "workers": args.workers,
+        "lora": args.lora,
+        "sp": args.sp,
+        "set": args.set,
+        "response_length": args.response_length,
+        "gradient_checkpointing": args.gradient_checkpointing,
+        "steps": len(steps),
+        "exit": proc.returncode,
+        "wall_s": round(wall, 1),
+        "startup_peak_gb": startup,
+        "peak_gb": peak,
+        "plan_gb": planned,
+        "plan_error": round(planned / peak - 1, 3) if planned and peak else None,
+        "s_per_step": round(sum(timings) / len(timings), 1) if timings else None,
+        "cpu": torch.backends.cpu.get_cpu_capability(),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,7 +25,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from scale import model_folder  # noqa: E402
+from scale import model_folder
 
 
 def _batch(length: int, rows: int = 2, prompt: int = 16):
@@ -36,10 +36,15 @@ def _batch(length: int, rows: int = 2, prompt: int = 16):
     prompts = torch.randint(3, 2000, (rows, prompt), generator=gen)
     responses = torch.randint(3, 2000, (rows, length), generator=gen)
     mask = torch.ones(rows, prompt + length, dtype=torch.long)
-    batch = {"prompts": prompts, "responses": responses, "response_mask": torch.ones(rows, length, dtype=torch.long),
-             "input_ids": torch.cat([prompts, responses], 1), "attention_mask": mask,
-             "position_ids": torch.arange(prompt + length).expand(rows, -1).clone(),
-             "advantages": torch.randn(rows, length, generator=gen)}
+    batch = {
+        "prompts": prompts,
+        "responses": responses,
+        "response_mask": torch.ones(rows, length, dtype=torch.long),
+        "input_ids": torch.cat([prompts, responses], 1),
+        "attention_mask": mask,
+        "position_ids": torch.arange(prompt + length).expand(rows, -1).clone(),
+        "advantages": torch.randn(rows, length, generator=gen),
+    }
     return DataProto.from_dict(tensors=batch, meta_info={"temperature": 1.0})
 
 
@@ -50,16 +55,25 @@ def _group(model: str, sp: int, max_length: int):
     from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker
 
     a = "actor_rollout_ref.actor"
-    cfg = load_config([f"actor_rollout_ref.model.path={model}", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=1",
-                       f"data.max_response_length={max_length}", f"{a}.ppo_mini_batch_size=2",
-                       f"{a}.ppo_micro_batch_size_per_gpu=1", f"{a}.ulysses_sequence_parallel_size={sp}",
-                       f"{a}.entropy_from_logits_with_chunking=true",
-                       "actor_rollout_ref.model.enable_gradient_checkpointing=true",
-                       "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1"])
+    cfg = load_config(
+        [
+            f"actor_rollout_ref.model.path={model}",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.rollout.n=1",
+            f"data.max_response_length={max_length}",
+            f"{a}.ppo_mini_batch_size=2",
+            f"{a}.ppo_micro_batch_size_per_gpu=1",
+            f"{a}.ulysses_sequence_parallel_size={sp}",
+            f"{a}.entropy_from_logits_with_chunking=true",
+            "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
+        ]
+    )
     section = cfg.actor_rollout_ref
     sizes = worker_batch_sizes(section.actor, 1, 2)
-    return RayWorkerGroup(RayResourcePool([2]), RayClassWithInitArgs(ActorRolloutRefWorker, section, sizes,
-                                                                      role="actor", device="cpu"))
+    return RayWorkerGroup(
+        RayResourcePool([2]), RayClassWithInitArgs(ActorRolloutRefWorker, section, sizes, role="actor", device="cpu")
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,8 +91,15 @@ def main(argv: list[str] | None = None) -> int:
     group.init_model()
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     for length in args.lengths:
-        start, record = time.time(), {"model": args.model, "sp": args.sp, "response_length": length,
-                                      "cpu": torch.backends.cpu.get_cpu_capability()}
+        start, record = (
+            time.time(),
+            {
+                "model": args.model,
+                "sp": args.sp,
+                "response_length": length,
+                "cpu": torch.backends.cpu.get_cpu_capability(),
+            },
+        )
         try:
             batch = _batch(length)
             batch.batch["old_log_probs"] = group.compute_log_prob(batch).batch["old_log_probs"]

@@ -50,12 +50,17 @@ IMPORT_MAP: dict[str, str | None] = {
     "verl.utils.py_functional": None,
 }
 
-_TO_TENSORDICT = ("DataProto.to_tensordict / from_tensordict: verl's TensorDict+NonTensorData transfer "
-                  "format; hybridrl has none")
-_METRIC = ("Metric / AggregationType: verl's worker-side metric accumulators; hybridrl workers report plain "
-           "{name: [values]} dicts (the critic sums its micro-batch losses itself)")
-_SERIALIZE = ("verl's numpy wire format for pickling (VERL_DATAPROTO_SERIALIZATION_METHOD); "
-              "hybridrl pickles the TensorDict itself")
+_TO_TENSORDICT = (
+    "DataProto.to_tensordict / from_tensordict: verl's TensorDict+NonTensorData transfer format; hybridrl has none"
+)
+_METRIC = (
+    "Metric / AggregationType: verl's worker-side metric accumulators; hybridrl workers report plain "
+    "{name: [values]} dicts (the critic sums its micro-batch losses itself)"
+)
+_SERIALIZE = (
+    "verl's numpy wire format for pickling (VERL_DATAPROTO_SERIALIZATION_METHOD); "
+    "hybridrl pickles the TensorDict itself"
+)
 
 
 @dataclass
@@ -65,43 +70,55 @@ class VerlTestFile:
 
 
 VERL_TEST_FILES = [
-    VerlTestFile("tests/test_protocol_on_cpu.py", excluded={
-        "test_union_tensor_dict": "verl-internal helper on raw TensorDicts; hybridrl has DataProto.union",
-        "test_union_numpy_dict": "verl-internal helper on dicts of arrays (incl. circular references); "
-                                 "hybridrl has DataProto.union",
-        "test_tensor_dict_constructor": "hybridrl supports from_dict(num_batch_dims=2) on purpose; verl "
-                                        "asserts num_batch_dims == 1",
-        "test_dataproto_unfold_column_chunks": "hybridrl keeps a list of equal-length lists 1-D (rows are "
-                                               "lists), verl makes it a 2-D object array; split parts differ in shape",
-        "test_to_tensordict": _TO_TENSORDICT,
-        "test_from_tensordict": _TO_TENSORDICT,
-        "test_to_tensordict_with_nested_lists": _TO_TENSORDICT,
-        "test_to_tensordict_with_nested_dicts": _TO_TENSORDICT,
-        "test_to_tensordict_with_complex_nested_structures": _TO_TENSORDICT,
-        "test_to_tensordict_and_back_with_nested_data": _TO_TENSORDICT,
-        "test_to_tensordict_agent_loop_scenario": _TO_TENSORDICT,
-        "test_serialize_deserialize_single_tensor": _SERIALIZE,
-        "test_serialize_deserialize_tensordict_regular_tensors": _SERIALIZE,
-        "test_serialize_deserialize_tensordict_nested_tensors": _SERIALIZE,
-        "test_serialize_deserialize_tensordict_mixed_types": _SERIALIZE,
-        "test_serialize_deserialize_tensordict_with_device": _SERIALIZE,
-        "test_numpy_dataproto_serialization_skips_tensordict_consolidation": _SERIALIZE,
-    }),
-    VerlTestFile("tests/trainer/ppo/test_metric_utils_on_cpu.py", excluded={
-        "TestMetric": _METRIC,
-        "TestComputeTimingMetrics::test_compute_timing_metrics": "patches the private "
+    VerlTestFile(
+        "tests/test_protocol_on_cpu.py",
+        excluded={
+            "test_union_tensor_dict": "verl-internal helper on raw TensorDicts; hybridrl has DataProto.union",
+            "test_union_numpy_dict": "verl-internal helper on dicts of arrays (incl. circular references); "
+            "hybridrl has DataProto.union",
+            "test_tensor_dict_constructor": "hybridrl supports from_dict(num_batch_dims=2) on purpose; verl "
+            "asserts num_batch_dims == 1",
+            "test_dataproto_unfold_column_chunks": "hybridrl keeps a list of equal-length lists 1-D (rows are "
+            "lists), verl makes it a 2-D object array; split parts differ in shape",
+            "test_to_tensordict": _TO_TENSORDICT,
+            "test_from_tensordict": _TO_TENSORDICT,
+            "test_to_tensordict_with_nested_lists": _TO_TENSORDICT,
+            "test_to_tensordict_with_nested_dicts": _TO_TENSORDICT,
+            "test_to_tensordict_with_complex_nested_structures": _TO_TENSORDICT,
+            "test_to_tensordict_and_back_with_nested_data": _TO_TENSORDICT,
+            "test_to_tensordict_agent_loop_scenario": _TO_TENSORDICT,
+            "test_serialize_deserialize_single_tensor": _SERIALIZE,
+            "test_serialize_deserialize_tensordict_regular_tensors": _SERIALIZE,
+            "test_serialize_deserialize_tensordict_nested_tensors": _SERIALIZE,
+            "test_serialize_deserialize_tensordict_mixed_types": _SERIALIZE,
+            "test_serialize_deserialize_tensordict_with_device": _SERIALIZE,
+            "test_numpy_dataproto_serialization_skips_tensordict_consolidation": _SERIALIZE,
+        },
+    ),
+    VerlTestFile(
+        "tests/trainer/ppo/test_metric_utils_on_cpu.py",
+        excluded={
+            "TestMetric": _METRIC,
+            "TestComputeTimingMetrics::test_compute_timing_metrics": "patches the private "
             "verl.trainer.ppo.metric_utils._compute_response_info by its dotted path (not an import)",
-    }),
-    VerlTestFile("tests/trainer/ppo/test_core_algos_on_cpu.py", excluded={
-        "TestRegisterAdvEst": "setUp replaces the module's ADV_ESTIMATOR_REGISTRY dict (by its dotted path, "
-                              "not an import) and expects register_adv_est to write into the replacement; "
-                              "hybridrl's registry is hybridrl.algorithms.advantages' own dict (enum names, "
-                              "refused duplicates and re-registration are in hybridrl's tests)",
-    }),
+        },
+    ),
+    VerlTestFile(
+        "tests/trainer/ppo/test_core_algos_on_cpu.py",
+        excluded={
+            "TestRegisterAdvEst": "setUp replaces the module's ADV_ESTIMATOR_REGISTRY dict (by its dotted path, "
+            "not an import) and expects register_adv_est to write into the replacement; "
+            "hybridrl's registry is hybridrl.algorithms.advantages' own dict (enum names, "
+            "refused duplicates and re-registration are in hybridrl's tests)",
+        },
+    ),
     VerlTestFile("tests/trainer/ppo/test_loss_aggregation_on_cpu.py"),
-    VerlTestFile("tests/trainer/ppo/test_value_loss_normalization_on_cpu.py", excluded={
-        "test_vf_loss_metric_sum_aggregation_reports_global_mean": _METRIC,
-    }),
+    VerlTestFile(
+        "tests/trainer/ppo/test_value_loss_normalization_on_cpu.py",
+        excluded={
+            "test_vf_loss_metric_sum_aggregation_reports_global_mean": _METRIC,
+        },
+    ),
     VerlTestFile("tests/trainer/ppo/test_reinforce_pp_multiturn_on_cpu.py"),
 ]
 
@@ -194,7 +211,7 @@ def rewrite_imports(source: str) -> tuple[str, list[tuple[str, str]], list[str]]
         missing += lacking
         first, last = node.lineno - 1, node.end_lineno - 1
         indent = re.match(r"\s*", lines[first]).group(0)
-        old = "".join(lines[first:last + 1]).strip()
+        old = "".join(lines[first : last + 1]).strip()
         new = "; ".join(statements)
         changes.append((old, new))
         lines[first] = indent + new + "\n"
@@ -208,12 +225,28 @@ def _wheel_tests(version: str) -> str:
     folder = os.path.join(CACHE_DIR, f"verl-{version}")
     if not os.path.isdir(os.path.join(folder, "tests")):
         os.makedirs(CACHE_DIR, exist_ok=True)
-        result = subprocess.run([sys.executable, "-m", "pip", "download", f"verl=={version}", "--no-deps",
-                                 "--only-binary=:all:", "-q", "-d", CACHE_DIR], capture_output=True, text=True)
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                f"verl=={version}",
+                "--no-deps",
+                "--only-binary=:all:",
+                "-q",
+                "-d",
+                CACHE_DIR,
+            ],
+            capture_output=True,
+            text=True,
+        )
         wheels = [w for w in os.listdir(CACHE_DIR) if w.startswith(f"verl-{version}-") and w.endswith(".whl")]
         if result.returncode != 0 or not wheels:
-            raise SystemExit(f"verl_compat: cannot download verl=={version}: {result.stderr.strip()[-300:]}; "
-                             "use --verl-repo with a verl checkout instead")
+            raise SystemExit(
+                f"verl_compat: cannot download verl=={version}: {result.stderr.strip()[-300:]}; "
+                "use --verl-repo with a verl checkout instead"
+            )
         shutil.unpack_archive(os.path.join(CACHE_DIR, wheels[0]), folder, format="zip")
     return folder
 
@@ -257,8 +290,17 @@ def run_file(spec: VerlTestFile, source: str, workdir: str, show_imports: bool, 
         for old, new in changes:
             print(f"  - {' '.join(old.split())}\n  + {new}")
     xml_path = target + ".xml"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--import-mode=importlib",
-           f"--junitxml={xml_path}", spec.path]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--import-mode=importlib",
+        f"--junitxml={xml_path}",
+        spec.path,
+    ]
     for test_id in spec.excluded if exclude else ():
         cmd.append(f"--deselect={spec.path}::{test_id}")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([workdir, REPO_ROOT, os.environ.get("PYTHONPATH", "")]))
@@ -280,8 +322,10 @@ def _report(results: list[dict], specs: list[VerlTestFile], verbose: bool) -> in
     print(f"\n{'verl test file':<{width}}  passed  failed  skipped  excluded")
     for r in results:
         counts = {k: sum(v == k for v in r["outcomes"].values()) for k in ("passed", "failed", "skipped")}
-        print(f"{r['path']:<{width}}  {counts['passed']:>6}  {counts['failed']:>6}  {counts['skipped']:>7}  "
-              f"{r['excluded']:>8}")
+        print(
+            f"{r['path']:<{width}}  {counts['passed']:>6}  {counts['failed']:>6}  {counts['skipped']:>7}  "
+            f"{r['excluded']:>8}"
+        )
     failed_any = False
     for r, spec in zip(results, specs):
         print(f"\n{r['path']}")
@@ -303,14 +347,20 @@ def _report(results: list[dict], specs: list[VerlTestFile], verbose: bool) -> in
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--verl-version", default=DEFAULT_VERL_VERSION,
-                        help="read the tests from this release's wheel (downloaded once)")
+    parser.add_argument(
+        "--verl-version",
+        default=DEFAULT_VERL_VERSION,
+        help="read the tests from this release's wheel (downloaded once)",
+    )
     parser.add_argument("--verl-repo", default=None, help="read them from this verl git repository instead")
     parser.add_argument("--rev", default="HEAD", help="with --verl-repo: the revision to read")
     parser.add_argument("--show-imports", action="store_true", help="print each rewritten import")
     parser.add_argument("--verbose", action="store_true", help="print pytest's output when a test fails")
-    parser.add_argument("--no-exclude", action="store_true",
-                        help="run the excluded tests too (to see whether an exclusion is still needed)")
+    parser.add_argument(
+        "--no-exclude",
+        action="store_true",
+        help="run the excluded tests too (to see whether an exclusion is still needed)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder and print its path")
     args = parser.parse_args(argv)
 
@@ -321,8 +371,10 @@ def main(argv: list[str] | None = None) -> int:
         f.write("[pytest]\n")
     sys.path.insert(0, REPO_ROOT)  # _resolve imports hybridrl modules to see which names exist
     try:
-        results = [run_file(spec, _read_test(args, spec.path), workdir, args.show_imports, not args.no_exclude)
-                   for spec in VERL_TEST_FILES]
+        results = [
+            run_file(spec, _read_test(args, spec.path), workdir, args.show_imports, not args.no_exclude)
+            for spec in VERL_TEST_FILES
+        ]
         return _report(results, VERL_TEST_FILES, args.verbose)
     finally:
         if args.keep:

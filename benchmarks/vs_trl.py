@@ -59,12 +59,20 @@ class StepMeter:
         from common import peak_rss_mib
 
         (cpu0, wall0, tok0), (cpu1, wall1, tok1) = self.marks[self.warmup - 1], self.marks[-1]
-        return {"steps": len(self.marks) - self.warmup, "tokens": tok1 - tok0, "cpu_s": cpu1 - cpu0,
-                "wall_s": wall1 - wall0, "peak_rss_mib": peak_rss_mib()}
+        return {
+            "steps": len(self.marks) - self.warmup,
+            "tokens": tok1 - tok0,
+            "cpu_s": cpu1 - cpu0,
+            "wall_s": wall1 - wall0,
+            "peak_rss_mib": peak_rss_mib(),
+        }
 
 
-ROLLOUTS = {"hf": [], "vllm": ["actor_rollout_ref.rollout.name=vllm"],
-            "vllm_async": ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=async"]}
+ROLLOUTS = {
+    "hf": [],
+    "vllm": ["actor_rollout_ref.rollout.name=vllm"],
+    "vllm_async": ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=async"],
+}
 
 
 def run_hybridrl(settings, parquet_dir: str, warmup: int, steps: int, rollout: str = "hf") -> dict:
@@ -86,10 +94,10 @@ def run_hybridrl(settings, parquet_dir: str, warmup: int, steps: int, rollout: s
 def run_trl(settings, parquet_dir: str, warmup: int, steps: int) -> dict:
     import datasets
     import torch
+    from common import MODEL
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from common import MODEL
     from hybridrl.models import load_causal_lm, load_tokenizer, resolve_model_path
     from hybridrl.rewards import default_compute_score
 
@@ -100,20 +108,42 @@ def run_trl(settings, parquet_dir: str, warmup: int, steps: int) -> dict:
     data = data.select_columns(["prompt", "ground_truth", "data_source"])
 
     def gsm8k_reward(completions, ground_truth, data_source, **_) -> list[float]:
-        scores = [default_compute_score(src, c[0]["content"], gt) for c, gt, src in zip(completions, ground_truth,
-                                                                                        data_source)]
+        scores = [
+            default_compute_score(src, c[0]["content"], gt)
+            for c, gt, src in zip(completions, ground_truth, data_source)
+        ]
         return [float(s["score"] if isinstance(s, dict) else s) for s in scores]
 
     rows = settings.prompts * settings.group
     args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="trl-"), use_cpu=True, bf16=True, seed=settings.seed,
-        per_device_train_batch_size=settings.micro_batch, gradient_accumulation_steps=rows // settings.micro_batch,
-        num_generations=settings.group, max_completion_length=settings.response_length,
-        temperature=1.0, top_p=1.0, top_k=0, beta=settings.kl_coef, epsilon=settings.clip_ratio,
-        loss_type="dapo", scale_rewards="group", num_iterations=1,
-        learning_rate=settings.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=settings.weight_decay,
-        max_grad_norm=settings.grad_clip, gradient_checkpointing=False, shuffle_dataset=False,
-        max_steps=warmup + steps, logging_steps=1, save_strategy="no", report_to=[], dataloader_num_workers=0,
+        output_dir=tempfile.mkdtemp(prefix="trl-"),
+        use_cpu=True,
+        bf16=True,
+        seed=settings.seed,
+        per_device_train_batch_size=settings.micro_batch,
+        gradient_accumulation_steps=rows // settings.micro_batch,
+        num_generations=settings.group,
+        max_completion_length=settings.response_length,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=settings.kl_coef,
+        epsilon=settings.clip_ratio,
+        loss_type="dapo",
+        scale_rewards="group",
+        num_iterations=1,
+        learning_rate=settings.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=settings.weight_decay,
+        max_grad_norm=settings.grad_clip,
+        gradient_checkpointing=False,
+        shuffle_dataset=False,
+        max_steps=warmup + steps,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        dataloader_num_workers=0,
         disable_tqdm=True,
     )
     meter = StepMeter(warmup)
@@ -122,8 +152,14 @@ def run_trl(settings, parquet_dir: str, warmup: int, steps: int) -> dict:
         def on_step_end(self, args, state, control, **kwargs):
             meter.step_done(state.num_input_tokens_seen)
 
-    trainer = GRPOTrainer(model=load_causal_lm(path), reward_funcs=gsm8k_reward, args=args, train_dataset=data,
-                          processing_class=load_tokenizer(path), callbacks=[Meter()])
+    trainer = GRPOTrainer(
+        model=load_causal_lm(path),
+        reward_funcs=gsm8k_reward,
+        args=args,
+        train_dataset=data,
+        processing_class=load_tokenizer(path),
+        callbacks=[Meter()],
+    )
     trainer.train()
     return meter.result()
 
@@ -131,8 +167,14 @@ def run_trl(settings, parquet_dir: str, warmup: int, steps: int) -> dict:
 def child(framework: str, args) -> int:
     from common import GRPOSettings, gsm8k_parquet
 
-    settings = GRPOSettings(prompts=args.prompts, group=args.group, response_length=args.response_length,
-                            micro_batch=args.micro_batch, kl_coef=args.kl_coef, lr=args.lr)
+    settings = GRPOSettings(
+        prompts=args.prompts,
+        group=args.group,
+        response_length=args.response_length,
+        micro_batch=args.micro_batch,
+        kl_coef=args.kl_coef,
+        lr=args.lr,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         parquet = gsm8k_parquet(tmp, train_size=args.prompts * (args.warmup + args.steps))
         if framework == "trl":
@@ -159,18 +201,23 @@ def parent(args, argv: list[str]) -> int:
                 return code
             with open(out) as f:
                 results[framework] = json.load(f)
-    print(f"\nGRPO, SmolLM2-135M, {args.prompts} prompts x {args.group} responses, {args.response_length} new tokens, "
-          f"micro batch {args.micro_batch}, kl_coef {args.kl_coef}; {args.steps} timed steps after {args.warmup}; "
-          f"hybridrl's rollout: {args.rollout}")
+    print(
+        f"\nGRPO, SmolLM2-135M, {args.prompts} prompts x {args.group} responses, {args.response_length} new tokens, "
+        f"micro batch {args.micro_batch}, kl_coef {args.kl_coef}; {args.steps} timed steps after {args.warmup}; "
+        f"hybridrl's rollout: {args.rollout}"
+    )
     print(f"{'framework':<10}{'tokens':>9}{'cpu s':>9}{'wall s':>9}{'tok/cpu-s':>11}{'peak RSS MiB':>14}")
     for name, r in results.items():
-        print(f"{name:<10}{r['tokens']:>9.0f}{r['cpu_s']:>9.1f}{r['wall_s']:>9.1f}{r['tokens'] / r['cpu_s']:>11.1f}"
-              f"{r['peak_rss_mib']:>14.0f}")
+        print(
+            f"{name:<10}{r['tokens']:>9.0f}{r['cpu_s']:>9.1f}{r['wall_s']:>9.1f}{r['tokens'] / r['cpu_s']:>11.1f}"
+            f"{r['peak_rss_mib']:>14.0f}"
+        )
     if len(results) == 2:
         h, t = results["hybridrl"], results["trl"]
         ratio = (h["tokens"] / h["cpu_s"]) / (t["tokens"] / t["cpu_s"])
-        print(f"hybridrl / TRL: {ratio:.2f}x tokens per CPU-second, {h['peak_rss_mib'] / t['peak_rss_mib']:.2f}x "
-              "peak RSS")
+        print(
+            f"hybridrl / TRL: {ratio:.2f}x tokens per CPU-second, {h['peak_rss_mib'] / t['peak_rss_mib']:.2f}x peak RSS"
+        )
     return 0
 
 

@@ -20,46 +20,86 @@ from hybridrl.errors import keeps_traceback
 # name -> (module with main(argv) -> int, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("hybridrl.trainer.main_ppo", "PPO/GRPO training (same keys as verl's main_ppo)"),
-    "sft": ("hybridrl.trainer.sft_trainer", "supervised fine-tuning, full or LoRA (same keys as verl's fsdp_sft_trainer)"),
-    "rm": ("hybridrl.trainer.rm_trainer", "reward-model training on preference pairs (Bradley-Terry), for reward_model.enable"),
-    "merge": ("hybridrl.trainer.merge", "checkpoint folder -> Hugging Face folder: --local_dir <ckpt>/actor --target_dir DIR"),
+    "sft": (
+        "hybridrl.trainer.sft_trainer",
+        "supervised fine-tuning, full or LoRA (same keys as verl's fsdp_sft_trainer)",
+    ),
+    "rm": (
+        "hybridrl.trainer.rm_trainer",
+        "reward-model training on preference pairs (Bradley-Terry), for reward_model.enable",
+    ),
+    "merge": (
+        "hybridrl.trainer.merge",
+        "checkpoint folder -> Hugging Face folder: --local_dir <ckpt>/actor --target_dir DIR",
+    ),
     "preprocess": ("hybridrl.data.preprocess", "write a data set as verl parquet: hybridrl preprocess <task> ..."),
-    "generate": ("hybridrl.trainer.main_generation", "sample N responses per prompt into a parquet (verl's main_generation)"),
+    "generate": (
+        "hybridrl.trainer.main_generation",
+        "sample N responses per prompt into a parquet (verl's main_generation)",
+    ),
     "eval": ("hybridrl.trainer.main_eval", "score generated responses: mean@N, pass@k, maj@N, best@N per data source"),
-    "plot": ("hybridrl.inspection.plot", "draw reward, KL, entropy, length and throughput curves: hybridrl plot <run dir> -o curves.png"),
-    "view": ("hybridrl.inspection.viewer", "browse sample dumps (trainer.rollout_data_dir) by step and score; --print for a table"),
-    "plan": ("hybridrl.trainer.plan_cli", "memory per role and device before launching, from config.json: hybridrl plan key=value ... [--device-memory GB] [--json]"),
-    "config": ("hybridrl.inspection.show_config", "print the resolved config: hybridrl config --show [--name sft_trainer] [key=value ...]"),
-    "diagnose": ("hybridrl.inspection.diagnose", "versions, CPU/GPU devices, Ray status and which optional parts are usable"),
-    "retriever": ("hybridrl.agents.retrieval_server", "BM25 retrieval for search agents: hybridrl retriever index|serve --corpus corpus.jsonl [--index_dir DIR]"),
+    "plot": (
+        "hybridrl.inspection.plot",
+        "draw reward, KL, entropy, length and throughput curves: hybridrl plot <run dir> -o curves.png",
+    ),
+    "view": (
+        "hybridrl.inspection.viewer",
+        "browse sample dumps (trainer.rollout_data_dir) by step and score; --print for a table",
+    ),
+    "plan": (
+        "hybridrl.trainer.plan_cli",
+        "memory per role and device before launching, from config.json: "
+        "hybridrl plan key=value ... [--device-memory GB] [--json]",
+    ),
+    "config": (
+        "hybridrl.inspection.show_config",
+        "print the resolved config: hybridrl config --show [--name sft_trainer] [key=value ...]",
+    ),
+    "diagnose": (
+        "hybridrl.inspection.diagnose",
+        "versions, CPU/GPU devices, Ray status and which optional parts are usable",
+    ),
+    "retriever": (
+        "hybridrl.agents.retrieval_server",
+        "BM25 retrieval for search agents: hybridrl retriever index|serve --corpus corpus.jsonl [--index_dir DIR]",
+    ),
 }
 
 
 def usage() -> str:
     width = max(len(name) for name in COMMANDS) + 2
     lines = [f"  {name:<{width}}{text}" for name, (_, text) in COMMANDS.items()]
-    return ("usage: hybridrl <command> [args]\n\ncommands:\n" + "\n".join(lines) + "\n\n"
-            "hybridrl <command> --help for its usage. Start with the main job (GRPO on CPU, ~10 min):\n"
-            "  bash examples/run_arithmetic_grpo.sh\n"
-            "docs: README.md, docs/config.md, docs/algorithms.md, docs/rollout.md, docs/agents.md, docs/performance.md\n")
+    return (
+        "usage: hybridrl <command> [args]\n\ncommands:\n" + "\n".join(lines) + "\n\n"
+        "hybridrl <command> --help for its usage. Start with the main job (GRPO on CPU, ~10 min):\n"
+        "  bash examples/run_arithmetic_grpo.sh\n"
+        "docs: README.md, docs/config.md, docs/algorithms.md, docs/rollout.md, docs/agents.md, docs/performance.md\n"
+    )
 
 
-_CONFIG_COMMANDS = {"ppo_trainer": "train", "sft_trainer": "sft", "rm_trainer": "rm", "generation": "generate",
-                    "evaluation": "eval"}
+_CONFIG_COMMANDS = {
+    "ppo_trainer": "train",
+    "sft_trainer": "sft",
+    "rm_trainer": "rm",
+    "generation": "generate",
+    "evaluation": "eval",
+}
 
 
 def command_help(config_name: str) -> str:
     """``hybridrl <command> --help``: how the command takes its settings and where to start."""
     command = _CONFIG_COMMANDS.get(config_name, config_name)
-    return "\n".join([
-        f"usage: hybridrl {command} key=value ...",
-        "",
-        f"Settings are verl's config keys as key=value overrides of the packaged {config_name}.yaml.",
-        f"  all keys with their defaults:  hybridrl config --show --name {config_name}",
-        f"  check a command line:          hybridrl config --check --name {config_name} key=value ...",
-        "  the main job (GRPO on CPU, ~10 min):  bash examples/run_arithmetic_grpo.sh",
-        "  docs: README.md, docs/config.md (keys), docs/algorithms.md, docs/rollout.md, docs/agents.md",
-    ])
+    return "\n".join(
+        [
+            f"usage: hybridrl {command} key=value ...",
+            "",
+            f"Settings are verl's config keys as key=value overrides of the packaged {config_name}.yaml.",
+            f"  all keys with their defaults:  hybridrl config --show --name {config_name}",
+            f"  check a command line:          hybridrl config --check --name {config_name} key=value ...",
+            "  the main job (GRPO on CPU, ~10 min):  bash examples/run_arithmetic_grpo.sh",
+            "  docs: README.md, docs/config.md (keys), docs/algorithms.md, docs/rollout.md, docs/agents.md",
+        ]
+    )
 
 
 def run_cli(run: Callable[[Any], Any], config_name: str, argv: list[str] | None = None) -> int:

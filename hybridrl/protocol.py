@@ -59,8 +59,7 @@ def _as_object_array(key: str, value: Any) -> np.ndarray:
             out[i] = v
         return out
     raise DataProtoError(
-        f"non_tensor_batch['{key}'] is a {type(value).__name__}; give a list or np.ndarray "
-        "with one entry per row"
+        f"non_tensor_batch['{key}'] is a {type(value).__name__}; give a list or np.ndarray with one entry per row"
     )
 
 
@@ -101,9 +100,7 @@ class DataProto:
     meta_info: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        self.non_tensor_batch = {
-            k: _as_object_array(k, v) for k, v in (self.non_tensor_batch or {}).items()
-        }
+        self.non_tensor_batch = {k: _as_object_array(k, v) for k, v in (self.non_tensor_batch or {}).items()}
         self.meta_info = {} if self.meta_info is None else self.meta_info
         self.check_consistency()
 
@@ -116,7 +113,7 @@ class DataProto:
         meta_info: dict | None = None,
         num_batch_dims: int = 1,
         auto_padding: bool = False,
-    ) -> "DataProto":
+    ) -> DataProto:
         """Build from ``tensors`` (each ``(n, ...)``), ``non_tensors`` (lists / arrays of len n).
 
         The first ``num_batch_dims`` dims of every tensor form the batch size and must agree.
@@ -140,8 +137,7 @@ class DataProto:
             for key, t in tensors.items():
                 if not isinstance(t, torch.Tensor):
                     raise DataProtoError(
-                        f"tensors['{key}'] is a {type(t).__name__}, not a torch.Tensor; "
-                        "put it in non_tensors instead"
+                        f"tensors['{key}'] is a {type(t).__name__}, not a torch.Tensor; put it in non_tensors instead"
                     )
                 if tuple(t.shape[:num_batch_dims]) != batch_size:
                     raise BatchSizeMismatchError(
@@ -154,7 +150,7 @@ class DataProto:
     @classmethod
     def from_single_dict(
         cls, data: dict[str, Any], meta_info: dict | None = None, auto_padding: bool = False
-    ) -> "DataProto":
+    ) -> DataProto:
         """Split a mixed dict: ``torch.Tensor`` values go to ``batch``, ndarrays / lists to
         ``non_tensor_batch`` (as object arrays). Any other value type raises DataProtoError.
         Returns an instance of ``cls``; ``auto_padding`` as in :meth:`from_dict`."""
@@ -185,9 +181,7 @@ class DataProto:
             n, ref = self.batch.batch_size[0], "batch"
         for key, val in self.non_tensor_batch.items():
             if val.ndim == 0:
-                raise BatchSizeMismatchError(
-                    f"non_tensor_batch['{key}'] is 0-d; give one entry per row"
-                )
+                raise BatchSizeMismatchError(f"non_tensor_batch['{key}'] is 0-d; give one entry per row")
             if n is None:
                 n, ref = val.shape[0], f"non_tensor_batch['{key}']"
             elif val.shape[0] != n:
@@ -258,9 +252,7 @@ class DataProto:
         ):
             missing = [k for k in (keys or []) if k not in avail]
             if missing:
-                raise MissingKeyError(
-                    f"{where} has no key {missing[0]!r}; available: {sorted(avail)}"
-                )
+                raise MissingKeyError(f"{where} has no key {missing[0]!r}; available: {sorted(avail)}")
 
     def select(
         self,
@@ -268,7 +260,7 @@ class DataProto:
         non_tensor_batch_keys: Sequence[str] | None = None,
         meta_info_keys: Sequence[str] | None = None,
         deepcopy: bool = False,
-    ) -> "DataProto":
+    ) -> DataProto:
         """A new DataProto with only the named keys (``None`` keeps all of that part).
 
         Without ``deepcopy`` the tensors and arrays are shared with ``self``; with it, every
@@ -294,7 +286,7 @@ class DataProto:
         batch_keys: Sequence[str] | None = None,
         non_tensor_batch_keys: Sequence[str] | None = None,
         meta_info_keys: Sequence[str] | None = None,
-    ) -> "DataProto":
+    ) -> DataProto:
         """Remove the named keys from ``self`` and return them as a new DataProto.
 
         ``None`` pops nothing from that part. Raises :class:`MissingKeyError` (before
@@ -309,20 +301,18 @@ class DataProto:
             batch = TensorDict(tensors, batch_size=self.batch.batch_size)
         return DataProto(batch=batch, non_tensor_batch=non_tensors, meta_info=meta)
 
-    def rename(self, old_keys: str | Sequence[str], new_keys: str | Sequence[str]) -> "DataProto":
+    def rename(self, old_keys: str | Sequence[str], new_keys: str | Sequence[str]) -> DataProto:
         """Rename batch keys in place (a str or equal-length lists); returns ``self``."""
         old = [old_keys] if isinstance(old_keys, str) else list(old_keys)
         new = [new_keys] if isinstance(new_keys, str) else list(new_keys)
         if len(old) != len(new):
-            raise DataProtoError(
-                f"rename got {len(old)} old keys and {len(new)} new keys; give one new per old"
-            )
+            raise DataProtoError(f"rename got {len(old)} old keys and {len(new)} new keys; give one new per old")
         self._check_keys(old, None, None)
         for o, n in zip(old, new):
             self.batch.rename_key_(o, n)
         return self
 
-    def union(self, other: "DataProto") -> "DataProto":
+    def union(self, other: DataProto) -> DataProto:
         """Merge ``other`` into ``self`` in place and return ``self``.
 
         Both must have the same length. A key present in both must hold equal values
@@ -338,15 +328,11 @@ class DataProto:
             else:
                 for k, v in other.batch.items():
                     if k in self.batch.keys() and not torch.equal(self.batch[k], v):
-                        raise UnionConflictError(
-                            f"union: batch['{k}'] differs between the two DataProtos"
-                        )
+                        raise UnionConflictError(f"union: batch['{k}'] differs between the two DataProtos")
                     self.batch[k] = v
         for k, v in other.non_tensor_batch.items():
             if k in self.non_tensor_batch and not arrays_equal(self.non_tensor_batch[k], v):
-                raise UnionConflictError(
-                    f"union: non_tensor_batch['{k}'] differs between the two DataProtos"
-                )
+                raise UnionConflictError(f"union: non_tensor_batch['{k}'] differs between the two DataProtos")
             self.non_tensor_batch[k] = v
         for k, v in other.meta_info.items():
             if k in self.meta_info and not values_equal(self.meta_info[k], v):
@@ -355,7 +341,7 @@ class DataProto:
         return self
 
     # ----------------------------------------------------------------- row operations
-    def chunk(self, chunks: int) -> list["DataProto"]:
+    def chunk(self, chunks: int) -> list[DataProto]:
         """Split into ``chunks`` equal parts (``len(self) % chunks`` must be 0).
 
         Raises :class:`ChunkSizeError`; pad first with :func:`pad_dataproto_to_divisor`.
@@ -368,14 +354,14 @@ class DataProto:
             )
         return self.split(n // chunks)
 
-    def split(self, split_size: int) -> list["DataProto"]:
+    def split(self, split_size: int) -> list[DataProto]:
         """Consecutive parts of ``split_size`` rows; the last one may be smaller."""
         if split_size < 1:
             raise ChunkSizeError(f"split: split_size={split_size}; it must be >= 1")
         return [self.slice(i, i + split_size) for i in range(0, len(self), split_size)]
 
     @staticmethod
-    def concat(data: Sequence["DataProto"]) -> "DataProto":
+    def concat(data: Sequence[DataProto]) -> DataProto:
         """Concatenate DataProtos row-wise (all must have the same keys); returns ``type(data[0])``.
 
         ``meta_info`` is merged as in verl:
@@ -401,13 +387,11 @@ class DataProto:
                     f"has {keys0}/{nkeys0}; all items need the same keys"
                 )
         batch = torch.cat([d.batch for d in data], dim=0) if keys0 is not None else None
-        non_tensor = {
-            k: np.concatenate([d.non_tensor_batch[k] for d in data], axis=0) for k in nkeys0
-        }
+        non_tensor = {k: np.concatenate([d.non_tensor_batch[k] for d in data], axis=0) for k in nkeys0}
         meta = merge_meta_info([d.meta_info for d in data])
         return type(first)(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
 
-    def repeat(self, repeat_times: int = 2, interleave: bool = True) -> "DataProto":
+    def repeat(self, repeat_times: int = 2, interleave: bool = True) -> DataProto:
         """Repeat every row ``repeat_times`` times.
 
         ``interleave=True``: ``[a, b] → [a, a, b, b]`` (each prompt's samples together, as
@@ -422,9 +406,7 @@ class DataProto:
             idx = np.tile(np.arange(n), repeat_times)
         return self[idx]
 
-    def sample_level_repeat(
-        self, repeat_times: Sequence[int] | np.ndarray | torch.Tensor
-    ) -> "DataProto":
+    def sample_level_repeat(self, repeat_times: Sequence[int] | np.ndarray | torch.Tensor) -> DataProto:
         """Repeat row ``i`` ``repeat_times[i]`` times, each row's copies kept together.
 
         ``repeat_times``: list / tuple / 1-D ndarray / 1-D tensor of ``len(self)`` ints >= 0;
@@ -433,9 +415,7 @@ class DataProto:
         """
         return protocol_ops.sample_level_repeat(self, repeat_times)
 
-    def unfold_column_chunks(
-        self, n_split: int, split_keys: Sequence[str] | None = None
-    ) -> "DataProto":
+    def unfold_column_chunks(self, n_split: int, split_keys: Sequence[str] | None = None) -> DataProto:
         """Cut each row's dim 1 of ``split_keys`` into ``n_split`` rows; repeat the other keys.
 
         ``(n, c, ...)`` becomes ``(n * n_split, c // n_split, ...)``; see
@@ -467,7 +447,7 @@ class DataProto:
         protocol_ops.save_to_disk(self, filepath)
 
     @classmethod
-    def load_from_disk(cls, filepath) -> "DataProto":
+    def load_from_disk(cls, filepath) -> DataProto:
         """Read a file of :meth:`save_to_disk` with ``torch.load(weights_only=True)``: a file
         that would run code on load is refused (see :func:`hybridrl.protocol_ops.load_from_disk`)."""
         return protocol_ops.load_from_disk(filepath, cls)
@@ -479,7 +459,7 @@ class DataProto:
             self.batch = self.batch[t_idx]
         self.non_tensor_batch = {k: v[np_idx] for k, v in self.non_tensor_batch.items()}
 
-    def to(self, device: str | torch.device) -> "DataProto":
+    def to(self, device: str | torch.device) -> DataProto:
         """Move the tensors to ``device`` in place; returns ``self``."""
         if self.batch is not None:
             self.batch = self.batch.to(device)

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-__all__ = ["DataProtoError", "BatchSizeMismatchError", "MissingKeyError", "UnionConflictError", "ChunkSizeError",
-           "ConcatConflictError"]
+__all__ = [
+    "DataProtoError",
+    "BatchSizeMismatchError",
+    "MissingKeyError",
+    "UnionConflictError",
+    "ChunkSizeError",
+    "ConcatConflictError",
+]
 
 
 class DataProtoError(ValueError, AssertionError):

@@ -50,9 +50,7 @@ def fold_batch_dim(data: DataProto, new_batch_size: int) -> DataProto:
     if data.batch is not None:
         tensors = {k: t.reshape(new_batch_size, -1, *t.shape[1:]) for k, t in data.batch.items()}
         batch = TensorDict(tensors, batch_size=[new_batch_size], device=data.batch.device)
-    non_tensor = {
-        k: v.reshape(new_batch_size, -1, *v.shape[1:]) for k, v in data.non_tensor_batch.items()
-    }
+    non_tensor = {k: v.reshape(new_batch_size, -1, *v.shape[1:]) for k, v in data.non_tensor_batch.items()}
     return type(data)(batch=batch, non_tensor_batch=non_tensor, meta_info=dict(data.meta_info))
 
 
@@ -73,9 +71,7 @@ def unfold_batch_dim(data: DataProto, batch_dims: int = 2) -> DataProto:
     lead = None
     for key, value in values.items():
         if value.ndim < batch_dims:
-            raise DataProtoError(
-                f"unfold_batch_dim: '{key}' has {value.ndim} dims, fewer than batch_dims={batch_dims}"
-            )
+            raise DataProtoError(f"unfold_batch_dim: '{key}' has {value.ndim} dims, fewer than batch_dims={batch_dims}")
         if lead is None:
             lead, lead_key = tuple(value.shape[:batch_dims]), key
         elif tuple(value.shape[:batch_dims]) != lead:
@@ -88,9 +84,7 @@ def unfold_batch_dim(data: DataProto, batch_dims: int = 2) -> DataProto:
     if data.batch is not None:
         tensors = {k: t.reshape(rows, *t.shape[batch_dims:]) for k, t in data.batch.items()}
         batch = TensorDict(tensors, batch_size=[rows], device=data.batch.device)
-    non_tensor = {
-        k: v.reshape(rows, *v.shape[batch_dims:]) for k, v in data.non_tensor_batch.items()
-    }
+    non_tensor = {k: v.reshape(rows, *v.shape[batch_dims:]) for k, v in data.non_tensor_batch.items()}
     return type(data)(batch=batch, non_tensor_batch=non_tensor, meta_info=dict(data.meta_info))
 
 
@@ -124,9 +118,7 @@ def _repeat_counts(repeat_times: Any, n: int) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- column chunks
-def unfold_column_chunks(
-    data: DataProto, n_split: int, split_keys: Sequence[str] | None = None
-) -> DataProto:
+def unfold_column_chunks(data: DataProto, n_split: int, split_keys: Sequence[str] | None = None) -> DataProto:
     """Cut dim 1 of each ``split_keys`` value into ``n_split`` pieces, one new row per piece.
 
     A split tensor or ≥2-D array ``(n, c, ...)`` becomes ``(n * n_split, c // n_split, ...)``,
@@ -178,9 +170,7 @@ def _split_columns(key: str, value, n_split: int):
         )
     n, c = value.shape[0], value.shape[1]
     if c % n_split != 0:
-        raise ChunkSizeError(
-            f"unfold_column_chunks: '{key}' has {c} columns, not a multiple of n_split={n_split}"
-        )
+        raise ChunkSizeError(f"unfold_column_chunks: '{key}' has {c} columns, not a multiple of n_split={n_split}")
     return value.reshape(n * n_split, c // n_split, *value.shape[2:])
 
 
@@ -200,7 +190,7 @@ def _split_elements(key: str, value: np.ndarray, n_split: int) -> np.ndarray:
                 f"not a multiple of n_split={n_split}"
             )
         for j in range(n_split):
-            out[row * n_split + j] = element[j * size:(j + 1) * size]
+            out[row * n_split + j] = element[j * size : (j + 1) * size]
     return out
 
 
@@ -246,8 +236,13 @@ def make_iterator(
     if seed is not None:
         generator = torch.Generator()
         generator.manual_seed(seed)
-    loader = DataLoader(range(n), batch_size=mini_batch_size, collate_fn=_collate_indices,
-                        generator=generator, **(dataloader_kwargs or {}))
+    loader = DataLoader(
+        range(n),
+        batch_size=mini_batch_size,
+        collate_fn=_collate_indices,
+        generator=generator,
+        **(dataloader_kwargs or {}),
+    )
 
     def batches() -> Iterator[DataProto]:
         for _ in range(epochs):
@@ -373,9 +368,7 @@ def load_from_disk(filepath: str | os.PathLike, cls: type[DataProto]) -> DataPro
             "only files written by DataProto.save_to_disk can be read"
         ) from None
     if not isinstance(payload, dict) or payload.get("format") != _FILE_FORMAT:
-        raise DataProtoError(
-            f"load_from_disk: {os.fspath(filepath)!r} was not written by DataProto.save_to_disk"
-        )
+        raise DataProtoError(f"load_from_disk: {os.fspath(filepath)!r} was not written by DataProto.save_to_disk")
     if payload.get("version") != _FILE_VERSION:
         raise DataProtoError(
             f"load_from_disk: {os.fspath(filepath)!r} has format version {payload.get('version')}; "
@@ -384,8 +377,7 @@ def load_from_disk(filepath: str | os.PathLike, cls: type[DataProto]) -> DataPro
     batch = None
     if payload["batch"] is not None:
         batch = TensorDict(payload["batch"]["tensors"], batch_size=payload["batch"]["batch_size"])
-    return cls(batch=batch, non_tensor_batch=payload["non_tensor_batch"],
-               meta_info=payload["meta_info"])
+    return cls(batch=batch, non_tensor_batch=payload["non_tensor_batch"], meta_info=payload["meta_info"])
 
 
 # --------------------------------------------------------------------------- padding to a divisor
@@ -417,7 +409,12 @@ def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:
 
 
 # --------------------------------------------------------------------------- joining generation batches
-_PROMPT_TENSORS = (("prompts", None), ("input_ids", None), ("attention_mask", 0), ("position_ids", 0))  # key, fill (None: pad id)
+_PROMPT_TENSORS = (
+    ("prompts", None),
+    ("input_ids", None),
+    ("attention_mask", 0),
+    ("position_ids", 0),
+)  # key, fill (None: pad id)
 
 
 def concat_padded(parts: list[DataProto], pad_token_id: int) -> DataProto:

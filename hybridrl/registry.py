@@ -65,9 +65,16 @@ class Registry:
         TypeError: ``error`` is not a RegistryError subclass.
     """
 
-    def __init__(self, kind: str, config_key: Optional[str] = None, *, error: type = RegistryError,
-                 replace: bool = False, hint: Optional[str] = None,
-                 builtins: Optional[dict[str, str]] = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        config_key: Optional[str] = None,
+        *,
+        error: type = RegistryError,
+        replace: bool = False,
+        hint: Optional[str] = None,
+        builtins: Optional[dict[str, str]] = None,
+    ) -> None:
         if not (isinstance(error, type) and issubclass(error, RegistryError)):
             raise TypeError(f"Registry({kind!r}): error={error!r} must be a subclass of RegistryError")
         self.kind, self.config_key, self.error, self.replace, self.hint = kind, config_key, error, replace, hint
@@ -126,12 +133,15 @@ class Registry:
     def _refuse_duplicate(self, name: str, obj: Any) -> None:
         old = self.table.get(name)
         if old is not None and old is not obj:
-            raise self.error(f"{self.kind} {name!r} is already registered to {_describe(old)}; "
-                             f"pick another name for {_describe(obj)}")
+            raise self.error(
+                f"{self.kind} {name!r} is already registered to {_describe(old)}; "
+                f"pick another name for {_describe(obj)}"
+            )
         target = self._lazy.get(name)
         if old is None and target is not None and target != _target(obj):
-            raise self.error(f"{self.kind} {name!r} is already registered to {target}; "
-                             f"pick another name for {_describe(obj)}")
+            raise self.error(
+                f"{self.kind} {name!r} is already registered to {target}; pick another name for {_describe(obj)}"
+            )
 
     # ------------------------------------------------------------------ lookup
     def get(self, name: Any) -> Any:
@@ -182,7 +192,7 @@ class Registry:
             raise self.error(self.unknown_message(name))
         return dict(self._caps.get(name, {}))
 
-    def having(self, capability: str) -> "CapabilityView":
+    def having(self, capability: str) -> CapabilityView:
         """A live, read-only set of the names whose ``capability`` is truthy."""
         return CapabilityView(self, capability)
 
@@ -222,4 +232,3 @@ class CapabilityView(Set):
 
     def __repr__(self) -> str:
         return f"{{{', '.join(map(repr, self))}}}"
-

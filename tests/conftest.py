@@ -77,8 +77,14 @@ def vllm_model_dir(tokenizer_dir, tmp_path_factory):
     1 KV head), with the real SmolLM2 tokenizer, as an HF folder."""
     from tiny_models import build_tiny_model
 
-    return build_tiny_model(tokenizer_dir, str(tmp_path_factory.mktemp("tiny_vllm")), hidden_size=128,
-                            num_heads=2, num_kv_heads=1, intermediate_size=256)
+    return build_tiny_model(
+        tokenizer_dir,
+        str(tmp_path_factory.mktemp("tiny_vllm")),
+        hidden_size=128,
+        num_heads=2,
+        num_kv_heads=1,
+        intermediate_size=256,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -116,8 +122,12 @@ def async_vllm_engine(_async_vllm_engines, vllm_model, tokenizer):
         _async_vllm_engines.pop("engine").shutdown()
         engine = None
     if engine is None:
-        engine = AsyncVLLMRollout(copy.deepcopy(vllm_model), engine_config(mode="async", max_model_len=300), tokenizer,
-                                  vllm_model.generation_config)
+        engine = AsyncVLLMRollout(
+            copy.deepcopy(vllm_model),
+            engine_config(mode="async", max_model_len=300),
+            tokenizer,
+            vllm_model.generation_config,
+        )
         _async_vllm_engines["engine"] = engine
     return engine
 

@@ -25,19 +25,25 @@ def _recipes() -> dict[str, str]:
         title, _, body = section.partition("\n")
         blocks = re.findall(r"```python\n(.*?)```", body, flags=re.S)
         if title.startswith("How to add ") and blocks:
-            recipes[title[len("How to add "):]] = blocks[0]
+            recipes[title[len("How to add ") :]] = blocks[0]
     return recipes
 
 
 def _run(title: str) -> dict:
     namespace = {"__name__": f"recipe_{title.replace(' ', '_')}"}
-    exec(compile(_recipes()[title], f"{DOC}: {title}", "exec"), namespace)  # noqa: S102 - our own doc
+    exec(compile(_recipes()[title], f"{DOC}: {title}", "exec"), namespace)  # our own doc
     return namespace
 
 
 def test_every_component_kind_has_a_recipe():
-    assert set(_recipes()) == {"an advantage estimator", "a policy loss", "a reward", "a rollout engine",
-                               "an agent loop", "a worker role"}
+    assert set(_recipes()) == {
+        "an advantage estimator",
+        "a policy loss",
+        "a reward",
+        "a rollout engine",
+        "an agent loop",
+        "a worker role",
+    }
 
 
 @pytest.fixture
@@ -60,8 +66,9 @@ def _scored_batch(scores, uids, length=3):
     mask = torch.ones(len(scores), length)
     rewards = torch.zeros(len(scores), length)
     rewards[:, -1] = torch.tensor(scores)
-    return DataProto.from_dict({"token_level_rewards": rewards, "response_mask": mask},
-                               non_tensors={"uid": np.array(uids, dtype=object)})
+    return DataProto.from_dict(
+        {"token_level_rewards": rewards, "response_mask": mask}, non_tensors={"uid": np.array(uids, dtype=object)}
+    )
 
 
 def test_advantage_estimator_recipe(registered):
@@ -105,7 +112,9 @@ def test_agent_loop_recipe(registered, tokenizer):
         async def generate(self, prompt_ids, sampling_params, max_new_tokens, stop=None):
             return [7, 8, tokenizer.eos_token_id][:max_new_tokens]
 
-    loop = get_agent_loop_cls("answer_then_check")(AgentContext(engine=Engine(), tokenizer=tokenizer, response_length=64))
+    loop = get_agent_loop_cls("answer_then_check")(
+        AgentContext(engine=Engine(), tokenizer=tokenizer, response_length=64)
+    )
     out = asyncio.run(loop.run({}, raw_prompt_ids=[1, 2, 3]))
     check = tokenizer("\nCheck your answer.\n", add_special_tokens=False)["input_ids"]
     turn = [7, 8, tokenizer.eos_token_id]
@@ -126,14 +135,28 @@ def test_worker_role_recipe():
 def _train(data_dir, model_dir, out_dir, *extra):
     from hybridrl.trainer.main_ppo import main
 
-    args = [f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
-            "data.train_batch_size=2", "data.max_prompt_length=256", "data.filter_overlong_prompts=True",
-            "data.max_response_length=6", f"actor_rollout_ref.model.path={model_dir}",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-            "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
-            "actor_rollout_ref.actor.use_kl_loss=False", "trainer.device=cpu", "trainer.logger=['file']",
-            f"trainer.default_local_dir={out_dir}", "trainer.total_training_steps=1", "trainer.test_freq=-1",
-            "trainer.save_freq=-1", "trainer.val_before_train=False", *extra]
+    args = [
+        f"data.train_files={data_dir}/train.parquet",
+        f"data.val_files={data_dir}/test.parquet",
+        "data.train_batch_size=2",
+        "data.max_prompt_length=256",
+        "data.filter_overlong_prompts=True",
+        "data.max_response_length=6",
+        f"actor_rollout_ref.model.path={model_dir}",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.actor.use_kl_loss=False",
+        "trainer.device=cpu",
+        "trainer.logger=['file']",
+        f"trainer.default_local_dir={out_dir}",
+        "trainer.total_training_steps=1",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.val_before_train=False",
+        *extra,
+    ]
     assert main(args) == 0
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
@@ -143,14 +166,24 @@ def _train(data_dir, model_dir, out_dir, *extra):
 def test_estimator_and_loss_recipes_train_through_the_cli(registered, gsm8k_parquet, tiny_model_dir, tmp_path):
     registered("an advantage estimator")
     registered("a policy loss")
-    (row,) = _train(gsm8k_parquet, tiny_model_dir, tmp_path, "algorithm.adv_estimator=mean_baseline",
-                    "actor_rollout_ref.actor.policy_loss.loss_mode=plain_pg")
+    (row,) = _train(
+        gsm8k_parquet,
+        tiny_model_dir,
+        tmp_path,
+        "algorithm.adv_estimator=mean_baseline",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=plain_pg",
+    )
     assert np.isfinite(row["actor/pg_loss"]) and row["actor/grad_norm"] >= 0
 
 
 @pytest.mark.slow
 def test_rollout_engine_recipe_generates_through_the_cli(registered, gsm8k_parquet, tiny_model_dir, tmp_path):
     registered("a rollout engine")
-    (row,) = _train(gsm8k_parquet, tiny_model_dir, tmp_path, "algorithm.adv_estimator=grpo",
-                    "actor_rollout_ref.rollout.name=eos_only")
+    (row,) = _train(
+        gsm8k_parquet,
+        tiny_model_dir,
+        tmp_path,
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.rollout.name=eos_only",
+    )
     assert row["response_length/mean"] == 1 and row["response_length/clip_ratio"] == 0

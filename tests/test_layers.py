@@ -10,10 +10,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _lint(config: str) -> subprocess.CompletedProcess:
-    script = ("import sys; from importlinter.cli import lint_imports; "
-              "sys.exit(lint_imports(config_filename=sys.argv[1], no_cache=True))")
-    return subprocess.run([sys.executable, "-c", script, config], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    script = (
+        "import sys; from importlinter.cli import lint_imports; "
+        "sys.exit(lint_imports(config_filename=sys.argv[1], no_cache=True))"
+    )
+    return subprocess.run([sys.executable, "-c", script, config], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
 def test_import_contracts_are_kept():

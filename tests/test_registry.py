@@ -39,8 +39,10 @@ def test_unknown_name_is_one_line_with_key_known_names_and_suggestion():
     with pytest.raises(MyError) as err:
         reg.get("grpoo")
     msg = str(err.value)
-    assert msg == ("section.widget='grpoo' is not a known widget (did you mean 'grpo'?); known: gae, grpo; "
-                   "register yours with @register_widget")
+    assert msg == (
+        "section.widget='grpoo' is not a known widget (did you mean 'grpo'?); known: gae, grpo; "
+        "register yours with @register_widget"
+    )
     assert isinstance(err.value, ValueError) and "\n" not in msg
     plain = Registry("widget", error=MyError)
     plain.register("gae", g)

@@ -61,11 +61,17 @@ def actor_batch_sizes(actor_rollout_ref, world_size: int = 1) -> dict:
 
 
 # Tests compare numbers in fp32; `auto` would be bf16 on a CPU with native bf16.
-_FP32 = {"actor_rollout_ref": {"actor": {"fsdp_config": {"mixed_precision": {"param_dtype": "fp32"}}},
-                               "rollout": {"dtype": "float32"}},
-         "critic": {"model": {"fsdp_config": {"mixed_precision": {"param_dtype": "fp32"}}}},
-         "reward_model": {"model": {"fsdp_config": {"mixed_precision": {"param_dtype": "fp32"}}},
-                          "rollout": {"dtype": "float32"}}}
+_FP32 = {
+    "actor_rollout_ref": {
+        "actor": {"fsdp_config": {"mixed_precision": {"param_dtype": "fp32"}}},
+        "rollout": {"dtype": "float32"},
+    },
+    "critic": {"model": {"fsdp_config": {"mixed_precision": {"param_dtype": "fp32"}}}},
+    "reward_model": {
+        "model": {"fsdp_config": {"mixed_precision": {"param_dtype": "fp32"}}},
+        "rollout": {"dtype": "float32"},
+    },
+}
 
 
 def ppo_config_with(changes: dict | None = None):

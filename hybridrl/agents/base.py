@@ -35,9 +35,13 @@ _BUILTIN_LOOPS = {
     "search_agent": "hybridrl.agents.search_agent:SearchAgentLoop",
 }
 AGENT_LOOPS = Registry(
-    "agent loop", "agent_name", error=AgentNameError, builtins=_BUILTIN_LOOPS,
+    "agent loop",
+    "agent_name",
+    error=AgentNameError,
+    builtins=_BUILTIN_LOOPS,
     hint="fix the data's agent_name column (or actor_rollout_ref.rollout.agent.default_agent_loop) "
-         "or register yours with @hybridrl.agents.register_agent_loop")
+    "or register yours with @hybridrl.agents.register_agent_loop",
+)
 
 
 @dataclass

@@ -72,9 +72,11 @@ class ChatTurnEncoder:
         self._prefix = _template(tokenizer, _DUMMY)
         at = self._prefix.rfind(_MARK)
         if at < 0:
-            raise AgentConfigError("the chat template drops assistant messages; multi-turn agent loops need a "
-                                   "template that renders them (set actor_rollout_ref.model.custom_chat_template)")
-        self._tail = self._prefix[at + len(_MARK):]  # what closes an assistant turn, e.g. "<|im_end|>\n"
+            raise AgentConfigError(
+                "the chat template drops assistant messages; multi-turn agent loops need a "
+                "template that renders them (set actor_rollout_ref.model.custom_chat_template)"
+            )
+        self._tail = self._prefix[at + len(_MARK) :]  # what closes an assistant turn, e.g. "<|im_end|>\n"
         eos = tokenizer.eos_token
         self._tail_after_eos = self._tail.split(eos, 1)[1] if eos and eos in self._tail else self._tail
         self.eos_token_id = tokenizer.eos_token_id
@@ -90,7 +92,8 @@ class ChatTurnEncoder:
             raise AgentConfigError(
                 "the chat template renders earlier turns differently once new messages follow, so new "
                 "turns cannot be appended token-exactly; set actor_rollout_ref.model.custom_chat_template "
-                "to a template without that behaviour")
+                "to a template without that behaviour"
+            )
         ended = bool(model_turn_ids) and model_turn_ids[-1] == self.eos_token_id
-        text = (self._tail_after_eos if ended else self._tail) + full[len(self._prefix):]
+        text = (self._tail_after_eos if ended else self._tail) + full[len(self._prefix) :]
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -55,7 +55,8 @@ class MultiTurnConfig:
     completion_callback: Optional[str] = refused(None, "custom multi-turn completion callbacks")
     use_inference_chat_template: bool = ignored(False, "the prompt's own chat template is used")
     tokenization_sanity_check_mode: str = ignored(
-        "strict", "agent loops append token ids turn by turn and never re-tokenise")
+        "strict", "agent loops append token ids turn by turn and never re-tokenise"
+    )
     format: str = "hermes"
     search: SearchConfig = field(default_factory=SearchConfig)
     retriever: RetrieverConfig = "${retriever}"  # the top-level section, handed to the rollout worker
@@ -67,5 +68,6 @@ class AgentLoopConfig:
 
     default_agent_loop: str = "single_turn_agent"
     num_workers: int = ignored(8, "the agent loops run as asyncio tasks in the rollout worker")
-    custom_async_server: ClassRefConfig = refused(factory=ClassRefConfig,
-                                                  subkeys={"path": "a custom async rollout server"})
+    custom_async_server: ClassRefConfig = refused(
+        factory=ClassRefConfig, subkeys={"path": "a custom async rollout server"}
+    )

@@ -14,8 +14,9 @@ from hybridrl.registry import Registry, RegistryError
 __all__ = ["read_yaml_list", "resolve_class"]
 
 
-def resolve_class(registry: Registry, class_name: Any, aliases: dict[str, str], base: type, where: str,
-                  example: str = "") -> type:
+def resolve_class(
+    registry: Registry, class_name: Any, aliases: dict[str, str], base: type, where: str, example: str = ""
+) -> type:
     """The class a config's ``class_name`` means: a name in ``registry``, a verl dotted path in
     ``aliases``, or any dotted path to a ``base`` subclass.
 
@@ -33,9 +34,9 @@ def resolve_class(registry: Registry, class_name: Any, aliases: dict[str, str], 
     if not (isinstance(cls, type) and issubclass(cls, base)):
         raise AgentConfigError(
             f"{where}: class_name={class_name!r} is not a {base.__name__} subclass that can be imported; use a "
-            f"dotted path{example} or one of {', '.join(registry.names())}")
+            f"dotted path{example} or one of {', '.join(registry.names())}"
+        )
     return cls
-
 
 
 def read_yaml_list(path: str, key: str, config_key: str) -> list:

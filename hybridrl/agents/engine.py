@@ -56,12 +56,13 @@ class AsyncBatchEngine:
         self.num_batches = 0
         self.num_requests = 0
 
-    def session(self) -> "_Session":
+    def session(self) -> _Session:
         """``async with engine.session():`` around one loop's run, so batches wait for it."""
         return _Session(self)
 
-    async def generate(self, prompt_ids: list[int], sampling_params: dict | None, max_new_tokens: int,
-                       stop: list[str] | None = None) -> list[int]:
+    async def generate(
+        self, prompt_ids: list[int], sampling_params: dict | None, max_new_tokens: int, stop: list[str] | None = None
+    ) -> list[int]:
         """Sample a continuation of ``prompt_ids``.
 
         Args:
@@ -117,8 +118,12 @@ class AsyncBatchEngine:
                 groups.setdefault((request.sampling, request.stop), []).append(request)
             for (sampling, stop), requests in groups.items():
                 call = functools.partial(
-                    self.rollout.generate_token_ids, [r.prompt_ids for r in requests],
-                    max(r.max_new_tokens for r in requests), dict(sampling), list(stop) or None)
+                    self.rollout.generate_token_ids,
+                    [r.prompt_ids for r in requests],
+                    max(r.max_new_tokens for r in requests),
+                    dict(sampling),
+                    list(stop) or None,
+                )
                 self.num_batches += 1
                 self.num_requests += len(requests)
                 try:
@@ -131,8 +136,9 @@ class AsyncBatchEngine:
                 for r, ids in zip(requests, outputs):
                     if not r.future.done():
                         # Sampling is left to right: the first k ids of a longer run are a valid sample.
-                        r.future.set_result(ids.head(r.max_new_tokens) if hasattr(ids, "head")
-                                            else list(ids[: r.max_new_tokens]))
+                        r.future.set_result(
+                            ids.head(r.max_new_tokens) if hasattr(ids, "head") else list(ids[: r.max_new_tokens])
+                        )
 
     def close(self) -> None:
         """Stop the generation thread."""
@@ -143,7 +149,7 @@ class _Session:
     def __init__(self, engine: AsyncBatchEngine) -> None:
         self.engine = engine
 
-    async def __aenter__(self) -> "_Session":
+    async def __aenter__(self) -> _Session:
         self.engine._live += 1
         return self
 
@@ -170,8 +176,9 @@ class RequestEngine:
         """Nothing to count: no batch waits for a loop."""
         return contextlib.nullcontext()
 
-    async def generate(self, prompt_ids: list[int], sampling_params: dict | None, max_new_tokens: int,
-                       stop: list[str] | None = None) -> list[int]:
+    async def generate(
+        self, prompt_ids: list[int], sampling_params: dict | None, max_new_tokens: int, stop: list[str] | None = None
+    ) -> list[int]:
         """As :meth:`AsyncBatchEngine.generate`."""
         if max_new_tokens <= 0:
             return []

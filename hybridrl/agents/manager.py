@@ -26,7 +26,9 @@ __all__ = ["AgentLoopManager", "pad_trajectories"]
 _SAMPLING_KEYS = ("do_sample", "temperature", "top_p", "top_k")
 
 
-def pad_trajectories(outputs: list[AgentLoopOutput], pad_token_id: int, response_length: int) -> dict[str, torch.Tensor]:
+def pad_trajectories(
+    outputs: list[AgentLoopOutput], pad_token_id: int, response_length: int
+) -> dict[str, torch.Tensor]:
     """The batch tensors of ``HFRollout.generate_sequences`` for agent trajectories.
 
     Args:
@@ -53,8 +55,8 @@ def pad_trajectories(outputs: list[AgentLoopOutput], pad_token_id: int, response
     for i, out in enumerate(outputs):
         n, m = len(out.prompt_ids), len(out.response_ids)
         if n:
-            prompts[i, width - n:] = torch.tensor(out.prompt_ids)
-            prompt_mask[i, width - n:] = 1
+            prompts[i, width - n :] = torch.tensor(out.prompt_ids)
+            prompt_mask[i, width - n :] = 1
         if m:
             responses[i, :m] = torch.tensor(out.response_ids)
             response_attention[i, :m] = 1
@@ -128,8 +130,9 @@ class AgentLoopManager:
         """
         if self._retriever is None:
             cfg = self.multi_turn.retriever
-            self._retriever = make_retriever(url=cfg.url, corpus_path=cfg.corpus_path, index_dir=cfg.index_dir,
-                                             timeout_s=float(cfg.timeout))
+            self._retriever = make_retriever(
+                url=cfg.url, corpus_path=cfg.corpus_path, index_dir=cfg.index_dir, timeout_s=float(cfg.timeout)
+            )
         return self._retriever
 
     def _rows(self, prompts: DataProto) -> tuple[list[str], list[dict]]:
@@ -183,9 +186,15 @@ class AgentLoopManager:
     async def _run_all(self, names, rows, sampling, response_length) -> list[AgentLoopOutput]:
         # An engine with its own scheduler takes one request per turn; else turns are batched here.
         engine = RequestEngine(self.rollout) if hasattr(self.rollout, "agenerate") else AsyncBatchEngine(self.rollout)
-        context = AgentContext(engine=engine, tokenizer=self.tokenizer, response_length=response_length,
-                               multi_turn=self.multi_turn, tools=self.tools, interactions=self.interactions,
-                               get_retriever=self.get_retriever)
+        context = AgentContext(
+            engine=engine,
+            tokenizer=self.tokenizer,
+            response_length=response_length,
+            multi_turn=self.multi_turn,
+            tools=self.tools,
+            interactions=self.interactions,
+            get_retriever=self.get_retriever,
+        )
         try:
             return await asyncio.gather(*(self._run_one(context, n, sampling, r) for n, r in zip(names, rows)))
         finally:
@@ -197,7 +206,9 @@ class AgentLoopManager:
         async with context.engine.session():
             out = await loop.run(sampling, **row)
         if len(out.response_ids) != len(out.response_mask) or len(out.response_ids) > context.response_length:
-            raise RuntimeError(f"agent loop {name!r} returned {len(out.response_ids)} response ids with "
-                               f"{len(out.response_mask)} mask entries (limit {context.response_length}); "
-                               "a loop must keep them equal and within response_length")
+            raise RuntimeError(
+                f"agent loop {name!r} returned {len(out.response_ids)} response ids with "
+                f"{len(out.response_mask)} mask entries (limit {context.response_length}); "
+                "a loop must keep them equal and within response_length"
+            )
         return out

@@ -85,7 +85,7 @@ def read_corpus(corpus_path: str) -> list[dict]:
         DataError: the file is missing or empty, a line is not JSON, or lacks ``id``/``contents``.
     """
     if not os.path.isfile(corpus_path):
-        raise DataError(f"corpus {corpus_path}: file not found; pass a jsonl file of {{\"id\", \"contents\"}} rows")
+        raise DataError(f'corpus {corpus_path}: file not found; pass a jsonl file of {{"id", "contents"}} rows')
     docs = []
     for lineno, row in iter_jsonl(corpus_path):
         if not isinstance(row, dict) or "id" not in row or not isinstance(row.get("contents"), str):
@@ -95,7 +95,9 @@ def read_corpus(corpus_path: str) -> list[dict]:
             )
         docs.append({"id": str(row["id"]), "contents": row["contents"]})
     if not docs:
-        raise DataError(f"corpus {corpus_path}: no passages in the file; it needs one {{\"id\", \"contents\"}} row per line")
+        raise DataError(
+            f'corpus {corpus_path}: no passages in the file; it needs one {{"id", "contents"}} row per line'
+        )
     return docs
 
 
@@ -136,7 +138,7 @@ class BM25Index:
         return len(self.docs)
 
     @classmethod
-    def build(cls, corpus_path: str) -> "BM25Index":
+    def build(cls, corpus_path: str) -> BM25Index:
         """Index a corpus jsonl file (rows ``{"id", "contents"}``, see :func:`read_corpus`).
 
         Raises:
@@ -160,8 +162,12 @@ class BM25Index:
         tmp = tempfile.mkdtemp(prefix=".bm25_tmp_", dir=parent)
         try:
             self._model.save(tmp, corpus=self.docs, show_progress=False)
-            meta = {"format": _INDEX_FORMAT, "num_docs": len(self.docs), "tokenizer": _TOKENIZER,
-                    "corpus_fingerprint": self.corpus_fingerprint}
+            meta = {
+                "format": _INDEX_FORMAT,
+                "num_docs": len(self.docs),
+                "tokenizer": _TOKENIZER,
+                "corpus_fingerprint": self.corpus_fingerprint,
+            }
             with open(os.path.join(tmp, _META_FILE), "w", encoding="utf-8") as f:
                 json.dump(meta, f, indent=1)
             old = None
@@ -176,7 +182,7 @@ class BM25Index:
             raise
 
     @classmethod
-    def load(cls, index_dir: str) -> "BM25Index":
+    def load(cls, index_dir: str) -> BM25Index:
         """Load an index written by :meth:`save`.
 
         Raises:
@@ -190,7 +196,9 @@ class BM25Index:
         with open(meta_path, encoding="utf-8") as f:
             meta = json.load(f)
         if meta.get("format") != _INDEX_FORMAT or meta.get("tokenizer") != _TOKENIZER:
-            raise DataError(f"index_dir {index_dir}: written by another hybridrl version (format {meta.get('format')}); {hint}")
+            raise DataError(
+                f"index_dir {index_dir}: written by another hybridrl version (format {meta.get('format')}); {hint}"
+            )
         bm25s = _require_bm25s()
         try:
             model = bm25s.BM25.load(index_dir, load_corpus=True, show_progress=False)
@@ -199,8 +207,10 @@ class BM25Index:
         docs = model.corpus
         model.corpus = None  # hits are built from self.docs; bm25s need not keep a second reference
         if docs is None or len(docs) != meta["num_docs"]:
-            raise DataError(f"index_dir {index_dir}: corpus.jsonl has {0 if docs is None else len(docs)} passages, "
-                            f"the index {meta['num_docs']}; {hint}")
+            raise DataError(
+                f"index_dir {index_dir}: corpus.jsonl has {0 if docs is None else len(docs)} passages, "
+                f"the index {meta['num_docs']}; {hint}"
+            )
         return cls(model, list(docs), meta.get("corpus_fingerprint"))
 
     def search(self, queries: list[str], topk: int) -> list[list[dict]]:
@@ -227,9 +237,9 @@ class BM25Index:
         indices, scores = self._model.retrieve(tokens, k=k, show_progress=False, n_threads=0)
         results = []
         for row_idx, row_scores in zip(indices.tolist(), scores.tolist()):
-            results.append([
-                {"document": dict(self.docs[i]), "score": float(s)} for i, s in zip(row_idx, row_scores) if s > 0
-            ])
+            results.append(
+                [{"document": dict(self.docs[i]), "score": float(s)} for i, s in zip(row_idx, row_scores) if s > 0]
+            )
         return results
 
 
@@ -252,8 +262,9 @@ class HttpRetriever(Retriever):
 
     def __init__(self, url: str, timeout_s: float = 10.0):
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise ConfigError(f"retriever url={url!r}: give the full http(s) URL of the endpoint, "
-                              "e.g. http://127.0.0.1:8000/retrieve")
+            raise ConfigError(
+                f"retriever url={url!r}: give the full http(s) URL of the endpoint, e.g. http://127.0.0.1:8000/retrieve"
+            )
         if not timeout_s > 0:
             raise ConfigError(f"retriever timeout_s={timeout_s}: must be > 0 seconds")
         self.url = url
@@ -277,18 +288,26 @@ class HttpRetriever(Retriever):
         try:
             resp = requests.post(self.url, json=payload, timeout=self.timeout_s)
         except requests.Timeout:
-            raise RetrieverError(f"retriever {self.url} did not answer within {self.timeout_s:g} s; "
-                                 "check the server's load or raise the timeout") from None
+            raise RetrieverError(
+                f"retriever {self.url} did not answer within {self.timeout_s:g} s; "
+                "check the server's load or raise the timeout"
+            ) from None
         except requests.RequestException as exc:
-            raise RetrieverError(f"retriever {self.url} is not reachable ({type(exc).__name__}); {start_hint}") from None
+            raise RetrieverError(
+                f"retriever {self.url} is not reachable ({type(exc).__name__}); {start_hint}"
+            ) from None
         if resp.status_code != 200:
-            raise RetrieverError(f"retriever {self.url} answered HTTP {resp.status_code}: "
-                                 f"{resp.text[:200]!r}; check the URL (it must end in /retrieve) and the server log")
+            raise RetrieverError(
+                f"retriever {self.url} answered HTTP {resp.status_code}: "
+                f"{resp.text[:200]!r}; check the URL (it must end in /retrieve) and the server log"
+            )
         try:
             return _parse_hits(resp.json(), len(queries))
         except (ValueError, KeyError, TypeError) as exc:
-            raise RetrieverError(f"retriever {self.url} sent a malformed answer ({exc}); it must follow "
-                                 "Search-R1's format {\"result\": [[{\"document\", \"score\"}, ...], ...]}") from None
+            raise RetrieverError(
+                f"retriever {self.url} sent a malformed answer ({exc}); it must follow "
+                'Search-R1\'s format {"result": [[{"document", "score"}, ...], ...]}'
+            ) from None
 
 
 def _parse_hits(body: Any, n_queries: int) -> list[list[dict]]:
@@ -303,8 +322,9 @@ def _parse_hits(body: Any, n_queries: int) -> list[list[dict]]:
             doc = hit["document"]
             if not isinstance(doc.get("contents"), str):
                 raise ValueError("a document has no string 'contents'")
-            row.append({"document": {"id": str(doc.get("id", "")), "contents": doc["contents"]},
-                        "score": float(hit["score"])})
+            row.append(
+                {"document": {"id": str(doc.get("id", "")), "contents": doc["contents"]}, "score": float(hit["score"])}
+            )
         parsed.append(row)
     return parsed
 
@@ -320,23 +340,28 @@ def load_or_build_index(corpus_path: str | None = None, index_dir: str | None = 
         DataError: unreadable corpus or index, or ``index_dir`` holds no index and no corpus is given.
     """
     if corpus_path is None and index_dir is None:
-        raise ConfigError("retriever: give a corpus jsonl (--corpus / corpus_path) or a saved index (--index_dir / index_dir)")
+        raise ConfigError(
+            "retriever: give a corpus jsonl (--corpus / corpus_path) or a saved index (--index_dir / index_dir)"
+        )
     if index_dir is not None and os.path.isfile(os.path.join(index_dir, _META_FILE)):
         index = BM25Index.load(index_dir)
         if corpus_path is None or index.corpus_fingerprint == corpus_fingerprint(corpus_path):
             return index
         logger.warning("index %s was built from another corpus than %s; rebuilding it", index_dir, corpus_path)
     elif corpus_path is None:
-        raise DataError(f"index_dir {index_dir}: no BM25 index there; build one with "
-                        f"hybridrl retriever index --corpus CORPUS.jsonl --index_dir {index_dir}, or pass a corpus too")
+        raise DataError(
+            f"index_dir {index_dir}: no BM25 index there; build one with "
+            f"hybridrl retriever index --corpus CORPUS.jsonl --index_dir {index_dir}, or pass a corpus too"
+        )
     index = BM25Index.build(corpus_path)
     if index_dir is not None:
         index.save(index_dir)
     return index
 
 
-def make_retriever(url: str | None = None, corpus_path: str | None = None,
-                   index_dir: str | None = None, timeout_s: float = 10.0) -> Retriever:
+def make_retriever(
+    url: str | None = None, corpus_path: str | None = None, index_dir: str | None = None, timeout_s: float = 10.0
+) -> Retriever:
     """The retriever a config asks for.
 
     ``url`` wins: an :class:`HttpRetriever`. Otherwise an :class:`InProcessRetriever` over the
@@ -350,8 +375,10 @@ def make_retriever(url: str | None = None, corpus_path: str | None = None,
     if url:
         return HttpRetriever(url, timeout_s=timeout_s)
     if corpus_path is None and index_dir is None:
-        raise ConfigError("retriever: set a server url (e.g. http://127.0.0.1:8000/retrieve), "
-                          "a corpus jsonl (corpus_path) or a saved BM25 index (index_dir)")
+        raise ConfigError(
+            "retriever: set a server url (e.g. http://127.0.0.1:8000/retrieve), "
+            "a corpus jsonl (corpus_path) or a saved BM25 index (index_dir)"
+        )
     return InProcessRetriever(load_or_build_index(corpus_path, index_dir))
 
 

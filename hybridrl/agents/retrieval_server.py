@@ -31,8 +31,13 @@ MAX_QUERIES = 256
 MAX_QUERY_CHARS = 2048
 
 
-def create_app(index: BM25Index, default_topk: int = 3, max_topk: int = MAX_TOPK, max_queries: int = MAX_QUERIES,
-               max_query_chars: int = MAX_QUERY_CHARS):
+def create_app(
+    index: BM25Index,
+    default_topk: int = 3,
+    max_topk: int = MAX_TOPK,
+    max_queries: int = MAX_QUERIES,
+    max_query_chars: int = MAX_QUERY_CHARS,
+):
     """A FastAPI app that serves ``index``.
 
     Args:
@@ -82,8 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     index.add_argument("--index_dir", required=True, help="folder to write the index to (replaced atomically)")
     serve = sub.add_parser("serve", help="serve POST /retrieve (Search-R1's format)")
     serve.add_argument("--corpus", default=None, help='jsonl with one {"id", "contents"} passage per line')
-    serve.add_argument("--index_dir", default=None,
-                       help="saved index: loaded when it matches the corpus, else built and saved there")
+    serve.add_argument(
+        "--index_dir", default=None, help="saved index: loaded when it matches the corpus, else built and saved there"
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--topk", type=int, default=3, help="passages per query when a request gives no topk")
@@ -101,8 +107,11 @@ def _serve(args: argparse.Namespace) -> None:
         raise ConfigError(f"--port {args.port}: not a TCP port (0-65535; 0 picks a free one)")
     start = time.perf_counter()
     index = load_or_build_index(args.corpus, args.index_dir)
-    print(f"BM25 index ready: {len(index)} passages in {time.perf_counter() - start:.1f} s; "
-          f"serving http://{args.host}:{args.port}/retrieve", flush=True)
+    print(
+        f"BM25 index ready: {len(index)} passages in {time.perf_counter() - start:.1f} s; "
+        f"serving http://{args.host}:{args.port}/retrieve",
+        flush=True,
+    )
     uvicorn.run(create_app(index, args.topk), host=args.host, port=args.port, log_level="warning")
 
 

@@ -35,7 +35,8 @@ _ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
 INVALID_ACTION = (
     "\nMy previous action is invalid. If I want to search, I should put the query between <search> and "
     "</search>. If I want to give the final answer, I should put the answer between <answer> and </answer>. "
-    "Let me try again.\n")
+    "Let me try again.\n"
+)
 INFO_OPEN, INFO_CLOSE = "\n\n<information>", "</information>\n\n"
 
 
@@ -65,7 +66,8 @@ class SearchAgentLoop(AgentLoopBase):
         if self.max_turns < 0 or self.max_obs_length < 1 or self.topk < 1:
             raise AgentConfigError(
                 f"search_agent: multi_turn.search.max_turns={self.max_turns} (>= 0), max_obs_length="
-                f"{self.max_obs_length} (>= 1) and retriever.topk={self.topk} (>= 1) are out of range; fix them")
+                f"{self.max_obs_length} (>= 1) and retriever.topk={self.topk} (>= 1) are out of range; fix them"
+            )
         if context.get_retriever is None:
             raise AgentConfigError("search_agent needs a retriever; set retriever.url or retriever.corpus_path")
         self._info_open = self._ids(INFO_OPEN)
@@ -81,8 +83,11 @@ class SearchAgentLoop(AgentLoopBase):
         for turn in range(self.max_turns + 1):
             if response.room <= 0:
                 break
-            ids = response.add_model(await self.engine.generate(prompt_ids + response.ids, sampling_params,
-                                                                self.turn_budget(response), stop=STOP))
+            ids = response.add_model(
+                await self.engine.generate(
+                    prompt_ids + response.ids, sampling_params, self.turn_budget(response), stop=STOP
+                )
+            )
             counts["assistant_turns"] += 1
             action, content = parse_action(self.tokenizer.decode(ids, skip_special_tokens=True))
             counts["valid_actions"] += action is not None
@@ -97,9 +102,14 @@ class SearchAgentLoop(AgentLoopBase):
                 break  # no room for the observation and another model turn
             counts["observations"] += 1
         metrics = {**counts, "tool_calls": counts["searches"]}
-        return AgentLoopOutput(prompt_ids, response.ids, response.mask,
-                               num_turns=1 + counts["assistant_turns"] + counts["observations"], metrics=metrics,
-                               response_logprobs=response.log_probs)
+        return AgentLoopOutput(
+            prompt_ids,
+            response.ids,
+            response.mask,
+            num_turns=1 + counts["assistant_turns"] + counts["observations"],
+            metrics=metrics,
+            response_logprobs=response.log_probs,
+        )
 
     async def _search(self, query: str, counts: dict) -> list[int]:
         """The ``<information>`` ids for ``query``: passages cut to ``max_obs_length`` tokens."""

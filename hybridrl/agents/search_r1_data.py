@@ -57,20 +57,41 @@ INSTRUCTION = PROTOCOL + " Question: {question}\n"  # the plain (``--no_example`
 # Solved questions for the demonstration: (question, query, [(title, passage), ...], thought, answer).
 # None is an NQ-open question (a test checks); the passages are shortened Wikipedia lead sentences.
 EXAMPLES = [
-    ("who wrote the novel moby dick?", "Moby Dick novel author",
-     [("Moby-Dick", "Moby-Dick is an 1851 novel by American writer Herman Melville."),
-      ("Herman Melville", "Herman Melville was an American novelist and poet.")],
-     "Doc 1 says Herman Melville wrote it.", "Herman Melville"),
-    ("which is the largest planet in the solar system?", "largest planet in the solar system",
-     [("Jupiter", "Jupiter is the fifth planet from the Sun and the largest in the Solar System."),
-      ("Saturn", "Saturn is the second largest planet in the Solar System.")],
-     "Doc 1 says Jupiter is the largest.", "Jupiter"),
-    ("who is credited with inventing the telephone?", "inventor of the telephone",
-     [("Alexander Graham Bell", "Alexander Graham Bell was an inventor credited with patenting the first telephone."),
-      ("Telephone", "A telephone lets two people talk when they are far apart.")],
-     "Doc 1 says Alexander Graham Bell.", "Alexander Graham Bell"),
+    (
+        "who wrote the novel moby dick?",
+        "Moby Dick novel author",
+        [
+            ("Moby-Dick", "Moby-Dick is an 1851 novel by American writer Herman Melville."),
+            ("Herman Melville", "Herman Melville was an American novelist and poet."),
+        ],
+        "Doc 1 says Herman Melville wrote it.",
+        "Herman Melville",
+    ),
+    (
+        "which is the largest planet in the solar system?",
+        "largest planet in the solar system",
+        [
+            ("Jupiter", "Jupiter is the fifth planet from the Sun and the largest in the Solar System."),
+            ("Saturn", "Saturn is the second largest planet in the Solar System."),
+        ],
+        "Doc 1 says Jupiter is the largest.",
+        "Jupiter",
+    ),
+    (
+        "who is credited with inventing the telephone?",
+        "inventor of the telephone",
+        [
+            (
+                "Alexander Graham Bell",
+                "Alexander Graham Bell was an inventor credited with patenting the first telephone.",
+            ),
+            ("Telephone", "A telephone lets two people talk when they are far apart."),
+        ],
+        "Doc 1 says Alexander Graham Bell.",
+        "Alexander Graham Bell",
+    ),
 ]
-_HINT = "pass --input_file with a {\"question\", \"answer\": [...]} jsonl (e.g. ../shared/data/nq_open/dev.jsonl)"
+_HINT = 'pass --input_file with a {"question", "answer": [...]} jsonl (e.g. ../shared/data/nq_open/dev.jsonl)'
 
 
 def information(passages: list[tuple[str, str]]) -> str:
@@ -89,8 +110,13 @@ def demonstration(question: str | None = None) -> list[dict]:
         if normalize_answer(q) == skip:
             continue
         messages.append({"role": "user", "content": f"Question: {q}"})
-        messages.append({"role": "assistant", "content": f"<search> {query} </search>{information(passages)}"
-                                                         f"<think> {thought} </think>\n<answer> {answer} </answer>"})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": f"<search> {query} </search>{information(passages)}"
+                f"<think> {thought} </think>\n<answer> {answer} </answer>",
+            }
+        )
     return messages
 
 
@@ -102,8 +128,9 @@ def make_prompt(question: str, example: bool = True) -> list[dict]:
     return demonstration(question) + [{"role": "user", "content": f"Question: {question}"}]
 
 
-def make_row(question: str, answers: list[str], split: str, index: int, data_source: str = "nq",
-             example: bool = True) -> dict:
+def make_row(
+    question: str, answers: list[str], split: str, index: int, data_source: str = "nq", example: bool = True
+) -> dict:
     """One verl RL parquet row; the question gets a final '?' as in Search-R1's preprocessing.
     ``example``: prompt with the demonstration (see the module docstring) or the plain one."""
     question = question.strip()
@@ -140,8 +167,10 @@ def read_jsonl(path: str) -> list[dict]:
     for lineno, ex in iter_jsonl(path):
         answers = _answers_of(ex) if isinstance(ex, dict) else None
         if answers is None or not isinstance(ex.get("question"), str):
-            raise DataError(f"{path}:{lineno}: expected {{\"question\": str, \"answer\": [str, ...]}} "
-                            "(or 'golden_answers' for the answers)")
+            raise DataError(
+                f'{path}:{lineno}: expected {{"question": str, "answer": [str, ...]}} '
+                "(or 'golden_answers' for the answers)"
+            )
         examples.append({"question": ex["question"], "answers": answers})
     return examples
 
@@ -189,11 +218,15 @@ def load_hub_splits(data_source: str) -> dict[str, list[dict]]:
     try:
         import datasets
     except ImportError:
-        raise DataError(f"the `datasets` library is not installed, so {HUB_DATASET} cannot be loaded; {_HINT}") from None
+        raise DataError(
+            f"the `datasets` library is not installed, so {HUB_DATASET} cannot be loaded; {_HINT}"
+        ) from None
     try:
         ds = datasets.load_dataset(HUB_DATASET, data_source)
-    except Exception as exc:  # offline, unknown config, hub errors: all mean "use local files"
-        raise DataError(f"could not load {HUB_DATASET} ({data_source}) from the hub ({type(exc).__name__}); {_HINT}") from None
+    except Exception as exc:  # noqa: BLE001 - offline, unknown config, hub errors: all mean "use local files"
+        raise DataError(
+            f"could not load {HUB_DATASET} ({data_source}) from the hub ({type(exc).__name__}); {_HINT}"
+        ) from None
     splits = {}
     for split, names in (("train", ("train",)), ("test", ("test", "dev"))):
         name = next((n for n in names if n in ds), None)
@@ -222,14 +255,25 @@ def _split(examples: list[dict], test_size: int | None, seed: int) -> dict[str, 
     random.Random(seed).shuffle(examples)
     n_test = max(1, len(examples) // 10) if test_size is None else test_size
     if n_test >= len(examples):
-        raise DataError(f"--test_size {n_test}: the input has only {len(examples)} usable questions; "
-                        "ask for fewer test rows")
+        raise DataError(
+            f"--test_size {n_test}: the input has only {len(examples)} usable questions; ask for fewer test rows"
+        )
     return {"train": examples[n_test:], "test": examples[:n_test]}
 
 
-def convert(input_file: str | None, input_dir: str | None, local_dir: str, *, train_size: int | None = None,
-            test_size: int | None = None, corpus: str | None = None, answerable_only: bool = False,
-            data_source: str = "nq", seed: int = 0, example: bool = True) -> dict[str, str]:
+def convert(
+    input_file: str | None,
+    input_dir: str | None,
+    local_dir: str,
+    *,
+    train_size: int | None = None,
+    test_size: int | None = None,
+    corpus: str | None = None,
+    answerable_only: bool = False,
+    data_source: str = "nq",
+    seed: int = 0,
+    example: bool = True,
+) -> dict[str, str]:
     """Write ``train.parquet`` and ``test.parquet`` into ``local_dir``; returns split -> path.
 
     A single input file (``input_file``, or an ``input_dir`` with one of train/test/dev.jsonl)
@@ -257,26 +301,39 @@ def convert(input_file: str | None, input_dir: str | None, local_dir: str, *, tr
     written = {}
     for split, examples in splits.items():
         examples = examples[: sizes[split]] if sizes[split] is not None else examples
-        rows = [make_row(ex["question"], ex["answers"], split, i, data_source, example) for i, ex in enumerate(examples)]
+        rows = [
+            make_row(ex["question"], ex["answers"], split, i, data_source, example) for i, ex in enumerate(examples)
+        ]
         written[split] = write_split(rows, local_dir, split)
     return written
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="Write a QA data set as verl RL parquet for a search agent (Search-R1).")
+    parser = argparse.ArgumentParser(
+        description="Write a QA data set as verl RL parquet for a search agent (Search-R1)."
+    )
     parser.add_argument("--input_file", default=None, help="one QA jsonl, split into train/test")
     parser.add_argument("--input_dir", default=None, help="folder with train.jsonl and test.jsonl (or dev.jsonl)")
     parser.add_argument("--local_dir", default="~/data/search_r1", help="output folder")
     parser.add_argument("--train_size", type=int, default=None, help="keep at most N train rows")
-    parser.add_argument("--test_size", type=int, default=None,
-                        help="keep at most N test rows (single input file: 10%% by default)")
-    parser.add_argument("--corpus", default=None, help='retrieval corpus jsonl ({"id", "contents"}) for --answerable_only')
-    parser.add_argument("--answerable_only", action="store_true",
-                        help="keep questions with an answer that occurs in some passage of --corpus")
+    parser.add_argument(
+        "--test_size", type=int, default=None, help="keep at most N test rows (single input file: 10%% by default)"
+    )
+    parser.add_argument(
+        "--corpus", default=None, help='retrieval corpus jsonl ({"id", "contents"}) for --answerable_only'
+    )
+    parser.add_argument(
+        "--answerable_only",
+        action="store_true",
+        help="keep questions with an answer that occurs in some passage of --corpus",
+    )
     parser.add_argument("--data_source", default="nq", help="data_source column (picks the reward) and hub config")
     parser.add_argument("--seed", type=int, default=0, help="shuffle seed for splitting a single input file")
-    parser.add_argument("--no_example", action="store_true",
-                        help="Search-R1's plain instruction prompt, without the solved examples before the question")
+    parser.add_argument(
+        "--no_example",
+        action="store_true",
+        help="Search-R1's plain instruction prompt, without the solved examples before the question",
+    )
     return parser
 
 
@@ -284,9 +341,18 @@ def main(argv: list[str] | None = None) -> None:
     """CLI entry; a ``DataError`` exits with its one-line message and status 1."""
     args = build_parser().parse_args(argv)
     try:
-        written = convert(args.input_file, args.input_dir, args.local_dir, train_size=args.train_size,
-                          test_size=args.test_size, corpus=args.corpus, answerable_only=args.answerable_only,
-                          data_source=args.data_source, seed=args.seed, example=not args.no_example)
+        written = convert(
+            args.input_file,
+            args.input_dir,
+            args.local_dir,
+            train_size=args.train_size,
+            test_size=args.test_size,
+            corpus=args.corpus,
+            answerable_only=args.answerable_only,
+            data_source=args.data_source,
+            seed=args.seed,
+            example=not args.no_example,
+        )
     except DataError as exc:
         sys.exit(f"search_r1 preprocess: error: {exc}")
     for split, path in written.items():

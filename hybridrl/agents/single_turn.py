@@ -13,5 +13,11 @@ class SingleTurnAgentLoop(AgentLoopBase):
         prompt_ids = list(row["raw_prompt_ids"])
         response = ResponseBuilder(self.response_length)
         response.add_model(await self.engine.generate(prompt_ids, sampling_params, self.turn_budget(response)))
-        return AgentLoopOutput(prompt_ids, response.ids, response.mask, num_turns=2,
-                               metrics={"assistant_turns": 1}, response_logprobs=response.log_probs)
+        return AgentLoopOutput(
+            prompt_ids,
+            response.ids,
+            response.mask,
+            num_turns=2,
+            metrics={"assistant_turns": 1},
+            response_logprobs=response.log_probs,
+        )

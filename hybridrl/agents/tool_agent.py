@@ -1,12 +1,12 @@
 """``tool_agent``: Hermes tool calling with the configured tools, and an optional interaction.
 
-Each assistant turn is sampled until EOS (at most ``max_tokens_per_turn``). If it holds ``<tool_call>`` blocks, the calls run
-concurrently on the tools' own event loop (at most ``max_parallel_calls``, each bounded by its
-tool's timeout, which holds even if a tool blocks; see :mod:`hybridrl.agents.tools.loop`) and their
-responses come back as ``tool`` messages; malformed or unknown calls get an error message
-instead. A turn without tool calls goes to the row's interaction when it has one (its reply is
-a ``user`` message, or it ends the episode), else it ends the episode. verl's limits apply:
-``max_assistant_turns``, ``max_user_turns`` (tool and interaction replies),
+Each assistant turn is sampled until EOS (at most ``max_tokens_per_turn``). If it holds
+``<tool_call>`` blocks, the calls run concurrently on the tools' own event loop (at most
+``max_parallel_calls``, each bounded by its tool's timeout, which holds even if a tool blocks; see
+:mod:`hybridrl.agents.tools.loop`) and their responses come back as ``tool`` messages; malformed or
+unknown calls get an error message instead. A turn without tool calls goes to the row's interaction
+when it has one (its reply is a ``user`` message, or it ends the episode), else it ends the episode.
+verl's limits apply: ``max_assistant_turns``, ``max_user_turns`` (tool and interaction replies),
 ``max_tool_response_length`` characters per response, cut on ``tool_response_truncate_side``.
 """
 
@@ -39,7 +39,7 @@ def truncate_text(text: str, max_length: int, side: str) -> str:
     if side == "right":
         return text[:max_length] + _TRUNCATED
     head = max_length // 2
-    return text[:head] + _TRUNCATED + text[len(text) - (max_length - head):]
+    return text[:head] + _TRUNCATED + text[len(text) - (max_length - head) :]
 
 
 def _mapping(value) -> dict:
@@ -74,10 +74,12 @@ async def _lifecycle(name: str, tool, phase: str, call):
         raise
     except ToolLoopTimeout as exc:
         raise AgentToolError(f"{exc}; make it faster or raise the tool's config.timeout") from None
-    except Exception as exc:  # noqa: BLE001 - a tool's own code failed: say which and where
+    except Exception as exc:  # a tool's own code failed: say which and where
         first = (str(exc).strip().splitlines() or [""])[0][:200]
-        raise AgentToolError(f"tool {name!r}: its {phase} raised {type(exc).__name__}: {first}; fix the tool "
-                             f"({phase} runs once per episode and must not fail)") from exc
+        raise AgentToolError(
+            f"tool {name!r}: its {phase} raised {type(exc).__name__}: {first}; fix the tool "
+            f"({phase} runs once per episode and must not fail)"
+        ) from exc
 
 
 @register_agent_loop("tool_agent")
@@ -105,7 +107,8 @@ class ToolAgentLoop(AgentLoopBase):
             raise AgentConfigError(
                 f"a row asks for interaction {name!r} (extra_info.interaction_kwargs.name) but "
                 "actor_rollout_ref.rollout.multi_turn.interaction_config_path defines "
-                f"{sorted(self.context.interactions) or 'none'}; add it there or fix the data")
+                f"{sorted(self.context.interactions) or 'none'}; add it there or fix the data"
+            )
         return self.context.interactions[name], kwargs
 
     async def run(self, sampling_params: dict, **row) -> AgentLoopOutput:
@@ -119,37 +122,58 @@ class ToolAgentLoop(AgentLoopBase):
         try:
             for name, tool in self.tools.items():
                 create_kwargs = _mapping(_mapping(tools_kwargs.get(name)).get("create_kwargs"))
-                episode.tool_ids[name] = await _lifecycle(name, tool, "create", tool.create(str(uuid4()), **create_kwargs))
+                episode.tool_ids[name] = await _lifecycle(
+                    name, tool, "create", tool.create(str(uuid4()), **create_kwargs)
+                )
             if interaction is not None:
                 episode.interaction_id = await interaction.start_interaction(str(uuid4()), **interaction_kwargs)
             await self._converse(episode, prompt_ids, sampling_params, tools_kwargs, interaction)
         finally:
             for name, instance_id in episode.tool_ids.items():
                 tool, kwargs = self.tools[name], _mapping(tools_kwargs.get(name))
-                reward_scores[name] = float(await _lifecycle(name, tool, "calc_reward", tool.calc_reward(
-                    instance_id, **_mapping(kwargs.get("calc_reward_kwargs")))))
-                await _lifecycle(name, tool, "release", tool.release(instance_id, **_mapping(kwargs.get("release_kwargs"))))
+                reward_scores[name] = float(
+                    await _lifecycle(
+                        name,
+                        tool,
+                        "calc_reward",
+                        tool.calc_reward(instance_id, **_mapping(kwargs.get("calc_reward_kwargs"))),
+                    )
+                )
+                await _lifecycle(
+                    name, tool, "release", tool.release(instance_id, **_mapping(kwargs.get("release_kwargs")))
+                )
             if episode.interaction_id is not None:
                 reward_scores["interaction"] = float(await interaction.calculate_score(episode.interaction_id))
                 await interaction.finalize_interaction(episode.interaction_id)
-        metrics = {"assistant_turns": episode.assistant_turns, "tool_calls": episode.tool_calls,
-                   "tool_errors": episode.tool_errors}
+        metrics = {
+            "assistant_turns": episode.assistant_turns,
+            "tool_calls": episode.tool_calls,
+            "tool_errors": episode.tool_errors,
+        }
         if any(hasattr(tool, "set_default_retriever") for tool in self.tools.values()):  # a search tool
             metrics["search_errors"] = episode.search_errors
-        return AgentLoopOutput(prompt_ids, episode.response.ids, episode.response.mask,
-                               num_turns=1 + episode.assistant_turns + episode.user_turns,
-                               metrics=metrics, reward_scores=reward_scores,
-                               response_logprobs=episode.response.log_probs)
+        return AgentLoopOutput(
+            prompt_ids,
+            episode.response.ids,
+            episode.response.mask,
+            num_turns=1 + episode.assistant_turns + episode.user_turns,
+            metrics=metrics,
+            reward_scores=reward_scores,
+            response_logprobs=episode.response.log_probs,
+        )
 
     def _turn_limit_reached(self, episode: _Episode) -> bool:
-        return bool((self.max_assistant_turns and episode.assistant_turns >= self.max_assistant_turns)
-                    or (self.max_user_turns and episode.user_turns >= self.max_user_turns))
+        return bool(
+            (self.max_assistant_turns and episode.assistant_turns >= self.max_assistant_turns)
+            or (self.max_user_turns and episode.user_turns >= self.max_user_turns)
+        )
 
     async def _converse(self, episode: _Episode, prompt_ids, sampling_params, tools_kwargs, interaction) -> None:
         response = episode.response
         while response.room > 0:
-            turn = response.add_model(await self.engine.generate(prompt_ids + response.ids, sampling_params,
-                                                                 self.turn_budget(response)))
+            turn = response.add_model(
+                await self.engine.generate(prompt_ids + response.ids, sampling_params, self.turn_budget(response))
+            )
             episode.assistant_turns += 1
             if response.room <= 0 or self._turn_limit_reached(episode):
                 return
@@ -177,8 +201,10 @@ class ToolAgentLoop(AgentLoopBase):
         episode.tool_calls += len(parsed.calls)
         episode.tool_errors += len(parsed.errors)
         texts += [f"Error: {error}" for error in parsed.errors]
-        return [{"role": "tool", "content": truncate_text(t, self.max_tool_response_length, self.truncate_side)}
-                for t in texts]
+        return [
+            {"role": "tool", "content": truncate_text(t, self.max_tool_response_length, self.truncate_side)}
+            for t in texts
+        ]
 
     async def _call_tool(self, episode: _Episode, call, tools_kwargs) -> str:
         from jsonschema import Draft202012Validator
@@ -191,8 +217,11 @@ class ToolAgentLoop(AgentLoopBase):
             return f"Error: invalid arguments for {call.name}: {problem.message}"
         execute_kwargs = _mapping(_mapping(tools_kwargs.get(call.name)).get("execute_kwargs"))
         try:
-            result = await run_on_tool_loop(tool.execute(episode.tool_ids[call.name], call.arguments, **execute_kwargs),
-                                            tool.timeout_s, f"tool {call.name!r}: its execute")
+            result = await run_on_tool_loop(
+                tool.execute(episode.tool_ids[call.name], call.arguments, **execute_kwargs),
+                tool.timeout_s,
+                f"tool {call.name!r}: its execute",
+            )
         except ToolLoopTimeout as exc:
             logger.warning("%s", exc)
             episode.tool_errors += 1

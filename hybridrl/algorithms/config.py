@@ -44,8 +44,9 @@ class KLControlConfig:
 
     def __post_init__(self):
         if self.type not in KL_CONTROLLERS:
-            raise AlgorithmConfigError(f"{SECTION}.kl_ctrl.type={self.type!r} is not one of "
-                                       f"{', '.join(KL_CONTROLLERS)}; set one of them")
+            raise AlgorithmConfigError(
+                f"{SECTION}.kl_ctrl.type={self.type!r} is not one of {', '.join(KL_CONTROLLERS)}; set one of them"
+            )
 
     def controller(self):
         """The controller (``FixedKLController`` or ``AdaptiveKLController``).

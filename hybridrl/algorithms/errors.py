@@ -42,4 +42,5 @@ def check_finite(tensor, name: str, data_step: Optional[int] = None, mask=None) 
         raise NonFiniteError(
             f"{where}{name} has {count} NaN/inf value(s) of {bad.numel()}; the step is stopped. Usual causes: "
             "a reward function returning NaN, a learning rate too high, or fp16 overflow; run with "
-            "HYBRIDRL_DEBUG=1 for the traceback")
+            "HYBRIDRL_DEBUG=1 for the traceback"
+        )

@@ -185,9 +185,7 @@ def _unknown_agg_mode(loss_agg_mode: str) -> UnknownAlgorithmError:
 
 def _check_positive(key: str, value: Optional[Number]) -> None:
     if value is not None and not float(value) > 0:
-        raise AlgorithmConfigError(
-            f"agg_loss: {key}={float(value)} must be > 0; pass the global batch's count or None"
-        )
+        raise AlgorithmConfigError(f"agg_loss: {key}={float(value)} must be > 0; pass the global batch's count or None")
 
 
 def _global_count(key: str, value: Optional[Number], local: torch.Tensor, dp_size: int) -> Number:
@@ -196,8 +194,10 @@ def _global_count(key: str, value: Optional[Number], local: torch.Tensor, dp_siz
     if value is not None:
         return value
     if dp_size > 1:
-        raise AlgorithmConfigError(f"agg_loss: dp_size={dp_size} needs the global {key} (the count over every "
-                                   "rank's share of the mini batch); pass it")
+        raise AlgorithmConfigError(
+            f"agg_loss: dp_size={dp_size} needs the global {key} (the count over every "
+            "rank's share of the mini batch); pass it"
+        )
     return local
 
 

@@ -13,8 +13,12 @@ from hybridrl.registry import Registry
 from .errors import AlgorithmConfigError, AlgorithmInputError, UnknownAlgorithmError
 from .functional import masked_mean
 
-KL_PENALTIES = Registry("KL penalty", "actor_rollout_ref.actor.kl_loss_type / algorithm.kl_penalty",
-                        error=UnknownAlgorithmError, hint="register your own with @register_kl_penalty")
+KL_PENALTIES = Registry(
+    "KL penalty",
+    "actor_rollout_ref.actor.kl_loss_type / algorithm.kl_penalty",
+    error=UnknownAlgorithmError,
+    hint="register your own with @register_kl_penalty",
+)
 KL_PENALTY_REGISTRY: Dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = KL_PENALTIES.table
 FULL_KL = "full"  # the exact KL over the vocabulary, computed from logits by the actor
 
@@ -104,7 +108,8 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
         raise AlgorithmInputError(
             "kl_penalty 'full' is the exact KL over the vocabulary and needs the actor's and the "
             "reference's logits; use kl_full_from_logits(logits, ref_logits) (the actor and the "
-            "trainer do this when kl_loss_type / algorithm.kl_penalty is 'full')")
+            "trainer do this when kl_loss_type / algorithm.kl_penalty is 'full')"
+        )
     straight_through = kl_penalty.endswith("+") and kl_penalty[:-1] in KL_PENALTY_REGISTRY
     name = kl_penalty[:-1] if straight_through else kl_penalty
     fn = KL_PENALTIES.get(name)
@@ -137,12 +142,13 @@ def kl_full_from_logits(logits: torch.Tensor, ref_logits: torch.Tensor, chunk_ro
     if logits.shape != ref_logits.shape:
         raise AlgorithmInputError(
             f"kl_full_from_logits: logits {tuple(logits.shape)} and ref_logits {tuple(ref_logits.shape)} "
-            "must have the same (bs, response_length, vocab) shape")
+            "must have the same (bs, response_length, vocab) shape"
+        )
     flat, ref_flat = logits.reshape(-1, logits.shape[-1]), ref_logits.reshape(-1, logits.shape[-1])
     chunks = []
     for start in range(0, flat.shape[0], chunk_rows):
-        logp = torch.log_softmax(flat[start:start + chunk_rows].float(), dim=-1)
-        logq = torch.log_softmax(ref_flat[start:start + chunk_rows].float(), dim=-1)
+        logp = torch.log_softmax(flat[start : start + chunk_rows].float(), dim=-1)
+        logq = torch.log_softmax(ref_flat[start : start + chunk_rows].float(), dim=-1)
         chunks.append((logp.exp() * (logp - logq)).sum(-1))
     kl = torch.cat(chunks) if chunks else flat.new_zeros(0)
     return kl.reshape(logits.shape[:-1])
@@ -185,8 +191,7 @@ class AdaptiveKLController:
         self.value *= 1.0 + error * n_steps / self.horizon
 
 
-def get_kl_controller(type: str, kl_coef: float, target_kl: Optional[float] = None,
-                      horizon: Optional[float] = None):
+def get_kl_controller(type: str, kl_coef: float, target_kl: Optional[float] = None, horizon: Optional[float] = None):
     """Build the KL controller named by ``algorithm.kl_ctrl.type`` ("fixed" | "adaptive").
 
     Raises:
@@ -196,9 +201,7 @@ def get_kl_controller(type: str, kl_coef: float, target_kl: Optional[float] = No
         return FixedKLController(kl_coef)
     if type == "adaptive":
         return AdaptiveKLController(kl_coef, target_kl, horizon)
-    raise AlgorithmConfigError(
-        f"algorithm.kl_ctrl.type={type!r} is unknown; use 'fixed' or 'adaptive'"
-    )
+    raise AlgorithmConfigError(f"algorithm.kl_ctrl.type={type!r} is unknown; use 'fixed' or 'adaptive'")
 
 
 def apply_kl_penalty(
@@ -232,8 +235,10 @@ def apply_kl_penalty(
     mask = response_mask.to(token_level_scores.dtype)
     if kl_penalty == FULL_KL:
         if full_kl is None:
-            raise AlgorithmInputError("apply_kl_penalty: kl_penalty='full' needs full_kl, the per-token exact KL "
-                                      "(bs, response_length) from kl_full_from_logits")
+            raise AlgorithmInputError(
+                "apply_kl_penalty: kl_penalty='full' needs full_kl, the per-token exact KL "
+                "(bs, response_length) from kl_full_from_logits"
+            )
         kld = full_kl.to(token_level_scores.dtype)
     else:
         kld = kl_penalty_fn(old_log_probs, ref_log_prob, kl_penalty).to(token_level_scores.dtype)

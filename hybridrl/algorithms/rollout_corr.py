@@ -34,16 +34,32 @@ from hybridrl.algorithms.errors import AlgorithmConfigError, AlgorithmInputError
 from hybridrl.algorithms.functional import masked_mean, masked_sum
 
 __all__ = [
-    "ROLLOUT_IS_LEVELS", "ROLLOUT_RS_OPTIONS", "BYPASS_LOSS_TYPES", "RolloutCorrectionConfig",
-    "compute_rollout_correction_weights", "compute_rollout_rejection_mask",
-    "compute_rollout_correction_and_rejection_mask", "compute_offpolicy_metrics",
+    "ROLLOUT_IS_LEVELS",
+    "ROLLOUT_RS_OPTIONS",
+    "BYPASS_LOSS_TYPES",
+    "RolloutCorrectionConfig",
+    "compute_rollout_correction_weights",
+    "compute_rollout_rejection_mask",
+    "compute_rollout_correction_and_rejection_mask",
+    "compute_offpolicy_metrics",
 ]
 
 SECTION = "algorithm.rollout_correction"
 SAFETY_BOUND = 20.0  # |log ratio| cap: exp(20) ~ 5e8 keeps weights and chi^2 finite
 ROLLOUT_IS_LEVELS = ("token", "sequence")
-ROLLOUT_RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
-                      "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
+ROLLOUT_RS_OPTIONS = (
+    "token_k1",
+    "token_k2",
+    "token_k3",
+    "seq_sum_k1",
+    "seq_sum_k2",
+    "seq_sum_k3",
+    "seq_mean_k1",
+    "seq_mean_k2",
+    "seq_mean_k3",
+    "seq_max_k2",
+    "seq_max_k3",
+)
 BYPASS_LOSS_TYPES = ("ppo_clip", "reinforce")
 
 
@@ -67,21 +83,28 @@ def parse_rollout_rs(rollout_rs: str, rollout_rs_threshold) -> tuple[RejectionRu
             neither 1 nor one per option, or ``lo_hi`` given to an option that takes one bound.
     """
     if not isinstance(rollout_rs, str) or not rollout_rs.strip():
-        raise AlgorithmConfigError(f"{SECTION}.rollout_rs={rollout_rs!r}: give one or more of "
-                                   f"{', '.join(ROLLOUT_RS_OPTIONS)} (comma separated), or null")
+        raise AlgorithmConfigError(
+            f"{SECTION}.rollout_rs={rollout_rs!r}: give one or more of "
+            f"{', '.join(ROLLOUT_RS_OPTIONS)} (comma separated), or null"
+        )
     options = list(dict.fromkeys(part.strip() for part in rollout_rs.split(",") if part.strip()))
     for option in options:
         if option not in ROLLOUT_RS_OPTIONS:
-            raise UnknownAlgorithmError(f"unknown {SECTION}.rollout_rs option {option!r}; "
-                                        f"valid: {', '.join(ROLLOUT_RS_OPTIONS)}")
+            raise UnknownAlgorithmError(
+                f"unknown {SECTION}.rollout_rs option {option!r}; valid: {', '.join(ROLLOUT_RS_OPTIONS)}"
+            )
     key = f"{SECTION}.rollout_rs_threshold"
     if rollout_rs_threshold is None or isinstance(rollout_rs_threshold, bool):
-        raise AlgorithmConfigError(f"{key}={rollout_rs_threshold!r}: rollout_rs={rollout_rs} needs a threshold, "
-                                   "e.g. 2.0, or '0.5_2.0' (lower_upper) for k1 options")
+        raise AlgorithmConfigError(
+            f"{key}={rollout_rs_threshold!r}: rollout_rs={rollout_rs} needs a threshold, "
+            "e.g. 2.0, or '0.5_2.0' (lower_upper) for k1 options"
+        )
     specs = [part.strip() for part in str(rollout_rs_threshold).split(",") if part.strip()]
     if len(specs) not in (1, len(options)):
-        raise AlgorithmConfigError(f"{key}={rollout_rs_threshold!r}: give one threshold for all options or one per "
-                                   f"option ({len(options)}: {', '.join(options)})")
+        raise AlgorithmConfigError(
+            f"{key}={rollout_rs_threshold!r}: give one threshold for all options or one per "
+            f"option ({len(options)}: {', '.join(options)})"
+        )
     specs = specs * len(options) if len(specs) == 1 else specs
     return tuple(_rule(option, spec, key) for option, spec in zip(options, specs))
 
@@ -89,8 +112,9 @@ def parse_rollout_rs(rollout_rs: str, rollout_rs_threshold) -> tuple[RejectionRu
 def _rule(option: str, spec: str, key: str) -> RejectionRule:
     parts = spec.split("_")
     if len(parts) > 2 or (len(parts) == 2 and not option.endswith("k1")):
-        raise AlgorithmConfigError(f"{key}: {spec!r} for {option}: only k1 options take 'lower_upper'; give one "
-                                   "positive number")
+        raise AlgorithmConfigError(
+            f"{key}: {spec!r} for {option}: only k1 options take 'lower_upper'; give one positive number"
+        )
     try:
         bounds = [float(p) for p in parts]
     except ValueError:
@@ -107,12 +131,15 @@ def _rule(option: str, spec: str, key: str) -> RejectionRule:
 
 def _check_rollout_is(rollout_is: Optional[str], rollout_is_threshold) -> None:
     if rollout_is is not None and rollout_is not in ROLLOUT_IS_LEVELS:
-        raise UnknownAlgorithmError(f"unknown {SECTION}.rollout_is={rollout_is!r}; valid: "
-                                    f"{', '.join(ROLLOUT_IS_LEVELS)} or null")
+        raise UnknownAlgorithmError(
+            f"unknown {SECTION}.rollout_is={rollout_is!r}; valid: {', '.join(ROLLOUT_IS_LEVELS)} or null"
+        )
     threshold = rollout_is_threshold
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold > 0:
-        raise AlgorithmConfigError(f"{SECTION}.rollout_is_threshold={threshold!r} must be a number > 0 "
-                                   "(the truncation bound of the weights; 2.0 is usual)")
+        raise AlgorithmConfigError(
+            f"{SECTION}.rollout_is_threshold={threshold!r} must be a number > 0 "
+            "(the truncation bound of the weights; 2.0 is usual)"
+        )
 
 
 @dataclass
@@ -143,17 +170,19 @@ class RolloutCorrectionConfig:
     def __post_init__(self):
         _check_rollout_is(self.rollout_is, self.rollout_is_threshold)
         if self.loss_type not in BYPASS_LOSS_TYPES:
-            raise UnknownAlgorithmError(f"unknown {SECTION}.loss_type={self.loss_type!r}; valid: "
-                                        f"{', '.join(BYPASS_LOSS_TYPES)}")
+            raise UnknownAlgorithmError(
+                f"unknown {SECTION}.loss_type={self.loss_type!r}; valid: {', '.join(BYPASS_LOSS_TYPES)}"
+            )
         if self.rollout_rs is not None:
             parse_rollout_rs(self.rollout_rs, self.rollout_rs_threshold)
         if self.bypass_mode and self.rollout_is_batch_normalize:
             raise AlgorithmConfigError(
                 f"{SECTION}.rollout_is_batch_normalize=true does not work with bypass_mode=true: there the "
-                "weights come from the current policy one micro batch at a time; set bypass_mode=false")
+                "weights come from the current policy one micro batch at a time; set bypass_mode=false"
+            )
 
     @classmethod
-    def from_section(cls, section) -> "RolloutCorrectionConfig":
+    def from_section(cls, section) -> RolloutCorrectionConfig:
         """From the config section (a mapping; None or missing keys take the defaults)."""
         section = dict(section or {})
         known = {f: section[f] for f in cls.__dataclass_fields__ if f in section and section[f] is not None}
@@ -175,9 +204,13 @@ def _check_shapes(name: str, **tensors: torch.Tensor) -> None:
         raise AlgorithmInputError(f"{name}: shapes differ: " + ", ".join(f"{k} {v}" for k, v in shapes.items()))
 
 
-def compute_rollout_correction_weights(log_ratio: torch.Tensor, response_mask: torch.Tensor, rollout_is: str = "token",
-                                       rollout_is_threshold: float = 2.0, rollout_is_batch_normalize: bool = False,
-                                       ) -> tuple[torch.Tensor, dict[str, float]]:
+def compute_rollout_correction_weights(
+    log_ratio: torch.Tensor,
+    response_mask: torch.Tensor,
+    rollout_is: str = "token",
+    rollout_is_threshold: float = 2.0,
+    rollout_is_batch_normalize: bool = False,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Truncated importance weights ``pi_training / pi_rollout``.
 
     Args:
@@ -226,20 +259,24 @@ def compute_rollout_correction_weights(log_ratio: torch.Tensor, response_mask: t
     return weights, metrics
 
 
-def _is_metrics(units: torch.Tensor, unit_log_w: torch.Tensor, threshold: float, weights: torch.Tensor,
-                mask: torch.Tensor) -> dict[str, float]:
+def _is_metrics(
+    units: torch.Tensor, unit_log_w: torch.Tensor, threshold: float, weights: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
     """Weight statistics; ``units`` are the truncated weights per token or per sequence."""
     log_hi = math.log(threshold)
     normalised = units / units.mean().clamp_min(1e-8)
     rows = mask.sum(-1) > 0
     seq_mean = masked_mean(weights, mask, axis=-1)[rows]
     metrics = {
-        "rollout_is_mean": units.mean(), "rollout_is_std": units.std(unbiased=False),
-        "rollout_is_max": unit_log_w.max().exp(), "rollout_is_min": unit_log_w.min().exp(),
+        "rollout_is_mean": units.mean(),
+        "rollout_is_std": units.std(unbiased=False),
+        "rollout_is_max": unit_log_w.max().exp(),
+        "rollout_is_min": unit_log_w.min().exp(),
         "rollout_is_ratio_fraction_high": (unit_log_w > log_hi).double().mean(),
         "rollout_is_ratio_fraction_low": (unit_log_w < -log_hi).double().mean(),
         "rollout_is_eff_sample_size": 1.0 / normalised.square().mean(),
-        "rollout_is_seq_mean": seq_mean.mean(), "rollout_is_seq_max": seq_mean.max(),
+        "rollout_is_seq_mean": seq_mean.mean(),
+        "rollout_is_seq_max": seq_mean.max(),
         "rollout_is_seq_min": seq_mean.min(),
     }
     return {key: float(value) for key, value in metrics.items()}
@@ -258,8 +295,9 @@ def _sequence_stat(how: str, values: torch.Tensor, mask: torch.Tensor) -> torch.
     return values.masked_fill(mask == 0, float("-inf")).amax(-1).clamp_min(0.0)  # max; k2, k3 >= 0
 
 
-def compute_rollout_rejection_mask(log_ratio: torch.Tensor, response_mask: torch.Tensor, rollout_rs: str = "token_k1",
-                                   rollout_rs_threshold=None) -> tuple[torch.Tensor, dict[str, float]]:
+def compute_rollout_rejection_mask(
+    log_ratio: torch.Tensor, response_mask: torch.Tensor, rollout_rs: str = "token_k1", rollout_rs_threshold=None
+) -> tuple[torch.Tensor, dict[str, float]]:
     """``response_mask`` without the tokens or sequences outside the rejection bounds.
 
     Args:
@@ -302,22 +340,31 @@ def compute_rollout_rejection_mask(log_ratio: torch.Tensor, response_mask: torch
         prefix = f"rollout_rs_{rule.option}"
         unit_high = units > rule.upper
         unit_low = units < rule.lower if rule.lower is not None else torch.zeros_like(unit_high)
-        metrics.update({
-            f"{prefix}_mean": float(units.mean()), f"{prefix}_max": float(units.max()),
-            f"{prefix}_min": float(units.min()), f"{prefix}_fraction_high": float(unit_high.double().mean()),
-            f"{prefix}_fraction_low": float(unit_low.double().mean()),
-            f"{prefix}_masked_fraction": float(masked_mean((~keep).double(), mask)),
-            f"{prefix}_seq_masked_fraction": float(((~keep) & (mask > 0)).any(-1)[rows].double().mean()),
-        })
+        metrics.update(
+            {
+                f"{prefix}_mean": float(units.mean()),
+                f"{prefix}_max": float(units.max()),
+                f"{prefix}_min": float(units.min()),
+                f"{prefix}_fraction_high": float(unit_high.double().mean()),
+                f"{prefix}_fraction_low": float(unit_low.double().mean()),
+                f"{prefix}_masked_fraction": float(masked_mean((~keep).double(), mask)),
+                f"{prefix}_seq_masked_fraction": float(((~keep) & (mask > 0)).any(-1)[rows].double().mean()),
+            }
+        )
     metrics["rollout_rs_masked_fraction"] = float(masked_mean((~keep_all).double(), mask))
     metrics["rollout_rs_seq_masked_fraction"] = float(((~keep_all) & (mask > 0)).any(-1)[rows].double().mean())
     return (response_mask * keep_all.to(response_mask.dtype)).to(response_mask.dtype), metrics
 
 
 def compute_rollout_correction_and_rejection_mask(
-    old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor,
-    rollout_is: Optional[str] = None, rollout_is_threshold: float = 2.0, rollout_is_batch_normalize: bool = False,
-    rollout_rs: Optional[str] = None, rollout_rs_threshold=None,
+    old_log_prob: torch.Tensor,
+    rollout_log_prob: torch.Tensor,
+    response_mask: torch.Tensor,
+    rollout_is: Optional[str] = None,
+    rollout_is_threshold: float = 2.0,
+    rollout_is_batch_normalize: bool = False,
+    rollout_rs: Optional[str] = None,
+    rollout_rs_threshold=None,
 ) -> tuple[Optional[torch.Tensor], torch.Tensor, dict[str, float]]:
     """Importance weights, rejection mask and off-policy diagnostics in one call.
 
@@ -340,14 +387,19 @@ def compute_rollout_correction_and_rejection_mask(
         UnknownAlgorithmError, AlgorithmConfigError: a bad option or threshold.
         AlgorithmInputError: the shapes differ.
     """
-    _check_shapes("compute_rollout_correction_and_rejection_mask", old_log_prob=old_log_prob,
-                  rollout_log_prob=rollout_log_prob, response_mask=response_mask)
+    _check_shapes(
+        "compute_rollout_correction_and_rejection_mask",
+        old_log_prob=old_log_prob,
+        rollout_log_prob=rollout_log_prob,
+        response_mask=response_mask,
+    )
     log_ratio = old_log_prob - rollout_log_prob
     metrics: dict[str, float] = {}
     weights = None
     if rollout_is is not None:
-        weights, is_metrics = compute_rollout_correction_weights(log_ratio, response_mask, rollout_is,
-                                                                 rollout_is_threshold, rollout_is_batch_normalize)
+        weights, is_metrics = compute_rollout_correction_weights(
+            log_ratio, response_mask, rollout_is, rollout_is_threshold, rollout_is_batch_normalize
+        )
         metrics.update(is_metrics)
     mask = response_mask
     if rollout_rs is not None:
@@ -358,8 +410,9 @@ def compute_rollout_correction_and_rejection_mask(
     return weights, mask, metrics
 
 
-def compute_offpolicy_metrics(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor,
-                              response_mask: torch.Tensor) -> dict[str, float]:
+def compute_offpolicy_metrics(
+    old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor
+) -> dict[str, float]:
     """Off-policy diagnostics of a batch sampled by the rollout policy and trained under another.
 
     Args:
@@ -379,8 +432,12 @@ def compute_offpolicy_metrics(old_log_prob: torch.Tensor, rollout_log_prob: torc
     Raises:
         AlgorithmInputError: the three tensors differ in shape.
     """
-    _check_shapes("compute_offpolicy_metrics", old_log_prob=old_log_prob, rollout_log_prob=rollout_log_prob,
-                  response_mask=response_mask)
+    _check_shapes(
+        "compute_offpolicy_metrics",
+        old_log_prob=old_log_prob,
+        rollout_log_prob=rollout_log_prob,
+        response_mask=response_mask,
+    )
     rows = response_mask.sum(-1) > 0
     if not rows.any():
         return {}

@@ -44,14 +44,13 @@ def compute_value_loss(
         AlgorithmConfigError: negative ``cliprange_value``.
     """
     if cliprange_value < 0:
-        raise AlgorithmConfigError(
-            f"critic.cliprange_value={cliprange_value} is negative; use a value >= 0 (e.g. 0.5)"
-        )
+        raise AlgorithmConfigError(f"critic.cliprange_value={cliprange_value} is negative; use a value >= 0 (e.g. 0.5)")
     vpred_clipped = clip_by_value(vpreds, values - cliprange_value, values + cliprange_value)
     losses_unclipped = (vpreds - returns) ** 2
     losses_clipped = (vpred_clipped - returns) ** 2
     losses = torch.maximum(losses_unclipped, losses_clipped)
-    vf_loss = 0.5 * agg_loss(losses, response_mask, loss_agg_mode, dp_size, batch_num_tokens,
-                       global_batch_size, loss_scale_factor)
+    vf_loss = 0.5 * agg_loss(
+        losses, response_mask, loss_agg_mode, dp_size, batch_num_tokens, global_batch_size, loss_scale_factor
+    )
     vf_clipfrac = masked_mean(torch.gt(losses_clipped, losses_unclipped).float(), response_mask)
     return vf_loss, vf_clipfrac.detach()

@@ -18,8 +18,9 @@ def _get(cfg, key: str, default=_REQUIRED):
         except (KeyError, TypeError, AttributeError, IndexError) as exc:
             if default is not _REQUIRED:
                 return default
-            raise ConfigError(f"the config has no key '{key}'; add it (e.g. +{key}=...) "
-                              "or start from the packaged ppo_trainer.yaml") from exc
+            raise ConfigError(
+                f"the config has no key '{key}'; add it (e.g. +{key}=...) or start from the packaged ppo_trainer.yaml"
+            ) from exc
     return node
 
 
@@ -27,8 +28,9 @@ def _int_at_least(cfg, key: str, minimum: int, prefix: str | None = None, hint: 
     value = _get(cfg, key)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         name = f"{prefix}.{key}" if prefix else key
-        raise ConfigError(f"{name}={value!r} must be an integer >= {minimum}{' ' + hint if hint else ''}; "
-                          f"set {name} to one")
+        raise ConfigError(
+            f"{name}={value!r} must be an integer >= {minimum}{' ' + hint if hint else ''}; set {name} to one"
+        )
     return value
 
 

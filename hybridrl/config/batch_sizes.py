@@ -15,7 +15,8 @@ def _check_batch_sizes(config, dp: int, use_critic: bool) -> None:
     if (train_bs * n) % dp:
         raise ConfigError(
             f"data.train_batch_size={train_bs} x {ROLLOUT}.n={n} = {train_bs * n} responses do not "
-            f"split over {dp} workers; make it a multiple of {dp} or change trainer.n_gpus_per_node")
+            f"split over {dp} workers; make it a multiple of {dp} or change trainer.n_gpus_per_node"
+        )
     roles = [(ACTOR, _get(config, ACTOR))]
     if use_critic:
         roles.append(("critic", _get(config, "critic")))
@@ -24,12 +25,14 @@ def _check_batch_sizes(config, dp: int, use_critic: bool) -> None:
         if train_bs < mini:
             raise ConfigError(
                 f"data.train_batch_size={train_bs} is smaller than {prefix}.ppo_mini_batch_size={mini}; "
-                f"lower {prefix}.ppo_mini_batch_size or raise data.train_batch_size")
+                f"lower {prefix}.ppo_mini_batch_size or raise data.train_batch_size"
+            )
         if train_bs % mini:
             raise ConfigError(
                 f"data.train_batch_size={train_bs} is not a multiple of {prefix}.ppo_mini_batch_size={mini}, "
                 f"so the last mini batch of every step would be smaller; make data.train_batch_size a "
-                f"multiple of {prefix}.ppo_mini_batch_size")
+                f"multiple of {prefix}.ppo_mini_batch_size"
+            )
         normalize_batch_sizes(cfg, n, dp, prefix=prefix)
     for prefix in (ROLLOUT, REF):  # optional: the worker falls back to its own default
         _micro_per_worker(_get(config, prefix), prefix, "log_prob_micro_batch_size", dp, required=False)
@@ -42,12 +45,16 @@ def _check_token_budgets(config, use_critic: bool) -> None:
     """With ``use_dynamic_bsz`` a micro batch holds whole rows: every token budget in use must
     hold the longest row the data can make."""
     longest = _get(config, "data.max_prompt_length") + _get(config, "data.max_response_length")
-    budgets = [(f"{ACTOR}.use_dynamic_bsz", f"{ACTOR}.ppo_max_token_len_per_gpu"),
-               (f"{ROLLOUT}.log_prob_use_dynamic_bsz", f"{ROLLOUT}.log_prob_max_token_len_per_gpu"),
-               (f"{REF}.log_prob_use_dynamic_bsz", f"{REF}.log_prob_max_token_len_per_gpu")]
+    budgets = [
+        (f"{ACTOR}.use_dynamic_bsz", f"{ACTOR}.ppo_max_token_len_per_gpu"),
+        (f"{ROLLOUT}.log_prob_use_dynamic_bsz", f"{ROLLOUT}.log_prob_max_token_len_per_gpu"),
+        (f"{REF}.log_prob_use_dynamic_bsz", f"{REF}.log_prob_max_token_len_per_gpu"),
+    ]
     if use_critic:
-        budgets += [("critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu"),
-                    ("critic.use_dynamic_bsz", "critic.forward_max_token_len_per_gpu")]
+        budgets += [
+            ("critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu"),
+            ("critic.use_dynamic_bsz", "critic.forward_max_token_len_per_gpu"),
+        ]
     for switch, key in budgets:
         if not _get(config, switch):
             continue
@@ -56,11 +63,11 @@ def _check_token_budgets(config, use_critic: bool) -> None:
             raise ConfigError(
                 f"{key}={budget} is smaller than data.max_prompt_length + data.max_response_length = {longest} "
                 f"tokens, the longest row; raise it to at least {longest} (a few times that packs several "
-                f"rows per forward) or set {switch}=false")
+                f"rows per forward) or set {switch}=false"
+            )
 
 
-def normalize_batch_sizes(actor_cfg_or_critic_cfg, rollout_n: int, dp: int,
-                          prefix: str | None = None) -> dict:
+def normalize_batch_sizes(actor_cfg_or_critic_cfg, rollout_n: int, dp: int, prefix: str | None = None) -> dict:
     """Per-worker batch sizes of an actor or critic config, as verl's FSDP workers derive them.
 
     ``ppo_mini_batch_size`` counts prompts; a worker sees ``ppo_mini_batch_size * rollout_n // dp``
@@ -90,7 +97,8 @@ def normalize_batch_sizes(actor_cfg_or_critic_cfg, rollout_n: int, dp: int,
     if total % dp:
         raise ConfigError(
             f"{prefix}.ppo_mini_batch_size={mini} x {ROLLOUT}.n={rollout_n} = {total} responses do not "
-            f"split over {dp} workers; make ppo_mini_batch_size x n a multiple of {dp}")
+            f"split over {dp} workers; make ppo_mini_batch_size x n a multiple of {dp}"
+        )
     per_worker = total // dp
     dynamic = bool(_get(cfg, "use_dynamic_bsz"))
     micro = _micro_per_worker(cfg, prefix, "ppo_micro_batch_size", dp, required=not dynamic)
@@ -98,7 +106,8 @@ def normalize_batch_sizes(actor_cfg_or_critic_cfg, rollout_n: int, dp: int,
         raise ConfigError(
             f"{prefix}.ppo_mini_batch_size={mini} x n={rollout_n} / {dp} workers = {per_worker} responses "
             f"per worker do not split into micro batches of {micro} "
-            f"({prefix}.ppo_micro_batch_size_per_gpu); pick a micro batch that divides {per_worker}")
+            f"({prefix}.ppo_micro_batch_size_per_gpu); pick a micro batch that divides {per_worker}"
+        )
     out = {"ppo_mini_batch_size": per_worker, "ppo_micro_batch_size_per_gpu": micro}
     if is_critic:
         fwd = _micro_per_worker(cfg, prefix, "forward_micro_batch_size", dp, required=False)
@@ -114,7 +123,8 @@ def _micro_per_worker(cfg, prefix: str, name: str, dp: int, required: bool):
     if global_mb is not None and per_gpu is not None:
         raise ConfigError(
             f"{prefix}.{name}={global_mb} and {prefix}.{per_gpu_key}={per_gpu} are both set; "
-            f"remove the deprecated {prefix}.{name} (write {prefix}.{name}=null)")
+            f"remove the deprecated {prefix}.{name} (write {prefix}.{name}=null)"
+        )
     if per_gpu is not None:
         return _int_at_least(cfg, per_gpu_key, 1, prefix)
     if global_mb is not None:
@@ -122,12 +132,14 @@ def _micro_per_worker(cfg, prefix: str, name: str, dp: int, required: bool):
         if global_mb // dp < 1:
             raise ConfigError(
                 f"{prefix}.{name}={global_mb} split over {dp} workers is 0 per worker; "
-                f"set {prefix}.{per_gpu_key} instead (the deprecated key is divided by the workers)")
+                f"set {prefix}.{per_gpu_key} instead (the deprecated key is divided by the workers)"
+            )
         return global_mb // dp
     if required:
         raise ConfigError(
             f"{prefix}.{per_gpu_key} is not set; set it (e.g. {prefix}.{per_gpu_key}=4) "
-            f"or turn on {prefix}.use_dynamic_bsz=true")
+            f"or turn on {prefix}.use_dynamic_bsz=true"
+        )
     return None
 
 

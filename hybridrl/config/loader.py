@@ -15,8 +15,12 @@ from hybridrl.errors import ConfigError
 CONFIG_MODULE = "hybridrl.config"
 
 
-def load_config(overrides: list[str] | None = None, config_name: str = "ppo_trainer",
-                config_dir: str | None = None, resolve_auto_dtypes: bool = True):
+def load_config(
+    overrides: list[str] | None = None,
+    config_name: str = "ppo_trainer",
+    config_dir: str | None = None,
+    resolve_auto_dtypes: bool = True,
+):
     """Compose ``<config_name>.yaml`` with Hydra overrides and return the resolved config.
 
     The override grammar is Hydra's, as verl's command line uses it: ``a.b=1``,
@@ -69,8 +73,9 @@ def load_config(overrides: list[str] | None = None, config_name: str = "ppo_trai
                 cfg = compose(config_name=config_name, overrides=extra + overrides)
             except MissingConfigException as exc:
                 where = f"{config_dir} nor in hybridrl/config" if config_dir else "hybridrl/config"
-                raise ConfigError(f"config '{config_name}.yaml' is not in {where}; "
-                                  "check --config-name and --config-path") from exc
+                raise ConfigError(
+                    f"config '{config_name}.yaml' is not in {where}; check --config-name and --config-path"
+                ) from exc
             except (HydraException, OmegaConfBaseException) as exc:
                 # Hydra's message for an unknown key has no suggestion: compose without the
                 # overrides (only on this error path) and name the closest known key.
@@ -81,10 +86,8 @@ def load_config(overrides: list[str] | None = None, config_name: str = "ppo_trai
     try:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as exc:
-        raise ConfigError(_one_line(f"config '{config_name}': cannot resolve an interpolation: {exc}",
-                                    exc)) from exc
+        raise ConfigError(_one_line(f"config '{config_name}': cannot resolve an interpolation: {exc}", exc)) from exc
     if "reward" in cfg:  # verl >= 0.8's spelling of the reward settings
-
         apply_reward_spelling(cfg)
     if resolve_auto_dtypes:
         resolve_precision(cfg)
@@ -104,7 +107,8 @@ def _parse_overrides(overrides: list[str]) -> list:
         except OverrideParseException as exc:
             raise ConfigError(
                 f"cannot parse the override {text!r}: {_first_line(str(exc))}; write it as "
-                "key=value, quote lists like 'trainer.logger=[console,file]'") from exc
+                "key=value, quote lists like 'trainer.logger=[console,file]'"
+            ) from exc
     return result
 
 

@@ -56,8 +56,9 @@ def bf16_matmul_is_fast(size: int = 128, repeats: int = 3) -> bool:
     return best(torch.bfloat16) <= best(torch.float32)
 
 
-def cpu_native_bf16(flags: Iterable[str] | None = None,
-                    probe: Callable[[], bool] = bf16_matmul_is_fast) -> tuple[bool, str]:
+def cpu_native_bf16(
+    flags: Iterable[str] | None = None, probe: Callable[[], bool] = bf16_matmul_is_fast
+) -> tuple[bool, str]:
     """Whether this CPU computes bf16 natively, and why (for the start-up line).
 
     Args:
@@ -83,8 +84,9 @@ def _device_name(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def resolve_auto_dtype(device: str, flags: Iterable[str] | None = None,
-                       probe: Callable[[], bool] = bf16_matmul_is_fast) -> tuple[str, str]:
+def resolve_auto_dtype(
+    device: str, flags: Iterable[str] | None = None, probe: Callable[[], bool] = bf16_matmul_is_fast
+) -> tuple[str, str]:
     """``("bf16" | "fp32", reason)``: what ``auto`` means on ``device`` (``cpu``, ``cuda``, or
     ``auto``: cuda when torch sees one, as ``trainer.device=auto``)."""
     import torch
@@ -112,8 +114,12 @@ def auto_dtype_keys(config, prefix: str = "") -> list[str]:
     return found
 
 
-def resolve_precision(config, device: str | None = None, flags: Iterable[str] | None = None,
-                      probe: Callable[[], bool] = bf16_matmul_is_fast) -> str | None:
+def resolve_precision(
+    config,
+    device: str | None = None,
+    flags: Iterable[str] | None = None,
+    probe: Callable[[], bool] = bf16_matmul_is_fast,
+) -> str | None:
     """Replaces every ``auto`` dtype in ``config`` (in place) by what the device computes fast.
 
     Done once, before anything is built, so every role gets the same choice and the saved run

@@ -22,9 +22,21 @@ REWARD_SPELLING: dict[str, str] = {
     "reward.num_workers": "reward_model.num_workers",
     "reward.reward_model.enable": "reward_model.enable",
     "reward.reward_model.model_path": "reward_model.model.path",
-    **{f"reward.reward_model.rollout.{key}": f"reward_model.rollout.{key}"  # the judge's engine
-       for key in ("name", "dtype", "prompt_length", "response_length", "do_sample", "temperature", "top_k", "top_p",
-                   "tensor_model_parallel_size", "gpu_memory_utilization")},
+    **{
+        f"reward.reward_model.rollout.{key}": f"reward_model.rollout.{key}"  # the judge's engine
+        for key in (
+            "name",
+            "dtype",
+            "prompt_length",
+            "response_length",
+            "do_sample",
+            "temperature",
+            "top_k",
+            "top_p",
+            "tensor_model_parallel_size",
+            "gpu_memory_utilization",
+        )
+    },
     "reward.sandbox_fusion.url": "reward_model.sandbox_fusion.url",
     "reward.sandbox_fusion.max_concurrent": "reward_model.sandbox_fusion.max_concurrent",
     "reward.sandbox_fusion.memory_limit_mb": "reward_model.sandbox_fusion.memory_limit_mb",
@@ -50,8 +62,10 @@ def apply_reward_spelling(cfg) -> None:
             continue
         old = _plain(_get(cfg, old_key, None))
         if old != _plain(_get(defaults, old_key, None)) and old != new:
-            raise ConfigError(f"{new_key}={new!r} and {old_key}={old!r} set the same thing differently; "
-                              f"keep one of them ({new_key} is verl >= 0.8's spelling)")
+            raise ConfigError(
+                f"{new_key}={new!r} and {old_key}={old!r} set the same thing differently; "
+                f"keep one of them ({new_key} is verl >= 0.8's spelling)"
+            )
         parent, _, leaf = old_key.rpartition(".")
         with open_dict(cfg):
             _get(cfg, parent)[leaf] = new

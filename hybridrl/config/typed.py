@@ -31,8 +31,14 @@ REFUSED = "refused"  # field metadata: the feature the key asks for, which this 
 When = Literal["always", "single", "hf", "cpu"]
 
 
-def ignored(default=dataclasses.MISSING, reason: str = "", when: When = "always", *, factory=dataclasses.MISSING,
-            subkeys: dict | None = None):
+def ignored(
+    default=dataclasses.MISSING,
+    reason: str = "",
+    when: When = "always",
+    *,
+    factory=dataclasses.MISSING,
+    subkeys: dict | None = None,
+):
     """A field kept so verl command lines run; a value other than its default prints ``reason``
     once at start-up. ``when``: ``single`` notes it only with one worker (FSDP keys), ``hf`` only
     when the section's engine is the HF one (vLLM keys), ``cpu`` only when the run computes on
@@ -42,8 +48,9 @@ def ignored(default=dataclasses.MISSING, reason: str = "", when: When = "always"
     return _marked_field(IGNORED, marks, default, factory)
 
 
-def refused(default=dataclasses.MISSING, feature: str = "", *, factory=dataclasses.MISSING,
-            subkeys: dict | None = None):
+def refused(
+    default=dataclasses.MISSING, feature: str = "", *, factory=dataclasses.MISSING, subkeys: dict | None = None
+):
     """A field for a verl feature this build does not have: any value but ``default`` stops the
     run. ``subkeys`` (for a nested section): ``{"key": feature}`` for keys inside it."""
     return _marked_field(REFUSED, dict(subkeys) if subkeys else feature, default, factory)
@@ -105,7 +112,7 @@ def to_structured(cls: type, section: Any, prefix: str):
     return merged
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _schema(cls: type):
     """The structured config of ``cls`` (built once: merging copies it, never changes it)."""
     from omegaconf import OmegaConf
@@ -123,8 +130,11 @@ def _merged(cls: type, section: Any, prefix: str):
         key = f"{prefix}.{exc.full_key}" if prefix else exc.full_key
         where = prefix or "this command's config"
         close = closest_key(exc.full_key, all_keys(_schema(cls)))
-        fix = f"did you mean '{prefix + '.' if prefix else ''}{close}'?" if close else \
-            "remove it (hybridrl config --show lists the keys)"
+        fix = (
+            f"did you mean '{prefix + '.' if prefix else ''}{close}'?"
+            if close
+            else "remove it (hybridrl config --show lists the keys)"
+        )
         raise ConfigError(f"{key} is not a key of {where}; {fix}") from None
     except ValidationError as exc:
         key = f"{prefix}.{exc.full_key}" if prefix else exc.full_key

@@ -74,9 +74,7 @@ def dispatch_args(mode: Dispatch, world_size: int, args: tuple, kwargs: dict):
     if mode == Dispatch.DP_COMPUTE:
         for value in (*args, *kwargs.values()):
             if not isinstance(value, (list, tuple)) or len(value) != world_size:
-                raise ValueError(
-                    f"{mode.name}: every argument must be a list of world_size={world_size} items"
-                )
+                raise ValueError(f"{mode.name}: every argument must be a list of world_size={world_size} items")
         per_args = [tuple(a[r] for a in args) for r in range(world_size)]
         per_kwargs = [{k: v[r] for k, v in kwargs.items()} for r in range(world_size)]
         return per_args, per_kwargs, 0

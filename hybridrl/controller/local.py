@@ -20,8 +20,9 @@ def _detached(value: Any) -> Any:
     are shared, not copied) so that the same worker code behaves the same in both backends.
     """
     if isinstance(value, DataProto):
-        return DataProto(batch=value.batch, non_tensor_batch=dict(value.non_tensor_batch),
-                         meta_info=dict(value.meta_info))
+        return DataProto(
+            batch=value.batch, non_tensor_batch=dict(value.non_tensor_batch), meta_info=dict(value.meta_info)
+        )
     return value
 
 

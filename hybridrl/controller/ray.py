@@ -30,9 +30,17 @@ from hybridrl.errors import UserError, is_user_error
 
 logger = logging.getLogger(__name__)
 
-ENV_PASSTHROUGH = ("HF_HUB_OFFLINE", "HF_HOME", "HYBRIDRL_CACHE", "HYBRIDRL_DEBUG", "HYBRIDRL_DIST_TIMEOUT_S",
-                   "HYBRIDRL_CPU_MALLOC_REUSE", "TRANSFORMERS_OFFLINE",
-                   "PYTHONPATH", "CUDA_DEVICE_MAX_CONNECTIONS")
+ENV_PASSTHROUGH = (
+    "HF_HUB_OFFLINE",
+    "HF_HOME",
+    "HYBRIDRL_CACHE",
+    "HYBRIDRL_DEBUG",
+    "HYBRIDRL_DIST_TIMEOUT_S",
+    "HYBRIDRL_CPU_MALLOC_REUSE",
+    "TRANSFORMERS_OFFLINE",
+    "PYTHONPATH",
+    "CUDA_DEVICE_MAX_CONNECTIONS",
+)
 
 
 class WorkerError(RuntimeError):
@@ -69,8 +77,14 @@ class RayResourcePool:
     share processes, so 1 is enough for them).
     """
 
-    def __init__(self, process_on_nodes: list[int], use_gpu: bool = False, cpus_per_worker: int = 1,
-                 name_prefix: str = "hybridrl", max_colocate_count: int = 1) -> None:
+    def __init__(
+        self,
+        process_on_nodes: list[int],
+        use_gpu: bool = False,
+        cpus_per_worker: int = 1,
+        name_prefix: str = "hybridrl",
+        max_colocate_count: int = 1,
+    ) -> None:
         if not process_on_nodes or any(int(n) < 1 for n in process_on_nodes):
             raise ValueError(f"RayResourcePool: process_on_nodes={process_on_nodes} needs >= 1 process per node")
         self.process_on_nodes = [int(n) for n in process_on_nodes]
@@ -112,7 +126,8 @@ class RayResourcePool:
                 raise ResourceError(
                     f"could not reserve {self.process_on_nodes} worker processes with {self.bundle()} each "
                     f"within {timeout_s:.0f} s; the cluster has {ray.available_resources()}. Lower "
-                    "trainer.n_gpus_per_node / trainer.nnodes / trainer.cpu_threads_per_worker, or add machines")
+                    "trainer.n_gpus_per_node / trainer.nnodes / trainer.cpu_threads_per_worker, or add machines"
+                )
             self._placement_groups = groups
         return self._placement_groups
 
@@ -143,8 +158,12 @@ class ResourcePoolManager:
         self.check_resources()
         for name, process_on_nodes in self.resource_pool_spec.items():
             self.resource_pool_dict[name] = RayResourcePool(
-                process_on_nodes, use_gpu=self.use_gpu, cpus_per_worker=self.cpus_per_worker,
-                name_prefix=name, max_colocate_count=len([r for r, p in self.mapping.items() if p == name]))
+                process_on_nodes,
+                use_gpu=self.use_gpu,
+                cpus_per_worker=self.cpus_per_worker,
+                name_prefix=name,
+                max_colocate_count=len([r for r, p in self.mapping.items() if p == name]),
+            )
 
     def get_resource_pool(self, role: Role) -> RayResourcePool:
         return self.resource_pool_dict[self.mapping[role]]
@@ -162,7 +181,9 @@ class ResourcePoolManager:
                 raise ResourceError(
                     f"the Ray cluster has {total.get(kind, 0):g} {kind}s but {workers} workers need {amount:g} "
                     f"({self.resource_pool_spec}); lower trainer.n_gpus_per_node or trainer.nnodes"
-                    + (" or trainer.cpu_threads_per_worker" if kind == "CPU" else "") + ", or add machines")
+                    + (" or trainer.cpu_threads_per_worker" if kind == "CPU" else "")
+                    + ", or add machines"
+                )
 
 
 # ---------------------------------------------------------------- workers inside Ray actors
@@ -262,9 +283,16 @@ class RayWorkerGroup(WorkerGroup):
         WorkerError: a worker's constructor failed on some rank.
     """
 
-    def __init__(self, resource_pool: RayResourcePool, ray_cls_with_init, cpu_threads_per_worker: int = 1,
-                 name_prefix: str = "hybridrl", max_concurrency: int = 1, _hosts: list | None = None,
-                 _role: str | None = None) -> None:
+    def __init__(
+        self,
+        resource_pool: RayResourcePool,
+        ray_cls_with_init,
+        cpu_threads_per_worker: int = 1,
+        name_prefix: str = "hybridrl",
+        max_concurrency: int = 1,
+        _hosts: list | None = None,
+        _role: str | None = None,
+    ) -> None:
         import ray
 
         self.resource_pool = resource_pool
@@ -298,20 +326,27 @@ class RayWorkerGroup(WorkerGroup):
         for pg, local_world in zip(pool.placement_groups(), pool.process_on_nodes):
             for local_rank in range(local_world):
                 env = {key: os.environ[key] for key in ENV_PASSTHROUGH if key in os.environ}
-                env.update(RANK=str(rank), WORLD_SIZE=str(pool.world_size), LOCAL_RANK=str(local_rank),
-                           LOCAL_WORLD_SIZE=str(local_world), OMP_NUM_THREADS=str(threads),
-                           TOKENIZERS_PARALLELISM="false")
+                env.update(
+                    RANK=str(rank),
+                    WORLD_SIZE=str(pool.world_size),
+                    LOCAL_RANK=str(local_rank),
+                    LOCAL_WORLD_SIZE=str(local_world),
+                    OMP_NUM_THREADS=str(threads),
+                    TOKENIZERS_PARALLELISM="false",
+                )
                 options = dict(
-                    num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0),
+                    num_cpus=bundle["CPU"],
+                    num_gpus=bundle.get("GPU", 0),
                     scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=local_rank),
                     name=f"{name_prefix}_{pool.name_prefix}_rank{rank}_{uuid.uuid4().hex[:8]}",
-                    runtime_env={"env_vars": env}, max_concurrency=int(max_concurrency),
+                    runtime_env={"env_vars": env},
+                    max_concurrency=int(max_concurrency),
                 )
                 hosts.append(host_cls.options(**options).remote(env))
                 rank += 1
         return hosts
 
-    def spawn(self, prefix_set) -> dict[str, "RayWorkerGroup"]:
+    def spawn(self, prefix_set) -> dict[str, RayWorkerGroup]:
         """One worker group per colocated role, all running in this group's processes."""
         return {
             role: RayWorkerGroup(self.resource_pool, ColocatedWorkers(self._roles), _hosts=self._hosts, _role=role)
@@ -319,8 +354,10 @@ class RayWorkerGroup(WorkerGroup):
         }
 
     def _execute(self, method_name: str, per_rank_args: list, per_rank_kwargs: list):
-        refs = [host.call.remote(self._role, method_name, a, k)
-                for host, a, k in zip(self._hosts, per_rank_args, per_rank_kwargs)]
+        refs = [
+            host.call.remote(self._role, method_name, a, k)
+            for host, a, k in zip(self._hosts, per_rank_args, per_rank_kwargs)
+        ]
         return self._wait(refs, method_name)
 
     def _wait(self, refs: list, method_name: str = "") -> list:
@@ -344,7 +381,8 @@ class RayWorkerGroup(WorkerGroup):
                 raise WorkerError(
                     f"{self.worker_cls.__name__}.{method_name or 'call'}: rank(s) {ranks} gave no answer within "
                     f"trainer.dist_timeout_s={timeout_s:g} s of the other ranks (a hung or stopped worker process?); "
-                    "raise trainer.dist_timeout_s if their share of the work is that much longer")
+                    "raise trainer.dist_timeout_s if their share of the work is that much longer"
+                )
             try:
                 ray.get(done[0])
             except RayTaskError as exc:
@@ -356,11 +394,14 @@ class RayWorkerGroup(WorkerGroup):
                 rank = refs.index(done[0])
                 raise WorkerError(
                     f"{self.worker_cls.__name__} worker process of rank {rank} died: {exc}. The run cannot go on "
-                    "without it; look above for its last output (out of memory is a common cause)") from None
+                    "without it; look above for its last output (out of memory is a common cause)"
+                ) from None
             except RayError as exc:  # e.g. Ray's memory monitor killed the task
                 rank = refs.index(done[0])
                 first_line = str(exc).strip().splitlines()[0]
-                raise WorkerError(f"{self.worker_cls.__name__} call on rank {rank} failed in Ray: {first_line}") from None
+                raise WorkerError(
+                    f"{self.worker_cls.__name__} call on rank {rank} failed in Ray: {first_line}"
+                ) from None
         return ray.get(refs)
 
     def shutdown(self) -> None:

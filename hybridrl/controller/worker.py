@@ -18,9 +18,7 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(
-            "trainer.device=cuda but torch sees no CUDA device; set trainer.device=cpu or auto"
-        )
+        raise ConfigError("trainer.device=cuda but torch sees no CUDA device; set trainer.device=cpu or auto")
     if device not in ("cpu", "cuda"):
         raise ConfigError(f"trainer.device={device!r} is not one of cpu, cuda, auto")
     return device

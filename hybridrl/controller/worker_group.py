@@ -8,7 +8,7 @@ gathers their outputs (collect). Backends only say how to run a method on the ra
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from typing import Any
 
 from hybridrl.controller.decorator import MethodSpec, collect_outputs, dispatch_args, get_method_spec
 

@@ -47,7 +47,8 @@ class DataConfig:
     gen_batch_size: Optional[int] = None
     val_batch_size: Optional[int] = None
     return_raw_input_ids: bool = ignored(
-        False, "a reward model with another tokenizer re-templates the chat messages (data.return_raw_chat=True)")
+        False, "a reward model with another tokenizer re-templates the chat messages (data.return_raw_chat=True)"
+    )
     return_raw_chat: bool = False
     return_full_prompt: bool = False
     shuffle: bool = True

@@ -54,8 +54,14 @@ def create_rl_dataloader(
         sampler = RandomSampler(dataset, generator=generator)
     else:
         sampler = torch.utils.data.SequentialSampler(dataset)
-    return stateful_dataloader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
-                               drop_last=drop_last, collate_fn=collate_fn)
+    return stateful_dataloader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=num_workers,
+        drop_last=drop_last,
+        collate_fn=collate_fn,
+    )
 
 
 def stateful_dataloader(dataset, **kwargs) -> StatefulDataLoader:

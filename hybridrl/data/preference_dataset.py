@@ -30,8 +30,9 @@ logger = logging.getLogger(__name__)
 PREFERENCE_TRUNCATIONS = ("left", "drop", "error")
 
 
-def encode_rm_inputs(tokenizer, chats: list[list[dict]], responses: list[str],
-                     ended: list[bool] | None = None, **chat_template_kwargs) -> list[list[int]]:
+def encode_rm_inputs(
+    tokenizer, chats: list[list[dict]], responses: list[str], ended: list[bool] | None = None, **chat_template_kwargs
+) -> list[list[int]]:
     """Token ids the reward model reads for each (chat, response): templated prompt + response + EOS.
 
     Args:
@@ -49,8 +50,10 @@ def encode_rm_inputs(tokenizer, chats: list[list[dict]], responses: list[str],
         DataError: the tokenizer has no chat template or no EOS token.
     """
     if getattr(tokenizer, "chat_template", None) is None:
-        raise DataError("the reward model's tokenizer has no chat_template, so prompts cannot be formatted; "
-                        "use an instruct/chat tokenizer or set a custom chat template")
+        raise DataError(
+            "the reward model's tokenizer has no chat_template, so prompts cannot be formatted; "
+            "use an instruct/chat tokenizer or set a custom chat template"
+        )
     if tokenizer.eos_token_id is None:
         raise DataError("the reward model's tokenizer has no eos_token; set one in its tokenizer_config.json")
     texts = tokenizer.apply_chat_template(chats, add_generation_prompt=True, tokenize=False, **chat_template_kwargs)
@@ -71,20 +74,26 @@ def read_table_rows(data_files, config_key: str) -> list[dict]:
 
     files = [data_files] if isinstance(data_files, (str, os.PathLike)) else list(data_files or [])
     if not files:
-        raise DataError(f"{config_key} is empty; set it to parquet files of preference pairs "
-                        "(e.g. from examples/data_preprocess/hh_rlhf.py)")
+        raise DataError(
+            f"{config_key} is empty; set it to parquet files of preference pairs "
+            "(e.g. from examples/data_preprocess/hh_rlhf.py)"
+        )
     rows = []
     for path in (os.path.expanduser(os.fspath(f)) for f in files):
         if not os.path.isfile(path):
-            raise DataError(f"{config_key}: file {path} does not exist; create it with "
-                            "`python examples/data_preprocess/hh_rlhf.py --local_dir DIR` (or fix the path)")
+            raise DataError(
+                f"{config_key}: file {path} does not exist; create it with "
+                "`python examples/data_preprocess/hh_rlhf.py --local_dir DIR` (or fix the path)"
+            )
         try:
             is_json = path.endswith((".jsonl", ".jsonl.gz", ".json"))
             lines = path.endswith((".jsonl", ".jsonl.gz"))
             frame = pd.read_json(path, lines=lines) if is_json else pd.read_parquet(path)
         except (ValueError, OSError) as exc:
-            raise DataError(f"{config_key}: {path} is not readable as {'JSON lines' if is_json else 'parquet'} "
-                            f"({' '.join(str(exc).split())[:120]}); pass parquet or .jsonl(.gz) files") from None
+            raise DataError(
+                f"{config_key}: {path} is not readable as {'JSON lines' if is_json else 'parquet'} "
+                f"({' '.join(str(exc).split())[:120]}); pass parquet or .jsonl(.gz) files"
+            ) from None
         for i, row in enumerate(frame.to_dict("records")):
             rows.append({**row, "_source": path, "_row": i})
     return rows
@@ -116,8 +125,10 @@ def row_to_pair(row: dict, keys: dict[str, str]) -> tuple[list[dict], str, str] 
     where = f"row {row['_row']} of {row['_source']}"
     for name in ("chosen_key", "rejected_key"):
         if keys[name] not in row:
-            raise DataError(f"data.{name}: column '{keys[name]}' is not in {row['_source']} (columns: "
-                            f"{', '.join(k for k in row if not k.startswith('_'))}); set data.{name}")
+            raise DataError(
+                f"data.{name}: column '{keys[name]}' is not in {row['_source']} (columns: "
+                f"{', '.join(k for k in row if not k.startswith('_'))}); set data.{name}"
+            )
     chosen, rejected = row[keys["chosen_key"]], row[keys["rejected_key"]]
     if keys["prompt_key"] in row:
         prompt = row[keys["prompt_key"]]
@@ -126,15 +137,19 @@ def row_to_pair(row: dict, keys: dict[str, str]) -> tuple[list[dict], str, str] 
             is_hh = prompt.startswith("\n\nHuman:")
             messages = parse_dialogue(prompt) if is_hh else [{"role": "user", "content": prompt}]
         if messages is None:
-            raise DataError(f"{where}: data.prompt_key column '{keys['prompt_key']}' holds {str(prompt)[:60]!r}; "
-                            "expected chat messages [{'role', 'content'}, ...] or a string")
+            raise DataError(
+                f"{where}: data.prompt_key column '{keys['prompt_key']}' holds {str(prompt)[:60]!r}; "
+                "expected chat messages [{'role', 'content'}, ...] or a string"
+            )
         return messages, _response(chosen, f"{where}, chosen"), _response(rejected, f"{where}, rejected")
     if isinstance(chosen, str) and isinstance(rejected, str):
         return split_pair(chosen, rejected)
     chosen_msgs, rejected_msgs = _messages(chosen), _messages(rejected)
     if chosen_msgs is None or rejected_msgs is None:
-        raise DataError(f"{where}: without a '{keys['prompt_key']}' column, chosen/rejected must be whole dialogues "
-                        "(HH-RLHF strings or message lists); set data.prompt_key to the prompt column")
+        raise DataError(
+            f"{where}: without a '{keys['prompt_key']}' column, chosen/rejected must be whole dialogues "
+            "(HH-RLHF strings or message lists); set data.prompt_key to the prompt column"
+        )
     if chosen_msgs[:-1] != rejected_msgs[:-1] or len(chosen_msgs) < 2 or chosen_msgs[-1] == rejected_msgs[-1]:
         return None
     return chosen_msgs[:-1], str(chosen_msgs[-1].get("content", "")), str(rejected_msgs[-1].get("content", ""))
@@ -161,8 +176,9 @@ class PreferenceDataset(torch.utils.data.Dataset):
             with an over-long pair, or no pair left.
     """
 
-    def __init__(self, data_files, tokenizer, config, config_key: str = "data.train_files",
-                 max_samples: int = -1) -> None:
+    def __init__(
+        self, data_files, tokenizer, config, config_key: str = "data.train_files", max_samples: int = -1
+    ) -> None:
         keys = {"prompt_key": config.prompt_key, "chosen_key": config.chosen_key, "rejected_key": config.rejected_key}
         self.margin_key = config.margin_key
         self.max_length = config.max_length
@@ -179,8 +195,11 @@ class PreferenceDataset(torch.utils.data.Dataset):
         pairs = [(row, row_to_pair(row, keys)) for row in rows]
         unclean = sum(pair is None for _, pair in pairs)
         if unclean:
-            logger.warning("%s: %d pairs without a clean preference (different prompts or identical "
-                           "responses) were skipped", config_key, unclean)
+            logger.warning(
+                "%s: %d pairs without a clean preference (different prompts or identical responses) were skipped",
+                config_key,
+                unclean,
+            )
         pairs = [(row, pair) for row, pair in pairs if pair is not None]
         self._tokenize(pairs, tokenizer, config_key)
 
@@ -197,30 +216,38 @@ class PreferenceDataset(torch.utils.data.Dataset):
                 if self.truncation == "error":
                     raise DataError(
                         f"{config_key}: row {row['_row']} of {row['_source']} has {longest} tokens > "
-                        f"data.max_length={self.max_length}; raise data.max_length or set data.truncation=left|drop")
-                c_ids, r_ids = c_ids[-self.max_length:], r_ids[-self.max_length:]
+                        f"data.max_length={self.max_length}; raise data.max_length or set data.truncation=left|drop"
+                    )
+                c_ids, r_ids = c_ids[-self.max_length :], r_ids[-self.max_length :]
             self.chosen.append(c_ids)
             self.rejected.append(r_ids)
             self.margins.append(self._margin(row))
         if not self.chosen:
-            raise DataError(f"{config_key}: no preference pair left (data.truncation={self.truncation}, "
-                            f"data.max_length={self.max_length}); check the file or raise data.max_length")
+            raise DataError(
+                f"{config_key}: no preference pair left (data.truncation={self.truncation}, "
+                f"data.max_length={self.max_length}); check the file or raise data.max_length"
+            )
 
     def _margin(self, row: dict) -> float:
         if not self.margin_key:
             return 0.0
         value = row.get(self.margin_key)
         if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not np.isfinite(value):
-            raise DataError(f"data.margin_key: row {row['_row']} of {row['_source']} has {self.margin_key}="
-                            f"{value!r}; it must be a finite number (or set data.margin_key=null)")
+            raise DataError(
+                f"data.margin_key: row {row['_row']} of {row['_source']} has {self.margin_key}="
+                f"{value!r}; it must be a finite number (or set data.margin_key=null)"
+            )
         return float(value)
 
     def __len__(self) -> int:
         return len(self.chosen)
 
     def __getitem__(self, item: int) -> dict:
-        return {"chosen_input_ids": self.chosen[item], "rejected_input_ids": self.rejected[item],
-                "margin": self.margins[item]}
+        return {
+            "chosen_input_ids": self.chosen[item],
+            "rejected_input_ids": self.rejected[item],
+            "margin": self.margins[item],
+        }
 
 
 def right_pad(sequences: list[list[int]], pad_token_id: int) -> dict[str, torch.Tensor]:

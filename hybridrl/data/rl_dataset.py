@@ -78,8 +78,10 @@ def _clean_chat(chat: Any, row: int, prompt_key: str, source: str) -> list[dict]
     for j, message in enumerate(messages):
         if not isinstance(message.get("role"), str) or not isinstance(message.get("content"), (str, list)):
             raise DataError(
-                f"data.prompt_key: row {row} of {source}: message {j} of column '{prompt_key}' is {str(message)[:80]!r}; "
-                "every message needs a 'role' and a 'content' (text); fix the data set")
+                f"data.prompt_key: row {row} of {source}: message {j} of column '{prompt_key}' is "
+                f"{str(message)[:80]!r}; "
+                "every message needs a 'role' and a 'content' (text); fix the data set"
+            )
     return messages
 
 
@@ -88,9 +90,11 @@ def check_extra_info(rows: list[dict], config_key: str) -> None:
     for row in rows:
         extra = row.get("extra_info")
         if extra is not None and not isinstance(extra, dict):
-            raise DataError(f"{config_key}: row {row['_row']} of {row['_source']}: extra_info is "
-                            f"{type(extra).__name__} {str(extra)[:60]!r}, expected a dict (e.g. {{'index': 0}}) or "
-                            "nothing; fix the data set")
+            raise DataError(
+                f"{config_key}: row {row['_row']} of {row['_source']}: extra_info is "
+                f"{type(extra).__name__} {str(extra)[:60]!r}, expected a dict (e.g. {{'index': 0}}) or "
+                "nothing; fix the data set"
+            )
 
 
 def truncate_ids(ids: list[int], max_length: int, mode: str) -> list[int]:
@@ -104,7 +108,7 @@ def truncate_ids(ids: list[int], max_length: int, mode: str) -> list[int]:
         return ids[:max_length]
     if mode == "middle":
         head = max_length // 2
-        return ids[:head] + ids[len(ids) - (max_length - head):]
+        return ids[:head] + ids[len(ids) - (max_length - head) :]
     raise DataError(f"data.truncation={mode!r} is not one of {', '.join(TRUNCATIONS)}; pick one of them")
 
 
@@ -136,9 +140,7 @@ class RLHFDataset(torch.utils.data.Dataset):
             or no rows left.
     """
 
-    def __init__(
-        self, data_files, tokenizer, config=None, config_key: str = "data.train_files", max_samples: int = -1
-    ):
+    def __init__(self, data_files, tokenizer, config=None, config_key: str = "data.train_files", max_samples: int = -1):
         # Typed once here: the PPO run hands its typed ``data`` section, ``hybridrl generate`` a
         # mapping of the four keys its own ``data`` section shares with it.
         cfg = to_dataclass(DataConfig, config, "data")
@@ -219,8 +221,8 @@ class RLHFDataset(torch.utils.data.Dataset):
         self.attention_mask = torch.zeros((len(keep), limit), dtype=torch.long)
         for j, ids in enumerate(self.raw_prompt_ids):
             if ids:  # left padding: the prompt sits at the right end
-                self.input_ids[j, limit - len(ids):] = torch.tensor(ids, dtype=torch.long)
-                self.attention_mask[j, limit - len(ids):] = 1
+                self.input_ids[j, limit - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+                self.attention_mask[j, limit - len(ids) :] = 1
         self.has_agent_name = any("agent_name" in r for r in self.rows)
 
     def __len__(self) -> int:

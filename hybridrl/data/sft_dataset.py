@@ -67,8 +67,10 @@ def read_sft_columns(data_files, columns: dict[str, str], config_key: str = "dat
     rows: list[dict] = []
     for path in files:
         if not os.path.isfile(path):
-            raise DataError(f"{config_key}: file {path} does not exist; fix the path or write the parquet first "
-                            "(e.g. `hybridrl preprocess gsm8k --local_dir DIR`)")
+            raise DataError(
+                f"{config_key}: file {path} does not exist; fix the path or write the parquet first "
+                "(e.g. `hybridrl preprocess gsm8k --local_dir DIR`)"
+            )
         try:
             names = pq.read_schema(path).names
             missing = [f"'{col}' ({key})" for col, key in columns.items() if col not in names]
@@ -129,25 +131,28 @@ def row_to_messages(row: dict, config, where: str) -> list[dict]:
             raise DataError(f"{where}: column '{key}' has no assistant message, so nothing to train on")
         return messages
     p_key, r_key = config.prompt_key, config.response_key
-    prompt = _follow_keys(row[p_key], _as_list(config.prompt_dict_keys), p_key,
-                          "data.prompt_dict_keys", where)
-    response = _follow_keys(row[r_key], _as_list(config.response_dict_keys), r_key,
-                            "data.response_dict_keys", where)
+    prompt = _follow_keys(row[p_key], _as_list(config.prompt_dict_keys), p_key, "data.prompt_dict_keys", where)
+    response = _follow_keys(row[r_key], _as_list(config.response_dict_keys), r_key, "data.response_dict_keys", where)
     if not isinstance(response, str):
-        raise DataError(f"{where}: the response ('{r_key}') is {type(response).__name__}, expected str; "
-                        "set data.response_dict_keys to reach the text")
+        raise DataError(
+            f"{where}: the response ('{r_key}') is {type(response).__name__}, expected str; "
+            "set data.response_dict_keys to reach the text"
+        )
     if isinstance(prompt, str):
         chat = [{"role": "user", "content": prompt}]
     elif isinstance(prompt, (list, tuple)):
         chat = _check_chat(prompt, p_key, where)
     else:
-        raise DataError(f"{where}: the prompt ('{p_key}') is {type(prompt).__name__}, expected str or a chat "
-                        "list; set data.prompt_dict_keys to reach the text")
+        raise DataError(
+            f"{where}: the prompt ('{p_key}') is {type(prompt).__name__}, expected str or a chat "
+            "list; set data.prompt_dict_keys to reach the text"
+        )
     return chat + [{"role": "assistant", "content": response}]
 
 
-def assistant_char_spans(tokenizer, messages: list[dict], where: str = "conversation",
-                         **template_kwargs) -> tuple[str, list[tuple[int, int]]]:
+def assistant_char_spans(
+    tokenizer, messages: list[dict], where: str = "conversation", **template_kwargs
+) -> tuple[str, list[tuple[int, int]]]:
     """The templated text of ``messages`` and the ``[start, end)`` character spans the assistant says.
 
     A span runs from the end of the generation prompt before an assistant message to the end of
@@ -159,6 +164,7 @@ def assistant_char_spans(tokenizer, messages: list[dict], where: str = "conversa
             template renders a prefix of the conversation differently from the whole, so the
             assistant's tokens cannot be located.
     """
+
     def render(msgs, gen):
         return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen, **template_kwargs)
 
@@ -168,8 +174,9 @@ def assistant_char_spans(tokenizer, messages: list[dict], where: str = "conversa
         if message["role"] != "assistant":
             continue
         if i == 0:
-            raise DataError(f"{where}: message 0 is an assistant message; start the conversation with a "
-                            "system or user message")
+            raise DataError(
+                f"{where}: message 0 is an assistant message; start the conversation with a system or user message"
+            )
         head, upto = render(messages[:i], True), render(messages[: i + 1], False)
         if not (upto.startswith(head) and text.startswith(upto)):
             raise DataError(
@@ -231,11 +238,14 @@ class SFTDataset(torch.utils.data.Dataset):
         if self.max_length <= 0:
             raise DataError(f"data.max_length={self.max_length} must be a positive number of tokens")
         if getattr(self.tokenizer, "chat_template", None) is None:
-            raise DataError("the tokenizer has no chat_template; use an instruct model's tokenizer or set "
-                            "data.chat_template")
+            raise DataError(
+                "the tokenizer has no chat_template; use an instruct model's tokenizer or set data.chat_template"
+            )
         if not getattr(self.tokenizer, "is_fast", False):
-            raise DataError("SFTDataset needs a fast tokenizer (it maps tokens to characters to find the "
-                            "assistant's tokens); load the model's tokenizer.json")
+            raise DataError(
+                "SFTDataset needs a fast tokenizer (it maps tokens to characters to find the "
+                "assistant's tokens); load the model's tokenizer.json"
+            )
         self.pad_token_id = self.tokenizer.pad_token_id
         if self.pad_token_id is None:
             self.pad_token_id = self.tokenizer.eos_token_id
@@ -266,8 +276,14 @@ class SFTDataset(torch.utils.data.Dataset):
             all_ids.append(torch.tensor(ids, dtype=torch.long))
             all_masks.append(torch.tensor(mask, dtype=torch.long))
         if empty:
-            logger.warning("%s: %d of %d rows have no assistant token left after truncation to %d tokens; "
-                           "they add nothing to the loss", self.config_key, empty, len(rows), self.max_length)
+            logger.warning(
+                "%s: %d of %d rows have no assistant token left after truncation to %d tokens; "
+                "they add nothing to the loss",
+                self.config_key,
+                empty,
+                len(rows),
+                self.max_length,
+            )
         return all_ids, all_masks
 
     def __len__(self) -> int:

@@ -19,8 +19,19 @@ import sys
 
 from hybridrl.models.loader import embedded_model_gguf
 
-CORE_PACKAGES = ("torch", "transformers", "tensordict", "torchdata", "hydra-core", "omegaconf", "numpy",
-                 "pandas", "pyarrow", "safetensors", "tqdm")
+CORE_PACKAGES = (
+    "torch",
+    "transformers",
+    "tensordict",
+    "torchdata",
+    "hydra-core",
+    "omegaconf",
+    "numpy",
+    "pandas",
+    "pyarrow",
+    "safetensors",
+    "tqdm",
+)
 # (what it enables, import name, distribution name, install hint)
 OPTIONAL_PARTS = (
     ("trainer.logger=tensorboard", "tensorboard", "tensorboard", "pip install tensorboard"),
@@ -34,9 +45,19 @@ OPTIONAL_PARTS = (
     ("GGUF models (accelerate)", "accelerate", "accelerate", "pip install 'hybridrl[demo]'"),
     ("Ray backend", "ray", "ray", "pip install 'hybridrl[ray]'"),
 )
-ENV_VARS = ("CUDA_VISIBLE_DEVICES", "HF_HUB_OFFLINE", "HF_HOME", "HYBRIDRL_CACHE", "HYBRIDRL_DEBUG",
-            "RAY_ADDRESS", "TENSORBOARD_DIR", "WANDB_MODE", "WANDB_PROJECT", "MLFLOW_TRACKING_URI",
-            "OMP_NUM_THREADS")
+ENV_VARS = (
+    "CUDA_VISIBLE_DEVICES",
+    "HF_HUB_OFFLINE",
+    "HF_HOME",
+    "HYBRIDRL_CACHE",
+    "HYBRIDRL_DEBUG",
+    "RAY_ADDRESS",
+    "TENSORBOARD_DIR",
+    "WANDB_MODE",
+    "WANDB_PROJECT",
+    "MLFLOW_TRACKING_URI",
+    "OMP_NUM_THREADS",
+)
 _CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
 
 
@@ -59,8 +80,11 @@ def installed_version(module: str, distribution: str | None = None) -> str | Non
 def versions() -> dict[str, str]:
     import hybridrl
 
-    out = {"python": f"{platform.python_version()} ({sys.executable})", "platform": platform.platform(),
-           "hybridrl": getattr(hybridrl, "__version__", None) or installed_version("hybridrl") or "?"}
+    out = {
+        "python": f"{platform.python_version()} ({sys.executable})",
+        "platform": platform.platform(),
+        "hybridrl": getattr(hybridrl, "__version__", None) or installed_version("hybridrl") or "?",
+    }
     for name in CORE_PACKAGES:
         module = {"hydra-core": "hydra"}.get(name, name)
         out[name] = installed_version(module, name) or "NOT INSTALLED"
@@ -99,13 +123,16 @@ def cuda_info() -> dict[str, str]:
         built = torch.version.cuda
         why = "no CUDA device visible" if built else "torch is built without CUDA (a CPU wheel)"
         return {"available": f"no: {why}"}
-    out = {"available": f"yes, {torch.cuda.device_count()} device(s); CUDA {torch.version.cuda}",
-           "nccl": "yes" if torch.distributed.is_available() and torch.distributed.is_nccl_available() else "no"}
+    out = {
+        "available": f"yes, {torch.cuda.device_count()} device(s); CUDA {torch.version.cuda}",
+        "nccl": "yes" if torch.distributed.is_available() and torch.distributed.is_nccl_available() else "no",
+    }
     for i in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(i)
         bf16 = "yes" if torch.cuda.is_bf16_supported() else "no"
-        out[f"device {i}"] = (f"{props.name}, {props.total_memory / 2**30:.1f} GiB, "
-                              f"compute {props.major}.{props.minor}, bf16 {bf16}")
+        out[f"device {i}"] = (
+            f"{props.name}, {props.total_memory / 2**30:.1f} GiB, compute {props.major}.{props.minor}, bf16 {bf16}"
+        )
     return out
 
 
@@ -163,9 +190,14 @@ def optional_parts() -> dict[str, str]:
 def collect() -> dict[str, dict[str, str]]:
     """Every section of the report: section -> (item -> text)."""
     env = {name: os.environ[name] for name in ENV_VARS if name in os.environ}
-    return {"versions": versions(), "cpu": cpu_info(), "cuda": cuda_info(), "ray": ray_info(),
-            "environment": env or {"(none set)": "looked for " + ", ".join(ENV_VARS)},
-            "optional parts": optional_parts()}
+    return {
+        "versions": versions(),
+        "cpu": cpu_info(),
+        "cuda": cuda_info(),
+        "ray": ray_info(),
+        "environment": env or {"(none set)": "looked for " + ", ".join(ENV_VARS)},
+        "optional parts": optional_parts(),
+    }
 
 
 def format_report(report: dict[str, dict[str, str]]) -> str:

@@ -34,13 +34,26 @@ class Panel:
 
 
 PANELS: tuple[Panel, ...] = (
-    Panel("reward", "score per response", ("critic/score/mean", "critic/rewards/mean"),
-          labels={"critic/score/mean": "score", "critic/rewards/mean": "reward (score - KL penalty)"}),
-    Panel("KL", "KL to the reference", ("actor/reward_kl_penalty", "actor/kl_loss"),
-          labels={"actor/reward_kl_penalty": "KL in reward", "actor/kl_loss": "KL loss"}),
+    Panel(
+        "reward",
+        "score per response",
+        ("critic/score/mean", "critic/rewards/mean"),
+        labels={"critic/score/mean": "score", "critic/rewards/mean": "reward (score - KL penalty)"},
+    ),
+    Panel(
+        "KL",
+        "KL to the reference",
+        ("actor/reward_kl_penalty", "actor/kl_loss"),
+        labels={"actor/reward_kl_penalty": "KL in reward", "actor/kl_loss": "KL loss"},
+    ),
     Panel("entropy", "nats per token", ("actor/entropy",)),
-    Panel("response length", "tokens", ("response_length/mean",),
-          band=("response_length/min", "response_length/max"), labels={"response_length/mean": "mean"}),
+    Panel(
+        "response length",
+        "tokens",
+        ("response_length/mean",),
+        band=("response_length/min", "response_length/max"),
+        labels={"response_length/mean": "mean"},
+    ),
     Panel("throughput", "tokens / s / device", ("perf/throughput",)),
 )
 # Validation scores, drawn as markers in the reward panel: val-core/<data_source>/reward/mean@<n>.
@@ -59,8 +72,10 @@ def metrics_path(path: str) -> str:
     if os.path.isfile(candidate):
         return candidate
     if os.path.isdir(path):
-        raise PlotError(f"{path}: no metrics.jsonl in this folder; pass the run's trainer.default_local_dir "
-                        "of a run with 'file' in trainer.logger, or the metrics.jsonl itself")
+        raise PlotError(
+            f"{path}: no metrics.jsonl in this folder; pass the run's trainer.default_local_dir "
+            "of a run with 'file' in trainer.logger, or the metrics.jsonl itself"
+        )
     raise PlotError(f"{path}: no such file or folder; pass a run folder or its metrics.jsonl")
 
 
@@ -115,8 +130,15 @@ def panel_contents(runs: dict[str, list[dict]]) -> list[tuple[Panel, list[str]]]
 def _draw_panel(ax, panel: Panel, keys: list[str], runs: dict[str, list[dict]]) -> None:
     if not keys:
         ax.set_title(f"{panel.title} (not logged)")
-        ax.text(0.5, 0.5, "not in the metrics:\n" + "\n".join(panel.keys), ha="center", va="center",
-                transform=ax.transAxes, color="gray")
+        ax.text(
+            0.5,
+            0.5,
+            "not in the metrics:\n" + "\n".join(panel.keys),
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+            color="gray",
+        )
         ax.set_xticks([])
         ax.set_yticks([])
         return
@@ -128,8 +150,14 @@ def _draw_panel(ax, panel: Panel, keys: list[str], runs: dict[str, list[dict]]) 
         for style, key in zip(styles, lines):  # one style per metric, the same in every run
             steps, values = series(records, key)
             if steps:  # dots as well when there are few steps: a line through one point is invisible
-                ax.plot(steps, values, style, color=color, label=prefix + panel.labels.get(key, key),
-                        marker="." if len(steps) <= 30 else None)
+                ax.plot(
+                    steps,
+                    values,
+                    style,
+                    color=color,
+                    label=prefix + panel.labels.get(key, key),
+                    marker="." if len(steps) <= 30 else None,
+                )
         if panel.band and lines:
             lo, hi = series(records, panel.band[0]), series(records, panel.band[1])
             if lo[0] and lo[0] == hi[0]:
@@ -170,7 +198,7 @@ def plot_curves(runs: dict[str, list[dict]], output: str | None = None, title: s
     axes = fig.subplots(3, 2).flatten()
     for ax, (panel, keys) in zip(axes, panel_contents(runs)):
         _draw_panel(ax, panel, keys, runs)
-    for ax in axes[len(PANELS):]:
+    for ax in axes[len(PANELS) :]:
         fig.delaxes(ax)
     fig.suptitle(title or ", ".join(runs))
     if output:
@@ -194,8 +222,9 @@ def _run_label(path: str) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hybridrl plot", description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="+", metavar="RUN",
-                        help="run folder (trainer.default_local_dir) or metrics.jsonl")
+    parser.add_argument(
+        "runs", nargs="+", metavar="RUN", help="run folder (trainer.default_local_dir) or metrics.jsonl"
+    )
     parser.add_argument("-o", "--output", default="curves.png", help="PNG to write (default: curves.png)")
     parser.add_argument("--title", help="figure title (default: the run names)")
     parser.add_argument("--list", action="store_true", help="print the panels and the metrics found; draw nothing")
@@ -221,8 +250,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plot_curves(runs, args.output, args.title)
     except ImportError as err:
-        print(f"hybridrl plot: error: drawing needs matplotlib ({err}); run `pip install 'hybridrl[plot]'`",
-              file=sys.stderr)
+        print(
+            f"hybridrl plot: error: drawing needs matplotlib ({err}); run `pip install 'hybridrl[plot]'`",
+            file=sys.stderr,
+        )
         return 2
     steps = sorted({r["step"] for records in runs.values() for r in records})
     print(f"hybridrl plot: wrote {args.output} ({len(runs)} run(s), steps {steps[0]}..{steps[-1]})")

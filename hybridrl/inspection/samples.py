@@ -14,8 +14,15 @@ from hybridrl.trainer.rollout_dump import list_steps, read_step
 SORTS = ("file", "best", "worst")  # file order, highest score first, lowest score first
 SORT_NAMES = {"file": "file order", "best": "score, best first", "worst": "score, worst first"}
 _COMPARISON = re.compile(r"^\s*(<=|>=|==|!=|<|>|=)\s*(.*?)\s*$")
-_OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
-        "==": operator.eq, "=": operator.eq, "!=": operator.ne}
+_OPS = {
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+    "==": operator.eq,
+    "=": operator.eq,
+    "!=": operator.ne,
+}
 
 
 class ViewerError(UserError, ValueError):
@@ -42,8 +49,11 @@ class SampleDump:
         self.paths = list_steps(folder)
         if not self.paths:
             nested = sorted(p for p in (os.path.join(folder, d) for d in os.listdir(folder)) if _has_dumps(p))
-            hint = f"; sample folders under it: {', '.join(nested)}" if nested else (
-                "; set trainer.rollout_data_dir or trainer.validation_data_dir to write them")
+            hint = (
+                f"; sample folders under it: {', '.join(nested)}"
+                if nested
+                else ("; set trainer.rollout_data_dir or trainer.validation_data_dir to write them")
+            )
             raise ViewerError(f"{folder}: no step_<N>.jsonl sample dumps{hint}")
         self.steps = list(self.paths)
         self._cache: dict[int, list[dict]] = {}
@@ -111,7 +121,7 @@ def one_line(text, limit: int, keep_end: bool = False) -> str:
     text = str("" if text is None else text).strip().replace("\n", " ⏎ ")
     if len(text) <= limit:
         return text
-    return "…" + text[-(limit - 1):] if keep_end else text[:limit - 1] + "…"
+    return "…" + text[-(limit - 1) :] if keep_end else text[: limit - 1] + "…"
 
 
 def mean_score(records: list[dict]) -> float | None:

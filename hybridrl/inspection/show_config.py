@@ -21,11 +21,12 @@ from hybridrl.trainer.config_check import validate_ppo_config
 def packaged_config_names() -> list[str]:
     """Names of the YAML configs shipped in hybridrl/config (without `.yaml`), sorted."""
     folder = resources.files("hybridrl.config")
-    return sorted(p.name[:-len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
-def render(overrides: list[str], name: str = "ppo_trainer", config_dir: str | None = None,
-           only: str | None = None) -> str:
+def render(
+    overrides: list[str], name: str = "ppo_trainer", config_dir: str | None = None, only: str | None = None
+) -> str:
     """The resolved config `name` after `overrides`, as YAML (or one key's value with `only`).
 
     Raises:
@@ -35,8 +36,10 @@ def render(overrides: list[str], name: str = "ppo_trainer", config_dir: str | No
     from omegaconf import DictConfig, ListConfig, OmegaConf
 
     if config_dir is None and name not in packaged_config_names():
-        raise ConfigError(f"--name {name}: there is no {name}.yaml in hybridrl/config; "
-                          f"choose one of {', '.join(packaged_config_names())}")
+        raise ConfigError(
+            f"--name {name}: there is no {name}.yaml in hybridrl/config; "
+            f"choose one of {', '.join(packaged_config_names())}"
+        )
     cfg = load_config(overrides, config_name=name, config_dir=config_dir)
     if not only:
         return OmegaConf.to_yaml(cfg)
@@ -55,13 +58,20 @@ def render(overrides: list[str], name: str = "ppo_trainer", config_dir: str | No
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hybridrl config", description=__doc__.split("\n\n")[0])
     parser.add_argument("--show", action="store_true", help="print the resolved config (the default action)")
-    parser.add_argument("--name", default="ppo_trainer",
-                        help="config file: ppo_trainer (default), sft_trainer, generation, evaluation, rm_trainer")
-    parser.add_argument("--config-path", dest="config_dir",
-                        help="folder with your own YAML files (verl's --config-path)")
+    parser.add_argument(
+        "--name",
+        default="ppo_trainer",
+        help="config file: ppo_trainer (default), sft_trainer, generation, evaluation, rm_trainer",
+    )
+    parser.add_argument(
+        "--config-path", dest="config_dir", help="folder with your own YAML files (verl's --config-path)"
+    )
     parser.add_argument("--only", metavar="KEY", help="print only this key or section, e.g. actor_rollout_ref.actor")
-    parser.add_argument("--check", action="store_true",
-                        help="also run the start-up checks of a PPO/GRPO config (batch sizes, names) and print notes")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="also run the start-up checks of a PPO/GRPO config (batch sizes, names) and print notes",
+    )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="the same overrides as hybridrl train")
     return parser
 

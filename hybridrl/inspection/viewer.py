@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hybridrl.inspection.samples import (  # noqa: F401  (SampleDump, ViewerError, parse_filter, select: the API)
+from hybridrl.inspection.samples import (  # SampleDump, ViewerError, parse_filter, select: the API
     SORT_NAMES,
     SORTS,
     SampleDump,
@@ -26,8 +26,9 @@ from hybridrl.inspection.samples import (  # noqa: F401  (SampleDump, ViewerErro
 from hybridrl.trainer.rollout_dump import SampleDumpError
 
 
-def print_tables(dump: SampleDump, step: int | None, sort: str, filter_text: str, limit: int,
-                 max_chars: int, console=None) -> None:
+def print_tables(
+    dump: SampleDump, step: int | None, sort: str, filter_text: str, limit: int, max_chars: int, console=None
+) -> None:
     """Print a per-step summary and one step's samples as rich tables (no terminal UI)."""
     from rich.console import Console
     from rich.table import Table
@@ -45,24 +46,39 @@ def print_tables(dump: SampleDump, step: int | None, sort: str, filter_text: str
     step = dump.steps[-1] if step is None else step
     rows = select(dump.samples(step), sort, filter_text)
     shown = rows[:limit] if limit > 0 else rows
-    console.print(f"step {step}: {len(shown)} of {len(rows)} sample(s) ({SORT_NAMES[sort]}"
-                  + (f", filter {filter_text!r}" if filter_text else "") + ")", soft_wrap=True, markup=False)
+    console.print(
+        f"step {step}: {len(shown)} of {len(rows)} sample(s) ({SORT_NAMES[sort]}"
+        + (f", filter {filter_text!r}" if filter_text else "")
+        + ")",
+        soft_wrap=True,
+        markup=False,
+    )
     table = Table(show_lines=True)
-    for name, justify in (("#", "right"), ("score", "right"), ("ground truth", "left"),
-                          ("input (end)", "left"), ("output", "left")):
+    for name, justify in (
+        ("#", "right"),
+        ("score", "right"),
+        ("ground truth", "left"),
+        ("input (end)", "left"),
+        ("output", "left"),
+    ):
         table.add_column(name, justify=justify, overflow="fold")
     for index, record in shown:
-        table.add_row(str(index), format_score(record), one_line(record.get("ground_truth"), 40),
-                      one_line(record.get("input"), max_chars, keep_end=True),
-                      one_line(record.get("output"), max_chars))
+        table.add_row(
+            str(index),
+            format_score(record),
+            one_line(record.get("ground_truth"), 40),
+            one_line(record.get("input"), max_chars, keep_end=True),
+            one_line(record.get("output"), max_chars),
+        )
     console.print(table)
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hybridrl view", description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", help="a trainer.rollout_data_dir or trainer.validation_data_dir")
-    parser.add_argument("--print", dest="print_only", action="store_true",
-                        help="print tables instead of opening the terminal UI")
+    parser.add_argument(
+        "--print", dest="print_only", action="store_true", help="print tables instead of opening the terminal UI"
+    )
     parser.add_argument("--step", type=int, help="step to show (default: the last one)")
     parser.add_argument("--sort", choices=SORTS, default="file", help="file order (default), best or worst score first")
     parser.add_argument("--filter", default="", help="'>0.5', '<=0', '==1' on the score, or text to search")
@@ -87,8 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             from hybridrl.inspection.viewer_app import SampleViewer
         except ImportError as err:
-            raise ViewerError(f"the terminal UI needs textual ({err}); run `pip install 'hybridrl[view]'` "
-                              "or add --print for a plain table") from err
+            raise ViewerError(
+                f"the terminal UI needs textual ({err}); run `pip install 'hybridrl[view]'` "
+                "or add --print for a plain table"
+            ) from err
         SampleViewer(dump, step=args.step, sort=args.sort, filter_text=args.filter).run()
     except (ViewerError, SampleDumpError, OSError) as err:
         print(f"hybridrl view: error: {err}", file=sys.stderr)

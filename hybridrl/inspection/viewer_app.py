@@ -64,10 +64,13 @@ class SampleScreen(Screen):
         index, record = self.rows[self.position]
         self.query_one("#sample-head", Static).update(
             f"[b]step {self.step} · sample #{index}[/b] ({self.position + 1}/{len(self.rows)}) · "
-            f"score [b]{format_score(record)}[/b] · ground truth [b]{escape(str(record.get('ground_truth')))}[/b]")
+            f"score [b]{format_score(record)}[/b] · ground truth [b]{escape(str(record.get('ground_truth')))}[/b]"
+        )
         extra = {k: v for k, v in record.items() if k not in _SHOWN_FIELDS}
-        parts = [f"[b reverse] input [/]\n{escape(str(record.get('input', '')))}",
-                 f"[b reverse] output [/]\n{escape(str(record.get('output', '')))}"]
+        parts = [
+            f"[b reverse] input [/]\n{escape(str(record.get('input', '')))}",
+            f"[b reverse] output [/]\n{escape(str(record.get('output', '')))}",
+        ]
         if extra:
             parts.append("[b reverse] other fields [/]\n" + escape(json.dumps(extra, ensure_ascii=False, indent=2)))
         self.query_one("#sample-body", Static).update("\n\n".join(parts))
@@ -112,16 +115,20 @@ class SampleViewer(App):
     def compose(self) -> ComposeResult:
         yield Static(id="status")
         yield SampleTable(cursor_type="row", zebra_stripes=True)
-        yield Input(placeholder="filter: >0.5, <=0, ==1 on the score, or text; Enter applies, Esc clears",
-                    id="filter")
+        yield Input(placeholder="filter: >0.5, <=0, ==1 on the score, or text; Enter applies, Esc clears", id="filter")
         yield Footer()
 
     def on_mount(self) -> None:
         table = self.query_one(SampleTable)
         # input and output share what the terminal has left after the narrow columns
         self.text_width = max(20, (self.size.width - 4 - 8 - 14 - 12) // 2)
-        for name, width in (("#", 4), ("score", 8), ("ground truth", 14), ("input (end)", self.text_width),
-                            ("output", self.text_width)):
+        for name, width in (
+            ("#", 4),
+            ("score", 8),
+            ("ground truth", 14),
+            ("input (end)", self.text_width),
+            ("output", self.text_width),
+        ):
             table.add_column(name, width=width)
         self.refresh_rows()
         table.focus()
@@ -133,14 +140,20 @@ class SampleViewer(App):
         table = self.query_one(SampleTable)
         table.clear()
         for position, (index, record) in enumerate(self.rows):
-            table.add_row(str(index), format_score(record), one_line(record.get("ground_truth"), 14),
-                          one_line(record.get("input"), self.text_width, keep_end=True),
-                          one_line(record.get("output"), self.text_width),
-                          key=str(position))
+            table.add_row(
+                str(index),
+                format_score(record),
+                one_line(record.get("ground_truth"), 14),
+                one_line(record.get("input"), self.text_width, keep_end=True),
+                one_line(record.get("output"), self.text_width),
+                key=str(position),
+            )
         mean = mean_score(records)
-        status = (f"[b]step {self.step}[/b] ({self.step_index + 1}/{len(self.dump.steps)}) · "
-                  f"{len(self.rows)} of {len(records)} samples · mean score "
-                  f"{'-' if mean is None else f'{mean:.4g}'} · sort: {SORT_NAMES[self.sort]}")
+        status = (
+            f"[b]step {self.step}[/b] ({self.step_index + 1}/{len(self.dump.steps)}) · "
+            f"{len(self.rows)} of {len(records)} samples · mean score "
+            f"{'-' if mean is None else f'{mean:.4g}'} · sort: {SORT_NAMES[self.sort]}"
+        )
         if self.filter_text:
             status += f" · filter: {escape(self.filter_text)}"
         self.query_one("#status", Static).update(status)

@@ -23,9 +23,16 @@ from hybridrl.models.ulysses import ULYSSES_KWARG, SequenceParallelError, heads_
 ATTENTION_NAME = "hybridrl"
 
 
-def hybridrl_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                       **kwargs) -> tuple[torch.Tensor, None]:
+def hybridrl_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     """Attention in transformers' attention-function signature.
 
     Args:
@@ -45,14 +52,13 @@ def hybridrl_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
         return ulysses_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     if query.shape[2] == 1 and not dropout and kwargs.get("softcap") is None and not kwargs.get("sliding_window"):
         return _one_token_attention(query, key, value, attention_mask, scaling), None
-    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                  **kwargs)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
 
 
 def _one_token_attention(query, key, value, attention_mask, scaling: float | None) -> torch.Tensor:
     bs, heads, _, dim = query.shape
     kv_heads = key.shape[1]
-    scale = scaling if scaling is not None else dim ** -0.5
+    scale = scaling if scaling is not None else dim**-0.5
     grouped = query.view(bs, kv_heads, heads // kv_heads, dim)
     scores = torch.matmul(grouped, key.transpose(-1, -2)).float() * scale  # (bs, kv_heads, groups, kv_len)
     if attention_mask is not None:
@@ -102,11 +108,14 @@ def use_ulysses_attention(module: torch.nn.Module, size: int, key: str) -> None:
     model = hf_model_of(module)
     name = type(model if model is not None else module).__name__
     if model is None or not getattr(type(model), "_supports_attention_backend", False):
-        raise SequenceParallelError(f"{key}={size}: {name} does not use transformers' attention interface, so its "
-                                    f"attention cannot be split over a sequence-parallel group; set {key}=1")
+        raise SequenceParallelError(
+            f"{key}={size}: {name} does not use transformers' attention interface, so its "
+            f"attention cannot be split over a sequence-parallel group; set {key}=1"
+        )
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    problem = heads_problem(getattr(config, "num_attention_heads", None),
-                            getattr(config, "num_key_value_heads", None), size)
+    problem = heads_problem(
+        getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None), size
+    )
     if problem:
         raise SequenceParallelError(f"{key}={size}: {problem} ({name}); pick a size that does")
     if model.config._attn_implementation != ATTENTION_NAME:

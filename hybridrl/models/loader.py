@@ -21,8 +21,15 @@ from typing import Callable
 import torch
 
 from hybridrl.errors import UserError
-from hybridrl.models.materialize import (CheckpointWeightsError, checkpoint_name, empty_model, init_adapter_params,
-                                         load_weights, materialize, write_full_tensor)
+from hybridrl.models.materialize import (
+    CheckpointWeightsError,
+    checkpoint_name,
+    empty_model,
+    init_adapter_params,
+    load_weights,
+    materialize,
+    write_full_tensor,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -53,12 +60,14 @@ def unreadable_model_files(what: str, hint: str = "check config.json and the wei
         yield
     except (ModelPathError, ModelDependencyError, ModelConfigError, CheckpointWeightsError):
         raise
-    except Exception as exc:  # noqa: BLE001 - filtered just below
+    except Exception as exc:  # filtered just below
         text = f"{type(exc).__name__}: {exc}"
         if not isinstance(exc, (OSError, ValueError, EOFError, struct.error)) and "safetensor" not in text.lower():
             raise
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:240]
-        raise ModelPathError(f"{what}: the model files cannot be read ({type(exc).__name__}: {first}); {hint}") from None
+        raise ModelPathError(
+            f"{what}: the model files cannot be read ({type(exc).__name__}: {first}); {hint}"
+        ) from None
 
 
 # --------------------------------------------------------------------------- path resolution
@@ -90,9 +99,7 @@ def embedded_model_gguf() -> str:
     return os.path.join(folder, ggufs[0])
 
 
-def resolve_model_path(
-    path: str, cache_dir: str | None = None, config_key: str = DEFAULT_CONFIG_KEY
-) -> str:
+def resolve_model_path(path: str, cache_dir: str | None = None, config_key: str = DEFAULT_CONFIG_KEY) -> str:
     """Turn a model reference into an absolute local HF folder (one with config.json).
 
     Accepted forms, in this order:
@@ -186,8 +193,7 @@ def _require_gguf_support() -> None:
     missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
     if missing:
         raise ModelDependencyError(
-            f"loading a .gguf model needs the packages {' and '.join(missing)}: "
-            "run `pip install 'hybridrl[demo]'`"
+            f"loading a .gguf model needs the packages {' and '.join(missing)}: run `pip install 'hybridrl[demo]'`"
         )
 
 
@@ -229,8 +235,9 @@ def _tokenizer_folder(path: str) -> str:
     return resolve_model_path(path)
 
 
-def load_tokenizer(path: str, trust_remote_code: bool = False, padding_side: str = "left",
-                   chat_template: str | None = None):
+def load_tokenizer(
+    path: str, trust_remote_code: bool = False, padding_side: str = "left", chat_template: str | None = None
+):
     """Load the tokenizer of `path` (any form `resolve_model_path` accepts, or a tokenizer folder).
 
     As verl's `hf_tokenizer`, a tokenizer without a pad token gets ``pad_token = eos_token``.
@@ -268,8 +275,10 @@ def to_torch_dtype(dtype) -> torch.dtype:
         return dtype
     name = str(dtype).lower().removeprefix("torch.")
     if name == "auto":  # the entry points resolve it for the device (hybridrl.config.precision)
-        raise ModelConfigError("dtype: 'auto' reached a model loader unresolved; call "
-                               "hybridrl.config.precision.resolve_precision(config, device) first")
+        raise ModelConfigError(
+            "dtype: 'auto' reached a model loader unresolved; call "
+            "hybridrl.config.precision.resolve_precision(config, device) first"
+        )
     if name not in _DTYPE_NAMES:
         raise ModelConfigError(f"dtype: got {dtype!r}; use one of {sorted(_DTYPE_NAMES)}")
     return _DTYPE_NAMES[name]
@@ -308,7 +317,7 @@ def _enable_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
-def _build(auto_cls, path: str, options: "ModelOptions", **config_fields):
+def _build(auto_cls, path: str, options: ModelOptions, **config_fields):
     """``(module, missing)``: ``auto_cls`` built from the resolved folder's config (overridden by
     ``options.override_config``, then ``config_fields``) with empty parameters, wrapped
     (``options.wrap``), sharded (``options.shard``) and materialised on ``options.device``, then
@@ -324,9 +333,14 @@ def _build(auto_cls, path: str, options: "ModelOptions", **config_fields):
         for key, value in config_fields.items():
             setattr(config, key, value)
         dtype = to_torch_dtype(options.dtype)
-        model = empty_model(lambda: auto_cls.from_config(
-            config, dtype=dtype, trust_remote_code=options.trust_remote_code,
-            attn_implementation=options.attn_implementation))
+        model = empty_model(
+            lambda: auto_cls.from_config(
+                config,
+                dtype=dtype,
+                trust_remote_code=options.trust_remote_code,
+                attn_implementation=options.attn_implementation,
+            )
+        )
         if os.path.isfile(os.path.join(folder, "generation_config.json")):
             model.generation_config = GenerationConfig.from_pretrained(folder)
         if options.enable_gradient_checkpointing:
@@ -401,8 +415,10 @@ def load_causal_lm(path: str, dtype=torch.float32, **options):
 
     module, missing = _build(AutoModelForCausalLM, path, ModelOptions(dtype=dtype, **options))
     if missing:
-        raise CheckpointWeightsError(f"{resolve_model_path(path)}: the checkpoint has no {sorted(missing)[:3]}; "
-                                     "is it a causal language model of this architecture?")
+        raise CheckpointWeightsError(
+            f"{resolve_model_path(path)}: the checkpoint has no {sorted(missing)[:3]}; "
+            "is it a causal language model of this architecture?"
+        )
     return module
 
 
@@ -422,8 +438,13 @@ def load_value_model(path: str, dtype=torch.float32, **options):
     from transformers import AutoModelForTokenClassification
 
     # no dropout on values: it would make the critic's targets noisy
-    module, missing = _build(AutoModelForTokenClassification, path, ModelOptions(dtype=dtype, **options),
-                             num_labels=1, classifier_dropout=0.0)
+    module, missing = _build(
+        AutoModelForTokenClassification,
+        path,
+        ModelOptions(dtype=dtype, **options),
+        num_labels=1,
+        classifier_dropout=0.0,
+    )
     prefix = module.base_model_prefix if hasattr(module, "base_model_prefix") else ""
     backbone = [name for name in missing if checkpoint_name(name).startswith(prefix + ".")]
     if backbone:

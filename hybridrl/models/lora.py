@@ -29,8 +29,9 @@ def _peft():
     try:
         import peft
     except ImportError as err:
-        raise ModelDependencyError("LoRA (lora_rank > 0) needs the peft package: run "
-                                   "`pip install 'hybridrl[lora]'`, or set lora_rank=0") from err
+        raise ModelDependencyError(
+            "LoRA (lora_rank > 0) needs the peft package: run `pip install 'hybridrl[lora]'`, or set lora_rank=0"
+        ) from err
     return peft
 
 
@@ -42,14 +43,24 @@ def lora_settings(model_cfg) -> dict | None:
         return None
     targets = model_cfg.target_modules
     excluded = model_cfg.exclude_modules
-    return {"lora_rank": rank, "lora_alpha": model_cfg.lora_alpha,
-            "target_modules": targets if isinstance(targets, str) else list(targets),
-            "exclude_modules": excluded if excluded is None or isinstance(excluded, str) else list(excluded)}
+    return {
+        "lora_rank": rank,
+        "lora_alpha": model_cfg.lora_alpha,
+        "target_modules": targets if isinstance(targets, str) else list(targets),
+        "exclude_modules": excluded if excluded is None or isinstance(excluded, str) else list(excluded),
+    }
 
 
-def apply_lora(model: torch.nn.Module, lora_rank: int, lora_alpha: float = 16, target_modules="all-linear",
-               exclude_modules=None, task_type: str = "CAUSAL_LM", config_key: str = "model",
-               seed: int | None = None):
+def apply_lora(
+    model: torch.nn.Module,
+    lora_rank: int,
+    lora_alpha: float = 16,
+    target_modules="all-linear",
+    exclude_modules=None,
+    task_type: str = "CAUSAL_LM",
+    config_key: str = "model",
+    seed: int | None = None,
+):
     """Wraps ``model`` with fresh LoRA adapters; only the adapter (and, for a token-classification
     task, the value/score head) stays trainable. ``lora_B`` starts at zero, so the wrapped
     model computes exactly what ``model`` did.
@@ -75,8 +86,14 @@ def apply_lora(model: torch.nn.Module, lora_rank: int, lora_alpha: float = 16, t
     peft = _peft()
     if task_type == "TOKEN_CLS":  # the head is trained whole (peft's modules_to_save), not adapted
         exclude_modules = _with_heads_excluded(exclude_modules)
-    config = peft.LoraConfig(task_type=task_type, r=int(lora_rank), lora_alpha=lora_alpha,
-                             target_modules=target_modules, exclude_modules=exclude_modules, bias="none")
+    config = peft.LoraConfig(
+        task_type=task_type,
+        r=int(lora_rank),
+        lora_alpha=lora_alpha,
+        target_modules=target_modules,
+        exclude_modules=exclude_modules,
+        bias="none",
+    )
     try:
         with torch.random.fork_rng(devices=[], enabled=seed is not None):
             if seed is not None:
@@ -84,8 +101,10 @@ def apply_lora(model: torch.nn.Module, lora_rank: int, lora_alpha: float = 16, t
             return peft.get_peft_model(model, config)
     except ValueError as err:
         reason = str(err).splitlines()[0].split(". ")[0].rstrip(".")  # peft's first sentence
-        raise ConfigError(f"{config_key}.target_modules={target_modules!r}: {reason}; use all-linear or names of "
-                          "the model's linear layers (e.g. [q_proj,v_proj])") from err
+        raise ConfigError(
+            f"{config_key}.target_modules={target_modules!r}: {reason}; use all-linear or names of "
+            "the model's linear layers (e.g. [q_proj,v_proj])"
+        ) from err
 
 
 def _with_heads_excluded(exclude_modules):

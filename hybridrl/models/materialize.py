@@ -52,8 +52,9 @@ def empty_model(build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
     return model
 
 
-def materialize(module: torch.nn.Module, device: str | torch.device,
-                shard: Callable[[torch.nn.Module], object] | None = None) -> torch.nn.Module:
+def materialize(
+    module: torch.nn.Module, device: str | torch.device, shard: Callable[[torch.nn.Module], object] | None = None
+) -> torch.nn.Module:
     """Gives the meta parameters of ``module`` (from :func:`empty_model`) memory on ``device``:
     after ``shard`` (FSDP2's ``fully_shard``) only this rank's shard. Parameter values are
     undefined until loaded (:func:`load_weights`); buffers keep their values.
@@ -95,8 +96,10 @@ def weight_files(folder: str) -> list[str]:
     """
     files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
     if not files:
-        raise FileNotFoundError(f"no *.safetensors file in {folder} (hybridrl reads safetensors weights only: "
-                                "save the model with save_pretrained(safe_serialization=True))")
+        raise FileNotFoundError(
+            f"no *.safetensors file in {folder} (hybridrl reads safetensors weights only: "
+            "save the model with save_pretrained(safe_serialization=True))"
+        )
     return files
 
 
@@ -221,8 +224,9 @@ def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
-def iter_full_weights(module: torch.nn.Module, skip_adapters: bool = True, dtype: torch.dtype | None = None,
-                      gather: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_full_weights(
+    module: torch.nn.Module, skip_adapters: bool = True, dtype: torch.dtype | None = None, gather: bool = True
+) -> Iterator[tuple[str, torch.Tensor]]:
     """``(checkpoint name, whole tensor)`` of every entry of the state dict, one at a time: a
     sharded tensor is all-gathered just before it is yielded, so the peak is one tensor, not a
     state dict. A collective on a sharded module: every rank must consume it in full. Tied
@@ -253,8 +257,14 @@ def gather_into(target: torch.Tensor, source: torch.Tensor) -> None:
 
     mesh, placements = source.device_mesh, source.placements
     world = mesh.size()
-    if (mesh.ndim == 1 and placements[0].is_shard(0) and target.is_contiguous() and target.dim() > 0
-            and target.shape[0] % world == 0 and source.to_local().shape[0] == target.shape[0] // world):
+    if (
+        mesh.ndim == 1
+        and placements[0].is_shard(0)
+        and target.is_contiguous()
+        and target.dim() > 0
+        and target.shape[0] % world == 0
+        and source.to_local().shape[0] == target.shape[0] // world
+    ):
         dist.all_gather_into_tensor(target, source.to_local().to(target.dtype).contiguous(), group=mesh.get_group())
     else:
         target.copy_(source.full_tensor())

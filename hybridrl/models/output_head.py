@@ -25,8 +25,9 @@ from torch.utils.checkpoint import checkpoint
 LOGITS_CHUNK_ELEMENTS = 1 << 25
 
 
-def _chunk_stats(hidden: torch.Tensor, labels: torch.Tensor, head: Callable, temperature: float,
-                 calculate_entropy: bool) -> torch.Tensor:
+def _chunk_stats(
+    hidden: torch.Tensor, labels: torch.Tensor, head: Callable, temperature: float, calculate_entropy: bool
+) -> torch.Tensor:
     """``(n, 2)`` [log-prob of ``labels``, entropy] (entropy 0 when not asked) of one chunk."""
     logits = head(hidden).float()
     if temperature != 1.0:
@@ -39,9 +40,14 @@ def _chunk_stats(hidden: torch.Tensor, labels: torch.Tensor, head: Callable, tem
     return torch.stack([log_prob, entropy], dim=-1)
 
 
-def chunked_logprobs_entropy(hidden: torch.Tensor, labels: torch.Tensor, head: Callable, temperature: float,
-                             calculate_entropy: bool, chunk_tokens: int,
-                             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def chunked_logprobs_entropy(
+    hidden: torch.Tensor,
+    labels: torch.Tensor,
+    head: Callable,
+    temperature: float,
+    calculate_entropy: bool,
+    chunk_tokens: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of ``labels`` and entropies under ``softmax(head(hidden) / temperature)``.
 
     Args:
@@ -61,8 +67,13 @@ def chunked_logprobs_entropy(hidden: torch.Tensor, labels: torch.Tensor, head: C
     recompute = torch.is_grad_enabled() and hidden.requires_grad
     parts = []
     for start in range(0, hidden.shape[0], chunk_tokens):
-        args = (hidden[start:start + chunk_tokens], labels[start:start + chunk_tokens], head, temperature,
-                calculate_entropy)
+        args = (
+            hidden[start : start + chunk_tokens],
+            labels[start : start + chunk_tokens],
+            head,
+            temperature,
+            calculate_entropy,
+        )
         parts.append(checkpoint(_chunk_stats, *args, use_reentrant=False) if recompute else _chunk_stats(*args))
     stats = torch.cat(parts) if parts else hidden.new_zeros(0, 2, dtype=torch.float32)
     return stats[:, 0], (stats[:, 1] if calculate_entropy else None)
@@ -129,5 +140,6 @@ def unchanged_head_output(module: torch.nn.Module, logits: torch.Tensor, box: di
     if logits is not box.get("output"):
         raise HeadOutputError(
             f"{type(module).__name__} transforms its logits after the lm_head (e.g. final_logit_softcapping), "
-            "so log-probs cannot be computed a chunk at a time; set entropy_from_logits_with_chunking=false")
+            "so log-probs cannot be computed a chunk at a time; set entropy_from_logits_with_chunking=false"
+        )
     return logits[0]

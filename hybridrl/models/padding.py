@@ -99,8 +99,13 @@ class PackedBatch:
         return {"input_ids": self.input_ids, "position_ids": self.position_ids, "attention_mask": None}
 
 
-def pack_sequences(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                   max_row_tokens: int | None = None, row_multiple: int = 1) -> PackedBatch:
+def pack_sequences(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    max_row_tokens: int | None = None,
+    row_multiple: int = 1,
+) -> PackedBatch:
     """Packs the valid tokens of a padded batch into rows of at most ``max_row_tokens``.
 
     Args:
@@ -126,7 +131,8 @@ def pack_sequences(input_ids: torch.Tensor, attention_mask: torch.Tensor, positi
     if position_ids.shape != mask.shape or not torch.equal(position_ids[mask], rank[mask]):
         raise PackingError(
             "use_remove_padding: position_ids must count 0, 1, 2, ... over each row's valid tokens "
-            "(cumsum(attention_mask) - 1) to pack sequences; set use_remove_padding=false for this model/data")
+            "(cumsum(attention_mask) - 1) to pack sequences; set use_remove_padding=false for this model/data"
+        )
     lengths = mask.sum(dim=-1).tolist()
     capacity = max(max(lengths, default=0), int(max_row_tokens or 0), 1)
     bins = first_fit_decreasing(lengths, capacity)

@@ -55,13 +55,15 @@ class UlyssesGroup:
 
 # ---- pure layout helpers (no communication) ---------------------------------------------------
 
+
 def round_up(n: int, multiple: int) -> int:
     """The smallest multiple of ``multiple`` (>= 1) that is >= ``n``."""
     return -(-n // multiple) * multiple
 
 
-def split_packed(input_ids: torch.Tensor, position_ids: torch.Tensor, positions: torch.Tensor, rank: int,
-                 size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def split_packed(
+    input_ids: torch.Tensor, position_ids: torch.Tensor, positions: torch.Tensor, rank: int, size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One rank's slice of packed rows, and which rank computes each output position.
 
     Args:
@@ -137,6 +139,7 @@ def assemble(parts: list[torch.Tensor], owner: torch.Tensor) -> torch.Tensor:
 
 # ---- collectives with their gradients -----------------------------------------------------------
 
+
 def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, group: UlyssesGroup) -> torch.Tensor:
     """Chunk ``j`` of ``x`` along ``scatter_dim`` to rank ``j``; the chunks received joined along
     ``gather_dim``. No gradient (see :func:`seq_to_heads`)."""
@@ -207,6 +210,7 @@ def gather_outputs(local: torch.Tensor, owner: torch.Tensor, group: UlyssesGroup
 
 # ---- the attention function ---------------------------------------------------------------------
 
+
 class UlyssesAttention:
     """The keyword argument :data:`ULYSSES_KWARG` of a sequence-parallel forward.
 
@@ -231,23 +235,34 @@ class UlyssesAttention:
         if not self.calls:
             raise SequenceParallelError(
                 f"{model_name}: its attention layers do not use transformers' attention interface, so "
-                "ulysses_sequence_parallel_size > 1 cannot split them; set ulysses_sequence_parallel_size=1")
+                "ulysses_sequence_parallel_size > 1 cannot split them; set ulysses_sequence_parallel_size=1"
+            )
 
 
 def _refuse_unsplittable(kwargs: dict, row_len: int) -> None:
     window = kwargs.get("sliding_window")
     if window is not None and window < row_len:
-        raise SequenceParallelError(f"sliding-window attention (window {window} < packed row of {row_len} tokens) "
-                                    "is not supported with ulysses_sequence_parallel_size > 1; set it to 1")
+        raise SequenceParallelError(
+            f"sliding-window attention (window {window} < packed row of {row_len} tokens) "
+            "is not supported with ulysses_sequence_parallel_size > 1; set it to 1"
+        )
     for name in ("softcap", "s_aux"):
         if kwargs.get(name) is not None:
-            raise SequenceParallelError(f"attention with {name} is not supported with "
-                                        "ulysses_sequence_parallel_size > 1; set it to 1")
+            raise SequenceParallelError(
+                f"attention with {name} is not supported with ulysses_sequence_parallel_size > 1; set it to 1"
+            )
 
 
-def ulysses_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                      **kwargs) -> tuple[torch.Tensor, None]:
+def ulysses_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     """Attention over the whole packed rows from this rank's slice of them (transformers'
     attention-function signature).
 
@@ -273,14 +288,15 @@ def ulysses_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     groups = query.shape[1] // key.shape[1]
     if groups > 1:  # grouped-query attention: query head h reads KV head h // groups
         key, value = (t.repeat_interleave(groups, dim=1) for t in (key, value))
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=state.mask,
-                                                           is_causal=state.mask is None, dropout_p=dropout,
-                                                           scale=scaling)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=state.mask, is_causal=state.mask is None, dropout_p=dropout, scale=scaling
+    )
     state.calls += 1
     return heads_to_seq(out, group).transpose(1, 2).contiguous(), None
 
 
 # ---- can a model be split? ----------------------------------------------------------------------
+
 
 def heads_problem(num_heads: int | None, num_kv_heads: int | None, size: int) -> str | None:
     """Why ``size`` cannot split these attention heads, or None when it can."""

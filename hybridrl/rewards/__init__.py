@@ -51,10 +51,12 @@ _BUILTIN_SCORERS: dict[str, str] = {
     },
     # code run in the sandbox: verl's code sets score the fraction of test cases passed (as verl
     # does), HumanEval all or nothing; code_tasks is the generated CPU demo (partial credit)
-    **dict.fromkeys(("codecontests", "apps", "codeforces", "taco", "code_tasks"),
-                    "hybridrl.rewards.code:compute_score_continuous"),
-    **dict.fromkeys(("humaneval", "openai_humaneval", "openai/openai_humaneval"),
-                    "hybridrl.rewards.code:compute_score"),
+    **dict.fromkeys(
+        ("codecontests", "apps", "codeforces", "taco", "code_tasks"), "hybridrl.rewards.code:compute_score_continuous"
+    ),
+    **dict.fromkeys(
+        ("humaneval", "openai_humaneval", "openai/openai_humaneval"), "hybridrl.rewards.code:compute_score"
+    ),
 }
 
 
@@ -69,10 +71,14 @@ class ScorerRegistrationError(UserError, ValueError):
 # Registered scorers take precedence over the built-in table; a later registration of a
 # data_source replaces the earlier one (documented, hence replace=True).
 SCORERS = Registry(
-    "data_source with a reward scorer", "data_source", error=UnknownDataSourceError, replace=True,
+    "data_source with a reward scorer",
+    "data_source",
+    error=UnknownDataSourceError,
+    replace=True,
     builtins=_BUILTIN_SCORERS,
     hint="set custom_reward_function.path/name to your own compute_score file, or register one with "
-         "@hybridrl.rewards.register_scorer")
+    "@hybridrl.rewards.register_scorer",
+)
 
 
 def register_scorer(*data_sources: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

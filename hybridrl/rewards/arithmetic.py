@@ -69,7 +69,7 @@ def extract_answer(solution_str: str) -> str | None:
         marked_pos, marked_span = m.start(), m.group(1)
     for m in _ANSWER.finditer(solution_str):
         if m.start() > marked_pos:
-            line = solution_str[m.end():].split("\n", 1)[0]
+            line = solution_str[m.end() :].split("\n", 1)[0]
             marked_pos, marked_span = m.start(), line.rsplit("=", 1)[-1]
     if marked_span is not None:
         found = _numbers(marked_span)
@@ -79,8 +79,9 @@ def extract_answer(solution_str: str) -> str | None:
     return found[-1] if found else None
 
 
-def compute_score(solution_str: str, ground_truth: str, extra_info: dict | None = None,
-                  format_score: float = 0.0) -> float:
+def compute_score(
+    solution_str: str, ground_truth: str, extra_info: dict | None = None, format_score: float = 0.0
+) -> float:
     """Score one arithmetic response: 1.0 if its final answer equals ``ground_truth``.
 
     Args:
@@ -98,8 +99,10 @@ def compute_score(solution_str: str, ground_truth: str, extra_info: dict | None 
     """
     target = parse_number(str(ground_truth))
     if target is None:
-        raise ValueError(f"arithmetic compute_score: ground_truth {ground_truth!r} is not a number; "
-                         "regenerate the data with hybridrl.data.preprocess.arithmetic")
+        raise ValueError(
+            f"arithmetic compute_score: ground_truth {ground_truth!r} is not a number; "
+            "regenerate the data with hybridrl.data.preprocess.arithmetic"
+        )
     answer = extract_answer(solution_str)
     if answer is None:
         return 0.0

@@ -52,20 +52,32 @@ from hybridrl.rewards.code_tests import (
 )
 from hybridrl.rewards.sandbox import current_sandbox
 
-__all__ = ["CodeGroundTruthError", "CodeSandboxError", "compute_score", "compute_score_continuous",
-           "extract_program", "parse_ground_truth", "DEFAULT_CASE_TIMEOUT_S", "MAX_CONTINUOUS_CASES"]
+__all__ = [
+    "CodeGroundTruthError",
+    "CodeSandboxError",
+    "compute_score",
+    "compute_score_continuous",
+    "extract_program",
+    "parse_ground_truth",
+    "DEFAULT_CASE_TIMEOUT_S",
+    "MAX_CONTINUOUS_CASES",
+]
 
 DEFAULT_CASE_TIMEOUT_S = 10.0  # seconds per case when the sandbox does not say (assert-style: per check())
 MAX_CONTINUOUS_CASES = 10  # verl's cap on the cases a continuous score runs
-_PRELUDE = ("import sys, os, math, re, string, collections, itertools, functools, heapq, bisect, copy, "
-            "random, statistics, operator, json; from typing import *\n")
+_PRELUDE = (
+    "import sys, os, math, re, string, collections, itertools, functools, heapq, bisect, copy, "
+    "random, statistics, operator, json; from typing import *\n"
+)
 # Call-based cases: a time limit on loading the program (replaced per case by the harness) ...
-_CALL_PRELUDE = ("import signal as __hybridrl_signal\n"
-                 "def __hybridrl_expired(signum, frame): raise TimeoutError('no result within {timeout:g} s')\n"
-                 "__hybridrl_signal.signal(__hybridrl_signal.SIGALRM, __hybridrl_expired); "
-                 "__hybridrl_signal.setitimer(__hybridrl_signal.ITIMER_REAL, {timeout!r})\n")
+_CALL_PRELUDE = (
+    "import signal as __hybridrl_signal\n"
+    "def __hybridrl_expired(signum, frame): raise TimeoutError('no result within {timeout:g} s')\n"
+    "__hybridrl_signal.signal(__hybridrl_signal.SIGALRM, __hybridrl_expired); "
+    "__hybridrl_signal.setitimer(__hybridrl_signal.ITIMER_REAL, {timeout!r})\n"
+)
 # ... and after the program, a harness reporting one JSON line per case, marked with a nonce.
-_CALL_HARNESS = '''
+_CALL_HARNESS = """
 
 def __hybridrl_run_cases(nonce, fn_name, cases_json, timeout_s):
     import json, signal, sys
@@ -95,15 +107,16 @@ def __hybridrl_run_cases(nonce, fn_name, cases_json, timeout_s):
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
         report(payload)
-'''
+"""
 
 
 class CodeSandboxError(RuntimeError):
     """The sandbox itself failed (status ``sandbox_error``), so the program was not judged."""
 
 
-def compute_score(solution_str: str, ground_truth: Any, extra_info: dict | None = None,
-                  continuous: bool = False) -> dict:
+def compute_score(
+    solution_str: str, ground_truth: Any, extra_info: dict | None = None, continuous: bool = False
+) -> dict:
     """Run the response's program on the test cases of ``ground_truth`` in the sandbox.
 
     Args:
@@ -193,8 +206,11 @@ def run_stdio_cases(program: str, tests: CodeTests, n: int, stop_at_failure: boo
         if result.status == "ok" and outputs_match(result.stdout, tests.outputs[i]):
             passed += 1
             continue
-        why = (f"printed {_short(result.stdout)!r}, expected {_short(tests.outputs[i])!r}" if result.status == "ok"
-               else _why(result))
+        why = (
+            f"printed {_short(result.stdout)!r}, expected {_short(tests.outputs[i])!r}"
+            if result.status == "ok"
+            else _why(result)
+        )
         reason = reason or f"case {i + 1} of {n}: {why}"
         if stop_at_failure:
             break
@@ -207,14 +223,14 @@ def _reports(stdout: str, nonce: str) -> list[dict]:
     for line in stdout.splitlines():
         if line.startswith(nonce + " "):
             try:
-                reports.append(json.loads(line[len(nonce) + 1:]))
+                reports.append(json.loads(line[len(nonce) + 1 :]))
             except json.JSONDecodeError:
                 break
     return reports
 
 
 def _judge(report: dict, expected: Any) -> str:
-    """"" when a call-based case's report matches ``expected``, else why not."""
+    """ "" when a call-based case's report matches ``expected``, else why not."""
     if "error" in report:
         return _short(report["error"], 200)
     value = report.get("value")
@@ -231,8 +247,13 @@ def run_call_cases(program: str, tests: CodeTests, n: int, stop_at_failure: bool
         nonce = "@hybridrl-" + secrets.token_hex(8)
         cases = json.dumps(list(tests.inputs[start:n]))
         timeout = case_timeout_s()
-        source = (_CALL_PRELUDE.format(timeout=timeout) + _PRELUDE + program + _CALL_HARNESS
-                  + f"\n__hybridrl_run_cases({nonce!r}, {tests.fn_name!r}, {cases!r}, {timeout!r})\n")
+        source = (
+            _CALL_PRELUDE.format(timeout=timeout)
+            + _PRELUDE
+            + program
+            + _CALL_HARNESS
+            + f"\n__hybridrl_run_cases({nonce!r}, {tests.fn_name!r}, {cases!r}, {timeout!r})\n"
+        )
         result = _run(source, timeout_s=timeout * (n - start + 1) + 1.0)
         reports = _reports(result.stdout, nonce)
         if not reports:

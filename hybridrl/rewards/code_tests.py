@@ -12,13 +12,21 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CodeGroundTruthError", "CodeTests", "extract_program", "parse_ground_truth", "outputs_match",
-           "defines_name"]
+__all__ = [
+    "CodeGroundTruthError",
+    "CodeTests",
+    "extract_program",
+    "parse_ground_truth",
+    "outputs_match",
+    "defines_name",
+]
 
 _PYTHON_TAGS = ("python", "py", "python3", "")
 _FENCE = re.compile(r"```[ \t]*([\w+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
-_FORMS = ("{'inputs': [...], 'outputs': [...]} (stdin/stdout), the same with 'fn_name' (call-based), "
-          "or {'test_code', 'entry_point', 'prefix'} (assert-style)")
+_FORMS = (
+    "{'inputs': [...], 'outputs': [...]} (stdin/stdout), the same with 'fn_name' (call-based), "
+    "or {'test_code', 'entry_point', 'prefix'} (assert-style)"
+)
 
 
 class CodeGroundTruthError(ValueError):
@@ -78,8 +86,9 @@ def _call_case(args: Any, expected: Any, i: int) -> tuple[list, Any]:
             args = [json.loads(line) for line in args.split("\n") if line.strip()]
             expected = json.loads(expected) if isinstance(expected, str) else expected
         except json.JSONDecodeError as exc:
-            raise _bad(f"['inputs'/'outputs'][{i}]", f"a string case must hold JSON, one argument a line "
-                                                     f"({exc.msg})") from None
+            raise _bad(
+                f"['inputs'/'outputs'][{i}]", f"a string case must hold JSON, one argument a line ({exc.msg})"
+            ) from None
     if not isinstance(args, list):
         raise _bad(f"['inputs'][{i}]", f"is {type(args).__name__}; a call-based case is the list of arguments")
     try:  # both travel as JSON (arguments into the harness, results out of it)
@@ -97,8 +106,11 @@ def _parse_cases(gt: dict) -> CodeTests:
         raise _bad("['inputs'/'outputs']", "must be two non-empty lists of equal length (one entry per case)")
     fn_name = gt.get("fn_name")
     if fn_name is None:
-        return CodeTests("stdio", tuple(_text(v, f"['inputs'][{i}]") for i, v in enumerate(inputs)),
-                         tuple(_text(v, f"['outputs'][{i}]") for i, v in enumerate(outputs)))
+        return CodeTests(
+            "stdio",
+            tuple(_text(v, f"['inputs'][{i}]") for i, v in enumerate(inputs)),
+            tuple(_text(v, f"['outputs'][{i}]") for i, v in enumerate(outputs)),
+        )
     if not isinstance(fn_name, str) or not fn_name.isidentifier():
         raise _bad("['fn_name']", f"{fn_name!r} is not a function name")
     cases = [_call_case(a, e, i) for i, (a, e) in enumerate(zip(inputs, outputs))]

@@ -11,8 +11,14 @@ from typing import Any, Dict, List, Optional
 from hybridrl.config.typed import refused
 from hybridrl.data.config import ClassRefConfig
 
-__all__ = ["SandboxConfig", "SandboxFusionConfig", "OverlongBufferConfig", "JudgeConfig",
-           "CustomRewardFunctionConfig", "RewardConfig"]
+__all__ = [
+    "SandboxConfig",
+    "SandboxFusionConfig",
+    "OverlongBufferConfig",
+    "JudgeConfig",
+    "CustomRewardFunctionConfig",
+    "RewardConfig",
+]
 
 
 @dataclass
@@ -99,9 +105,15 @@ class SpelledRewardFunctionConfig:
 class SpelledRewardManagerConfig:
     source: str = "register"
     name: Optional[str] = None
-    module: ClassRefConfig = refused(factory=ClassRefConfig, subkeys={"path": (
-        "a reward manager class loaded from a file (register yours with @register_reward_manager in a module "
-        "named by actor_rollout_ref.model.external_lib)")})
+    module: ClassRefConfig = refused(
+        factory=ClassRefConfig,
+        subkeys={
+            "path": (
+                "a reward manager class loaded from a file (register yours with @register_reward_manager in a module "
+                "named by actor_rollout_ref.model.external_lib)"
+            )
+        },
+    )
 
 
 @dataclass

@@ -50,8 +50,7 @@ def import_reward_file(path: str) -> Any:
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise RewardConfigError(
-            f"custom_reward_function.path={path!r} cannot be imported as a Python module; "
-            "point it to a .py file"
+            f"custom_reward_function.path={path!r} cannot be imported as a Python module; point it to a .py file"
         )
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
@@ -104,7 +103,8 @@ def load_custom_reward_fn(
     fn = getattr(module, name, None) if isinstance(name, str) and name else None
     if not callable(fn):
         defined = sorted(
-            k for k, v in vars(module).items()
+            k
+            for k, v in vars(module).items()
             if callable(v) and not k.startswith("_") and getattr(v, "__module__", None) == module.__name__
         )
         raise RewardConfigError(

@@ -19,8 +19,8 @@ from typing import Any
 from hybridrl.config.typed import to_dataclass
 from hybridrl.rewards.config import OverlongBufferConfig
 from hybridrl.rewards.custom import RewardConfigError
-from hybridrl.rewards.settings import to_plain_dict
 from hybridrl.rewards.manager import NaiveRewardManager, register_reward_manager
+from hybridrl.rewards.settings import to_plain_dict
 
 __all__ = ["DAPORewardManager", "overlong_penalty"]
 
@@ -40,8 +40,9 @@ def _buffer_settings(cfg: Any) -> OverlongBufferConfig:
     Raises:
         ConfigError: a key :class:`OverlongBufferConfig` has not, or a value of the wrong type.
     """
-    given = {key: value for key, value in to_plain_dict(cfg if cfg is not None else {}, _KEY).items()
-             if value is not None}
+    given = {
+        key: value for key, value in to_plain_dict(cfg if cfg is not None else {}, _KEY).items() if value is not None
+    }
     return to_dataclass(OverlongBufferConfig, given, _KEY)
 
 
@@ -61,8 +62,16 @@ class DAPORewardManager(NaiveRewardManager):
         ConfigError: a key ``overlong_buffer_cfg`` has not, or a value of the wrong type.
     """
 
-    def __init__(self, tokenizer: Any, num_examine: int, compute_score=None, reward_fn_key: str = "data_source",
-                 max_resp_len: int | None = None, overlong_buffer_cfg: Any = None, **kwargs) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        num_examine: int,
+        compute_score=None,
+        reward_fn_key: str = "data_source",
+        max_resp_len: int | None = None,
+        overlong_buffer_cfg: Any = None,
+        **kwargs,
+    ) -> None:
         super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, **kwargs)
         cfg = _buffer_settings(overlong_buffer_cfg)
         self.overlong = cfg.enable
@@ -77,8 +86,10 @@ class DAPORewardManager(NaiveRewardManager):
         if isinstance(max_resp_len, bool) or not isinstance(max_resp_len, int) or max_resp_len < 1:
             raise RewardConfigError(f"{_KEY}.enable=true needs data.max_response_length (got {max_resp_len!r})")
         if not 0 < self.buffer_len <= max_resp_len:
-            raise RewardConfigError(f"{_KEY}.len={self.buffer_len!r} must be a whole number of tokens in "
-                                    f"(0, data.max_response_length={max_resp_len}]; DAPO uses 4096 of 20480")
+            raise RewardConfigError(
+                f"{_KEY}.len={self.buffer_len!r} must be a whole number of tokens in "
+                f"(0, data.max_response_length={max_resp_len}]; DAPO uses 4096 of 20480"
+            )
         factor = self.penalty_factor
         if factor < 0:
             raise RewardConfigError(f"{_KEY}.penalty_factor={factor:g} must be a number >= 0 (DAPO: 1.0)")

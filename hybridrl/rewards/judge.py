@@ -25,9 +25,18 @@ from hybridrl.errors import UserError
 from hybridrl.rewards.custom import RewardConfigError, import_reward_file
 from hybridrl.rewards.settings import plain
 
-__all__ = ["DEFAULT_TEMPLATE", "DEFAULT_TEMPLATE_WITH_REFERENCE", "TEMPLATE_FIELDS", "JudgeParseError",
-           "JudgePromptError",
-           "JudgeSettings", "load_template", "render_template", "parse_score", "load_score_parser"]
+__all__ = [
+    "DEFAULT_TEMPLATE",
+    "DEFAULT_TEMPLATE_WITH_REFERENCE",
+    "TEMPLATE_FIELDS",
+    "JudgeParseError",
+    "JudgePromptError",
+    "JudgeSettings",
+    "load_template",
+    "render_template",
+    "parse_score",
+    "load_score_parser",
+]
 
 TEMPLATE_KEY = "reward_model.judge.prompt_template"
 # Fields a template may use; {extra_info[key]} reads one key of the row's extra_info dict.
@@ -100,8 +109,10 @@ def load_template(value: Any, key: str = TEMPLATE_KEY) -> str | None:
         with open(path, encoding="utf-8") as f:
             template, where = f.read(), f"{key}={value!r} (the file)"
     elif "{" not in value and (os.sep in value or value.endswith((".txt", ".md", ".jinja", ".tmpl"))):
-        raise RewardConfigError(f"{key}={value!r}: no such file; point it to a file holding the template, or "
-                                "write the template itself (with a {response} field)")
+        raise RewardConfigError(
+            f"{key}={value!r}: no such file; point it to a file holding the template, or "
+            "write the template itself (with a {response} field)"
+        )
     else:
         template, where = value, f"{key}={value!r}"
     check_template(template, where)
@@ -121,19 +132,31 @@ def check_template(template: str, where: str = TEMPLATE_KEY) -> set[str]:
         root = re.split(r"[.\[]", name, maxsplit=1)[0]
         if root not in TEMPLATE_FIELDS:
             shown = "{" + name + "}"
-            raise RewardConfigError(f"{where}: unknown field {shown}; fields: "
-                                    f"{', '.join('{' + f + '}' for f in TEMPLATE_FIELDS)} "
-                                    "({extra_info[key]} for a key of the row's extra_info); write {{ and }} "
-                                    "for literal braces")
+            raise RewardConfigError(
+                f"{where}: unknown field {shown}; fields: "
+                f"{', '.join('{' + f + '}' for f in TEMPLATE_FIELDS)} "
+                "({extra_info[key]} for a key of the row's extra_info); write {{ and }} "
+                "for literal braces"
+            )
         fields.add(root)
     if "response" not in fields:
-        raise RewardConfigError(f"{where}: the template has no {{response}} field, so the judge would never see "
-                                "the answer it grades; add {response}")
+        raise RewardConfigError(
+            f"{where}: the template has no {{response}} field, so the judge would never see "
+            "the answer it grades; add {response}"
+        )
     return fields
 
 
-def render_template(template: str | None, *, response: str, prompt: str, question: str | None = None,
-                    ground_truth: Any = None, data_source: Any = None, extra_info: dict | None = None) -> str:
+def render_template(
+    template: str | None,
+    *,
+    response: str,
+    prompt: str,
+    question: str | None = None,
+    ground_truth: Any = None,
+    data_source: Any = None,
+    extra_info: dict | None = None,
+) -> str:
     """The judge's prompt for one row.
 
     ``template`` None picks :data:`DEFAULT_TEMPLATE_WITH_REFERENCE` when the row has a ground truth
@@ -148,9 +171,14 @@ def render_template(template: str | None, *, response: str, prompt: str, questio
         template = DEFAULT_TEMPLATE_WITH_REFERENCE if has_truth else DEFAULT_TEMPLATE
     elif not has_truth and "ground_truth" in check_template(template):
         raise JudgePromptError(f"{TEMPLATE_KEY} uses {{ground_truth}} but this row has none")
-    values = dict(response=response, prompt=prompt, question=prompt if question is None else question,
-                  ground_truth="" if ground_truth is None else ground_truth, data_source=data_source,
-                  extra_info=dict(extra_info or {}))
+    values = dict(
+        response=response,
+        prompt=prompt,
+        question=prompt if question is None else question,
+        ground_truth="" if ground_truth is None else ground_truth,
+        data_source=data_source,
+        extra_info=dict(extra_info or {}),
+    )
     try:
         return template.format(**values)
     except (KeyError, IndexError, AttributeError) as exc:
@@ -174,13 +202,15 @@ def _scaled(number: float, denominator: str | None, score_range: tuple[float, fl
         raise JudgeParseError(f"the score {snippet!r} is not a fraction between 0 and 1")
     lo, hi = score_range
     if not lo <= number <= hi:
-        raise JudgeParseError(f"the score {number:g} in {snippet!r} is outside reward_model.judge.score_range "
-                              f"[{lo:g}, {hi:g}]")
+        raise JudgeParseError(
+            f"the score {number:g} in {snippet!r} is outside reward_model.judge.score_range [{lo:g}, {hi:g}]"
+        )
     return (number - lo) / (hi - lo)
 
 
-def parse_score(text: str, score_range: tuple[float, float] = (0.0, 10.0),
-                pattern: re.Pattern | str | None = None) -> tuple[float, float]:
+def parse_score(
+    text: str, score_range: tuple[float, float] = (0.0, 10.0), pattern: re.Pattern | str | None = None
+) -> tuple[float, float]:
     """The score in a judge's answer.
 
     Default (``pattern`` None): the last ``<score>x</score>``, else the last ``Score: x`` (also
@@ -204,15 +234,17 @@ def parse_score(text: str, score_range: tuple[float, float] = (0.0, 10.0),
         regex = re.compile(pattern) if isinstance(pattern, str) else pattern
         matches = list(regex.finditer(text))
         if not matches:
-            raise JudgeParseError(f"reward_model.judge.score_pattern={regex.pattern!r} does not match the judge's "
-                                  f"answer {shown!r}")
+            raise JudgeParseError(
+                f"reward_model.judge.score_pattern={regex.pattern!r} does not match the judge's answer {shown!r}"
+            )
         match = matches[-1]
         raw = match.group("score") if "score" in regex.groupindex else match.group(1)
         try:
             number = _as_number(raw)
         except (TypeError, ValueError):
-            raise JudgeParseError(f"reward_model.judge.score_pattern captured {raw!r}, not a number, in {shown!r}") \
-                from None
+            raise JudgeParseError(
+                f"reward_model.judge.score_pattern captured {raw!r}, not a number, in {shown!r}"
+            ) from None
         return _scaled(number, None, score_range, match.group(0)), number
     for regex in _DEFAULT_PATTERNS:
         matches = list(regex.finditer(text))
@@ -237,8 +269,9 @@ def load_score_parser(path: str, name: str) -> Callable[..., Any]:
     key = "reward_model.judge.score_parser"
     full = os.path.abspath(os.path.expanduser(str(path)))
     if not os.path.isfile(full):
-        raise RewardConfigError(f"{key}.path={path!r}: file {full} does not exist; set it to the .py file "
-                                "that defines your parser")
+        raise RewardConfigError(
+            f"{key}.path={path!r}: file {full} does not exist; set it to the .py file that defines your parser"
+        )
     try:
         module = import_reward_file(full)
     except RewardConfigError as exc:
@@ -253,8 +286,9 @@ def _score_range(value: list[float]) -> tuple[float, float]:
     key = "reward_model.judge.score_range"
     if len(value) != 2 or not all(math.isfinite(v) for v in value) or value[0] >= value[1]:
         shown = "[" + ", ".join(f"{v:g}" for v in value) + "]"
-        raise RewardConfigError(f"{key}={shown} must be two numbers [lo, hi] with lo < hi, the judge's scale "
-                                "(e.g. [0, 10])")
+        raise RewardConfigError(
+            f"{key}={shown} must be two numbers [lo, hi] with lo < hi, the judge's scale (e.g. [0, 10])"
+        )
     return float(value[0]), float(value[1])
 
 
@@ -280,7 +314,7 @@ class JudgeSettings:
     timeout_s: float
 
     @classmethod
-    def from_config(cls, config: Any) -> "JudgeSettings":
+    def from_config(cls, config: Any) -> JudgeSettings:
         """Read and check the judge's keys of the whole PPO config as the run reads it (typed:
         ``hybridrl.trainer.ppo_config.typed_ppo_config``); no model is loaded.
 
@@ -289,24 +323,33 @@ class JudgeSettings:
         """
         rm, judge, key = config.reward_model, config.reward_model.judge, "reward_model.judge"
         if not rm.model.path:
-            raise RewardConfigError("reward_model.reward_manager=judge needs reward_model.model.path, the judge "
-                                    "model (an HF folder, a .gguf file, or HuggingFaceTB/SmolLM2-135M-Instruct)")
+            raise RewardConfigError(
+                "reward_model.reward_manager=judge needs reward_model.model.path, the judge "
+                "model (an HF folder, a .gguf file, or HuggingFaceTB/SmolLM2-135M-Instruct)"
+            )
         if rm.enable:
-            raise RewardConfigError("reward_model.enable=true loads reward_model.model.path as a scalar-head reward "
-                                    "model, but reward_model.reward_manager=judge serves it as a generative judge; "
-                                    "set reward_model.enable=false (the judge needs no reward-model worker)")
+            raise RewardConfigError(
+                "reward_model.enable=true loads reward_model.model.path as a scalar-head reward "
+                "model, but reward_model.reward_manager=judge serves it as a generative judge; "
+                "set reward_model.enable=false (the judge needs no reward-model worker)"
+            )
         if config.custom_reward_function.path:
-            raise RewardConfigError("custom_reward_function.path is set, but reward_model.reward_manager=judge "
-                                    "scores with the judge; to read the judge's answer yourself set "
-                                    f"{key}.score_parser.path, or unset custom_reward_function.path")
+            raise RewardConfigError(
+                "custom_reward_function.path is set, but reward_model.reward_manager=judge "
+                "scores with the judge; to read the judge's answer yourself set "
+                f"{key}.score_parser.path, or unset custom_reward_function.path"
+            )
         for name in ("prompt_length", "response_length"):
             value = rm.rollout[name]
             if value < 1:
-                raise RewardConfigError(f"reward_model.rollout.{name}={value!r} must be an integer >= 1 (judge "
-                                        "prompt / answer tokens)")
+                raise RewardConfigError(
+                    f"reward_model.rollout.{name}={value!r} must be an integer >= 1 (judge prompt / answer tokens)"
+                )
         if rm.rollout.tensor_model_parallel_size > 1:
-            raise RewardConfigError("reward_model.rollout.tensor_model_parallel_size > 1 is not supported: the "
-                                    "judge runs as one engine; set it to 1")
+            raise RewardConfigError(
+                "reward_model.rollout.tensor_model_parallel_size > 1 is not supported: the "
+                "judge runs as one engine; set it to 1"
+            )
         if not judge.timeout_s > 0:
             raise RewardConfigError(f"{key}.timeout_s={judge.timeout_s:g} must be a number of seconds > 0")
         if judge.score_pattern is not None:
@@ -314,12 +357,20 @@ class JudgeSettings:
         parser = judge.score_parser
         if parser.path:
             load_score_parser(parser.path, parser.name)  # fail now, not after the first generation
-        return cls(model_path=str(rm.model.path), trust_remote_code=bool(rm.model.trust_remote_code),
-                   rollout=plain(rm.rollout), template=load_template(judge.prompt_template),
-                   system_prompt=judge.system_prompt or None, apply_chat_template=bool(judge.apply_chat_template),
-                   response_prefix=judge.response_prefix, score_pattern=judge.score_pattern,
-                   score_range=_score_range(list(judge.score_range)), parser_path=parser.path or None,
-                   parser_name=str(parser.name), timeout_s=float(judge.timeout_s))
+        return cls(
+            model_path=str(rm.model.path),
+            trust_remote_code=bool(rm.model.trust_remote_code),
+            rollout=plain(rm.rollout),
+            template=load_template(judge.prompt_template),
+            system_prompt=judge.system_prompt or None,
+            apply_chat_template=bool(judge.apply_chat_template),
+            response_prefix=judge.response_prefix,
+            score_pattern=judge.score_pattern,
+            score_range=_score_range(list(judge.score_range)),
+            parser_path=parser.path or None,
+            parser_name=str(parser.name),
+            timeout_s=float(judge.timeout_s),
+        )
 
 
 def _check_pattern(pattern: Any, key: str) -> None:
@@ -330,5 +381,7 @@ def _check_pattern(pattern: Any, key: str) -> None:
     except re.error as exc:
         raise RewardConfigError(f"{key}={pattern!r} is not a valid regular expression: {exc}") from None
     if "score" not in regex.groupindex and regex.groups < 1:
-        raise RewardConfigError(f"{key}={pattern!r} captures nothing; put the number in a group, e.g. "
-                                r"'Final grade: (\d+)' or '(?P<score>\d+)/10'")
+        raise RewardConfigError(
+            f"{key}={pattern!r} captures nothing; put the number in a group, e.g. "
+            r"'Final grade: (\d+)' or '(?P<score>\d+)/10'"
+        )

@@ -24,8 +24,16 @@ from hybridrl.rewards.custom import RewardConfigError, load_custom_reward_fn
 from hybridrl.rewards.pool import RewardPool, ScoreTimeoutError, serial_calls
 from hybridrl.rewards.settings import to_plain_dict
 
-__all__ = ["RewardFunctionError", "RewardInputError", "RewardManagerNameError", "REWARD_MANAGERS",
-           "register_reward_manager", "get_reward_manager_cls", "NaiveRewardManager", "load_reward_manager"]
+__all__ = [
+    "RewardFunctionError",
+    "RewardInputError",
+    "RewardManagerNameError",
+    "REWARD_MANAGERS",
+    "register_reward_manager",
+    "get_reward_manager_cls",
+    "NaiveRewardManager",
+    "load_reward_manager",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -35,9 +43,13 @@ class RewardManagerNameError(RewardConfigError, RegistryError):
 
 
 # "naive" is defined below; "judge" registers with hybridrl.workers.llm_judge (it needs an engine).
-REWARD_MANAGERS = Registry("reward manager", "reward_model.reward_manager", error=RewardManagerNameError,
-                           hint="pick one of them or register yours with @register_reward_manager",
-                           builtins={"dapo": "hybridrl.rewards.dapo:DAPORewardManager"})
+REWARD_MANAGERS = Registry(
+    "reward manager",
+    "reward_model.reward_manager",
+    error=RewardManagerNameError,
+    hint="pick one of them or register yours with @register_reward_manager",
+    builtins={"dapo": "hybridrl.rewards.dapo:DAPORewardManager"},
+)
 
 # What a failing or late scoring call does: stop the run; score 0; score 0 and train nothing on
 # the sample (the driver masks it); score 0 and drop its prompt group; try again, then stop.
@@ -230,7 +242,7 @@ class NaiveRewardManager:
             if printed.get(row.data_source, 0) < self.num_examine:
                 printed[row.data_source] = printed.get(row.data_source, 0) + 1
                 vp = int(valid_prompt[row.i])
-                prompt_str = self.tokenizer.decode(prompts[row.i, prompt_len - vp:], skip_special_tokens=True)
+                prompt_str = self.tokenizer.decode(prompts[row.i, prompt_len - vp :], skip_special_tokens=True)
                 ground_truth = row.job["ground_truth"] if row.job is not None else None
                 self._print_sample(prompt_str, row.response_str, ground_truth, score, extras)
 
@@ -253,11 +265,16 @@ class NaiveRewardManager:
         if failures and len(failures) == scored:
             raise RewardFunctionError(
                 f"the reward function failed on all {scored} samples of this batch (reward_model.on_error="
-                f"{self.on_error} would train on nothing but failures, which teaches nothing); first: {failures[0]}")
+                f"{self.on_error} would train on nothing but failures, which teaches nothing); first: {failures[0]}"
+            )
         if failures:
             logger.warning(
                 "reward function failed on %d of %d samples in this batch; they were scored 0 "
-                "(reward_model.on_error=%s). First: %s", len(failures), total, self.on_error, failures[0]
+                "(reward_model.on_error=%s). First: %s",
+                len(failures),
+                total,
+                self.on_error,
+                failures[0],
             )
 
     def shape_score(self, score: float, extras: dict, response_length: int) -> tuple[float, dict]:
@@ -301,8 +318,12 @@ class NaiveRewardManager:
             extra_info = {**(extra_info or {}), "num_turns": nt["__num_turns__"][i]}
         if "reward_scores" in nt:  # agent loops: tools' calc_reward / interaction scores (verl's key)
             extra_info = {**(extra_info or {}), "rollout_reward_scores": nt["reward_scores"][i]}
-        return {"data_source": data_source, "solution_str": response_str,
-                "ground_truth": reward_model["ground_truth"], "extra_info": extra_info}
+        return {
+            "data_source": data_source,
+            "solution_str": response_str,
+            "ground_truth": reward_model["ground_truth"],
+            "extra_info": extra_info,
+        }
 
     def _row(self, data: Any, i: int, valid_len: int, rule_always: bool) -> _Row:
         """Row ``i`` decoded, with the scorer's arguments when it gets a rule score (always without
@@ -310,10 +331,11 @@ class NaiveRewardManager:
         response_str = self.tokenizer.decode(data.batch["responses"][i, :valid_len], skip_special_tokens=True)
         data_source = self._data_source(data, i)
         rule = rule_always or self.has_rule_scorer(data_source)
-        return _Row(i, data_source, response_str, valid_len,
-                    self._job(data, i, data_source, response_str) if rule else None)
+        return _Row(
+            i, data_source, response_str, valid_len, self._job(data, i, data_source, response_str) if rule else None
+        )
 
-    def _score_rows(self, rows: list[_Row]) -> dict[int, tuple[float, dict, "_Failure | None"]]:
+    def _score_rows(self, rows: list[_Row]) -> dict[int, tuple[float, dict, _Failure | None]]:
         """Scores the rows that have a job → ``{row: (score, extras, failure or None)}``.
 
         The calls run one by one in the driver or all at once in ``self.pool``; ``on_error`` is
@@ -326,8 +348,11 @@ class NaiveRewardManager:
         while pending:
             attempt, retry = attempt + 1, []
             jobs = [row.job for row in pending]
-            calls = (self.pool.calls(self.compute_score, jobs, self.timeout_s) if self.pool is not None
-                     else serial_calls(self.compute_score, jobs, self.timeout_s))
+            calls = (
+                self.pool.calls(self.compute_score, jobs, self.timeout_s)
+                if self.pool is not None
+                else serial_calls(self.compute_score, jobs, self.timeout_s)
+            )
             with contextlib.closing(calls):  # a raise stops the calls not yet made
                 for row, (outcome, seconds) in zip(pending, calls):
                     self._seconds.append((seconds, row.i, row.data_source))
@@ -345,7 +370,7 @@ class NaiveRewardManager:
             pending = retry
         return outcomes
 
-    def _on_failure(self, exc: Exception, row: _Row, attempt: int) -> "_Failure | None":
+    def _on_failure(self, exc: Exception, row: _Row, attempt: int) -> _Failure | None:
         """``on_error`` for one failed call: the failure to record (``zero``, ``mask_sample``,
         ``drop_group``), or None to call again (``retry`` with attempts left).
 
@@ -356,8 +381,11 @@ class NaiveRewardManager:
         """
         if isinstance(exc, RewardConfigError):  # the set-up is wrong (e.g. no code sandbox), not this sample
             raise exc
-        failure = _Failure(f"sample {row.i} of the batch (data_source={row.data_source!r}): {type(exc).__name__}: "
-                           f"{' '.join(str(exc).split())}", isinstance(exc, ScoreTimeoutError))
+        failure = _Failure(
+            f"sample {row.i} of the batch (data_source={row.data_source!r}): {type(exc).__name__}: "
+            f"{' '.join(str(exc).split())}",
+            isinstance(exc, ScoreTimeoutError),
+        )
         if self.on_error in ("zero", "mask_sample", "drop_group"):
             return failure
         attempts = 1 + (self.retries if self.on_error == "retry" else 0)
@@ -366,14 +394,17 @@ class NaiveRewardManager:
         tried = f" after {attempts} attempts (reward_model.retries={self.retries})" if attempts > 1 else ""
         raise RewardFunctionError(
             f"reward function failed on {failure}{tried}; fix the function or set reward_model.on_error "
-            "to zero, mask_sample or drop_group to go on without such samples") from exc
+            "to zero, mask_sample or drop_group to go on without such samples"
+        ) from exc
 
     def _log_slowest(self) -> None:
         """Names the slowest scoring calls of the batch when one took over a second."""
         slowest = sorted(self._seconds, reverse=True)[:_SLOW_SAMPLES_LOGGED]
         if slowest and slowest[0][0] >= 1.0:
-            logger.info("reward: slowest samples: %s", ", ".join(
-                f"#{i} ({source}) {seconds:.1f} s" for seconds, i, source in slowest))
+            logger.info(
+                "reward: slowest samples: %s",
+                ", ".join(f"#{i} ({source}) {seconds:.1f} s" for seconds, i, source in slowest),
+            )
 
     @staticmethod
     def _print_sample(prompt: str, response: str, ground_truth: Any, score: float, extras: dict) -> None:
@@ -401,8 +432,9 @@ def _collect_extras(extras_per_sample: list[dict]) -> dict[str, list]:
 
 def _score_timeout(value: float) -> float:
     if value <= 0:
-        raise RewardConfigError(f"reward_model.timeout_s={value!r} must be a number of seconds > 0 "
-                                f"(default {DEFAULT_SCORE_TIMEOUT_S:g})")
+        raise RewardConfigError(
+            f"reward_model.timeout_s={value!r} must be a number of seconds > 0 (default {DEFAULT_SCORE_TIMEOUT_S:g})"
+        )
     return float(value)
 
 
@@ -455,8 +487,12 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0, pool:
     }
     accepted = _accepted_args(manager_cls)
     if pool is not None and "pool" not in accepted:
-        logger.warning("reward.num_workers=%d: reward manager %r takes no pool (no `pool` argument); it scores "
-                       "as it does without one", pool.num_workers, manager_name)
+        logger.warning(
+            "reward.num_workers=%d: reward manager %r takes no pool (no `pool` argument); it scores "
+            "as it does without one",
+            pool.num_workers,
+            manager_name,
+        )
     try:
         manager = manager_cls(
             tokenizer=tokenizer,

@@ -29,7 +29,7 @@ def last_boxed_only_string(text: str) -> str | None:
     if start < 0:
         return None
     cmd = next(c for c in _BOX_COMMANDS if text.startswith(c, start))
-    rest = text[start + len(cmd):]
+    rest = text[start + len(cmd) :]
     if rest.startswith(" "):  # "\boxed 5": the argument runs to the next "$" or the end
         return cmd + " " + rest[1:].split("$")[0].strip()
     if not rest.startswith("{"):
@@ -39,7 +39,7 @@ def last_boxed_only_string(text: str) -> str | None:
         depth += ch == "{"
         depth -= ch == "}"
         if depth == 0:
-            return text[start:start + len(cmd) + i + 1]
+            return text[start : start + len(cmd) + i + 1]
     return None
 
 
@@ -51,9 +51,9 @@ def remove_boxed(boxed: str) -> str:
     """
     for cmd in _BOX_COMMANDS:
         if boxed.startswith(cmd + " "):
-            return boxed[len(cmd) + 1:]
+            return boxed[len(cmd) + 1 :]
         if boxed.startswith(cmd + "{") and boxed.endswith("}"):
-            return boxed[len(cmd) + 1:-1]
+            return boxed[len(cmd) + 1 : -1]
     raise ValueError(f"not a \\boxed{{...}} expression: {boxed[:60]!r}")
 
 
@@ -78,8 +78,7 @@ def _parse_boxed(latex: str, timeout: int | None) -> tuple:
     is parsed once per response."""
     from math_verify import LatexExtractionConfig, parse
 
-    return tuple(parse("\\boxed{" + latex + "}", extraction_config=[LatexExtractionConfig()],
-                       parsing_timeout=timeout))
+    return tuple(parse("\\boxed{" + latex + "}", extraction_config=[LatexExtractionConfig()], parsing_timeout=timeout))
 
 
 def is_equiv(answer: str, ground_truth: str) -> bool:
@@ -98,8 +97,9 @@ def is_equiv(answer: str, ground_truth: str) -> bool:
         return False
 
 
-def compute_score(solution_str: str, ground_truth: str, correct_score: float = 1.0,
-                  incorrect_score: float = 0.0) -> dict:
+def compute_score(
+    solution_str: str, ground_truth: str, correct_score: float = 1.0, incorrect_score: float = 0.0
+) -> dict:
     """Score one response to a MATH-style problem.
 
     Args:

@@ -40,8 +40,17 @@ from hybridrl.errors import UserError
 from hybridrl.rewards.custom import RewardConfigError, import_reward_file
 from hybridrl.rewards.sandbox import current_sandbox, set_sandbox
 
-__all__ = ["ScoreTimeoutError", "RewardPoolError", "ScoringProcessDied", "call_with_deadline", "serial_calls",
-           "RewardPool", "check_num_workers", "build_reward_pool", "inherited_settings"]
+__all__ = [
+    "ScoreTimeoutError",
+    "RewardPoolError",
+    "ScoringProcessDied",
+    "call_with_deadline",
+    "serial_calls",
+    "RewardPool",
+    "check_num_workers",
+    "build_reward_pool",
+    "inherited_settings",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +80,10 @@ def check_num_workers(value: Any) -> int:
     if value is None:
         return 0
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise RewardConfigError(f"reward.num_workers={value!r} must be a whole number >= 0 (null, 0 or 1: score in "
-                              "the driver; N > 1: N scoring processes, at most the cores you can spare)")
+        raise RewardConfigError(
+            f"reward.num_workers={value!r} must be a whole number >= 0 (null, 0 or 1: score in "
+            "the driver; N > 1: N scoring processes, at most the cores you can spare)"
+        )
     return 0 if value <= 1 else value
 
 
@@ -150,7 +161,8 @@ def _load_function(fn_bytes: bytes) -> Callable[..., Any]:
             raise RewardPoolError(
                 f"the scoring process cannot load the reward function: {type(exc).__name__}: {exc}; a function "
                 "registered or defined at run time must live in custom_reward_function.path or in a module of "
-                "actor_rollout_ref.model.external_lib, which every scoring process imports") from None
+                "actor_rollout_ref.model.external_lib, which every scoring process imports"
+            ) from None
         _FUNCTIONS[fn_bytes] = fn
     return fn
 
@@ -197,18 +209,30 @@ class RewardPool:
         RewardConfigError: ``num_workers`` < 2 or not a whole number, or a bad ``start_method``.
     """
 
-    def __init__(self, num_workers: int, reward_files: Iterable[str] = (), modules: Iterable[str] = (),
-                 worker_init: Iterable[Callable[[], Any]] = (), start_method: str | None = None) -> None:
+    def __init__(
+        self,
+        num_workers: int,
+        reward_files: Iterable[str] = (),
+        modules: Iterable[str] = (),
+        worker_init: Iterable[Callable[[], Any]] = (),
+        start_method: str | None = None,
+    ) -> None:
         if check_num_workers(num_workers) < 2:
-            raise RewardConfigError(f"RewardPool(num_workers={num_workers!r}) needs 2 or more processes; "
-                                    "with fewer, score in the driver (no pool)")
+            raise RewardConfigError(
+                f"RewardPool(num_workers={num_workers!r}) needs 2 or more processes; "
+                "with fewer, score in the driver (no pool)"
+            )
         start_method = start_method or _start_method()
         if start_method not in ("forkserver", "spawn") or start_method not in multiprocessing.get_all_start_methods():
             raise RewardConfigError(f"RewardPool(start_method={start_method!r}): use forkserver or spawn")
         self.num_workers, self.closed = num_workers, False
         initargs = (tuple(reward_files), tuple(modules), tuple(worker_init))
-        self._pool = ProcessPool(max_workers=num_workers, initializer=_init_worker, initargs=initargs,
-                                 context=multiprocessing.get_context(start_method))
+        self._pool = ProcessPool(
+            max_workers=num_workers,
+            initializer=_init_worker,
+            initargs=initargs,
+            context=multiprocessing.get_context(start_method),
+        )
         self._finalizer = weakref.finalize(self, _stop, self._pool)  # a pool never closed still ends
 
     def check_started(self, fn: Callable[..., Any], timeout_s: float = START_TIMEOUT_S) -> None:
@@ -220,18 +244,20 @@ class RewardPool:
                 import a file or module, or a worker did not answer in time.
         """
         fn_bytes = self._pickled(fn)
-        futures = [self._pool.schedule(_load_function, args=(fn_bytes,), timeout=timeout_s)
-                   for _ in range(self.num_workers)]
+        futures = [
+            self._pool.schedule(_load_function, args=(fn_bytes,), timeout=timeout_s) for _ in range(self.num_workers)
+        ]
         deadline = time.monotonic() + timeout_s
         for future in futures:
             try:
                 future.result(timeout=max(0.0, deadline - time.monotonic()))
             except RewardPoolError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - TimeoutError, BrokenProcessPool, ...
-                raise RewardPoolError(f"reward.num_workers={self.num_workers}: the scoring processes did not "
-                                      f"answer within {timeout_s:g} s of their start ({type(exc).__name__}: {exc})"
-                                      ) from exc
+            except Exception as exc:  # TimeoutError, BrokenProcessPool, ...
+                raise RewardPoolError(
+                    f"reward.num_workers={self.num_workers}: the scoring processes did not "
+                    f"answer within {timeout_s:g} s of their start ({type(exc).__name__}: {exc})"
+                ) from exc
 
     def calls(self, fn: Callable[..., Any], jobs: Sequence[dict], timeout_s: float) -> Iterator[tuple[Any, float]]:
         """``fn(**job)`` for every job in the workers, each killed after ``timeout_s`` seconds of running.
@@ -260,11 +286,12 @@ class RewardPool:
     def _pickled(self, fn: Callable[..., Any]) -> bytes:
         try:
             return pickle.dumps(fn)
-        except Exception as exc:  # noqa: BLE001 - PicklingError, AttributeError, TypeError
+        except Exception as exc:  # PicklingError, AttributeError, TypeError
             raise RewardPoolError(
                 f"the reward function {fn!r} cannot be sent to the scoring processes (reward.num_workers="
                 f"{self.num_workers}): {type(exc).__name__}: {exc}; define it at the top level of a module or of "
-                "custom_reward_function.path, or score in the driver (reward.num_workers=null)") from exc
+                "custom_reward_function.path, or score in the driver (reward.num_workers=null)"
+            ) from exc
 
     def _outcome(self, future, deadline: float, budget: float, timeout_s: float, n: int) -> tuple[Any, float]:
         try:
@@ -276,14 +303,16 @@ class RewardPool:
                     f"after {budget:g} s (ceil({n}/{self.num_workers}) x reward_model.timeout_s={timeout_s:g} s "
                     f"+ {START_TIMEOUT_S:g} s to start workers); the processes may fail to start, see the log"
                 ) from exc
-            return ScoreTimeoutError(f"no result within reward_model.timeout_s={timeout_s:g} s "
-                                     "(its scoring process was killed)"), timeout_s
+            return ScoreTimeoutError(
+                f"no result within reward_model.timeout_s={timeout_s:g} s (its scoring process was killed)"
+            ), timeout_s
         except RewardPoolError:
             raise
         except BrokenProcessPool as exc:
             why = "the pool was closed" if self.closed else f"the scoring processes keep dying on start ({exc})"
-            raise RewardPoolError(f"reward.num_workers={self.num_workers}: no result for a scoring call: {why}; "
-                                  "see the log above") from exc
+            raise RewardPoolError(
+                f"reward.num_workers={self.num_workers}: no result for a scoring call: {why}; see the log above"
+            ) from exc
         except ProcessExpired as exc:  # the call killed its worker (a crash, os._exit): this sample fails
             return ScoringProcessDied(f"the scoring process died (exit code {exc.exitcode})"), 0.0
         except (Exception, CancelledError) as exc:  # noqa: BLE001 - an outcome like any other
@@ -297,12 +326,15 @@ class RewardPool:
         try:
             self._pool.join(timeout=timeout_s)
         except TimeoutError:
-            logger.warning("reward pool: calls still running %g s after the end of training; killing its "
-                           "%d processes", timeout_s, self.num_workers)
+            logger.warning(
+                "reward pool: calls still running %g s after the end of training; killing its %d processes",
+                timeout_s,
+                self.num_workers,
+            )
             _stop(self._pool)
         self._finalizer.detach()
 
-    def __enter__(self) -> "RewardPool":
+    def __enter__(self) -> RewardPool:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -324,8 +356,9 @@ def inherited_settings() -> list[Callable[[], Any]]:
     return [functools.partial(set_sandbox, current_sandbox())]
 
 
-def build_reward_pool(num_workers: Any, reward_file: str | None = None,
-                      external_lib: str | None = None) -> RewardPool | None:
+def build_reward_pool(
+    num_workers: Any, reward_file: str | None = None, external_lib: str | None = None
+) -> RewardPool | None:
     """The pool ``reward.num_workers`` asks for, or None (null, 0, 1: score in the driver).
 
     Build it after the driver's code sandbox is set: the workers take over the setting of that
@@ -344,5 +377,6 @@ def build_reward_pool(num_workers: Any, reward_file: str | None = None,
     if workers == 0:
         return None
     files = [os.path.abspath(os.path.expanduser(str(reward_file)))] if reward_file else []
-    return RewardPool(workers, reward_files=files, modules=[external_lib] if external_lib else [],
-                      worker_init=inherited_settings())
+    return RewardPool(
+        workers, reward_files=files, modules=[external_lib] if external_lib else [], worker_init=inherited_settings()
+    )

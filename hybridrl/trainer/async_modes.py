@@ -59,19 +59,27 @@ def check_trainer_mode(config) -> list[str]:
         raise ConfigError(
             f"{MODE_KEY}={mode} with {ROLLOUT}.name={name} {ROLLOUT}.mode={engine_mode}: fully asynchronous training "
             f"streams prompt groups through an engine that serves async requests and pauses for weight syncs; set "
-            f"{ROLLOUT}.name=vllm {ROLLOUT}.mode=async (pip install -e '.[vllm]')")
+            f"{ROLLOUT}.name=vllm {ROLLOUT}.mode=async (pip install -e '.[vllm]')"
+        )
     _check_sampler(config, mode)
     _check_rollout_pool(config, mode)
     for key, value, why in (
-            ("algorithm.filter_groups.enable", True, "DAPO's dynamic sampling draws batches until groups pass its "
-             "filter; the stream keeps its own batches in flight"),
-            (f"{ROLLOUT}.multi_turn.enable", True, "agent loops do not stream yet (use trainer.one_step_off_policy=true)")):
+        (
+            "algorithm.filter_groups.enable",
+            True,
+            "DAPO's dynamic sampling draws batches until groups pass its "
+            "filter; the stream keeps its own batches in flight",
+        ),
+        (f"{ROLLOUT}.multi_turn.enable", True, "agent loops do not stream yet (use trainer.one_step_off_policy=true)"),
+    ):
         if _get(config, key) == value:
             raise ConfigError(f"{MODE_KEY}={mode} with {key}={value}: {why}; set {MODE_KEY}=sync or change {key}")
     estimator = _get(config, "algorithm.adv_estimator")
     if estimator_needs(estimator, "needs_reward_baselines"):
-        raise ConfigError(f"{MODE_KEY}={mode} with algorithm.adv_estimator={estimator}: its greedy baselines would "
-                          f"come from other weights than its samples; set {MODE_KEY}=sync or change algorithm.adv_estimator")
+        raise ConfigError(
+            f"{MODE_KEY}={mode} with algorithm.adv_estimator={estimator}: its greedy baselines would "
+            f"come from other weights than its samples; set {MODE_KEY}=sync or change algorithm.adv_estimator"
+        )
     return _correction_notes(config, f"{MODE_KEY}={mode}: samples may be several updates old")
 
 
@@ -83,8 +91,10 @@ def check_rollout_pool_without_async(config) -> None:
     """
     nnodes = _get(config, f"{ROLLOUT}.nnodes")
     if nnodes and _get(config, MODE_KEY) != "separate_async":
-        raise ConfigError(f"{ROLLOUT}.nnodes={nnodes}: a rollout pool of its own generates while the trainer trains, "
-                          f"which only {MODE_KEY}=separate_async does; set that, or {ROLLOUT}.nnodes=0")
+        raise ConfigError(
+            f"{ROLLOUT}.nnodes={nnodes}: a rollout pool of its own generates while the trainer trains, "
+            f"which only {MODE_KEY}=separate_async does; set that, or {ROLLOUT}.nnodes=0"
+        )
 
 
 def _check_rollout_pool(config, mode: str) -> None:
@@ -95,12 +105,16 @@ def _check_rollout_pool(config, mode: str) -> None:
     if not nnodes:
         return
     if per_node < 1:
-        raise ConfigError(f"{ROLLOUT}.nnodes={nnodes} with {ROLLOUT}.n_gpus_per_node={per_node} leaves the rollout "
-                          f"pool no workers; set n_gpus_per_node >= 1, or {ROLLOUT}.nnodes=0 to generate in the "
-                          "trainer's workers")
+        raise ConfigError(
+            f"{ROLLOUT}.nnodes={nnodes} with {ROLLOUT}.n_gpus_per_node={per_node} leaves the rollout "
+            f"pool no workers; set n_gpus_per_node >= 1, or {ROLLOUT}.nnodes=0 to generate in the "
+            "trainer's workers"
+        )
     if _get(config, "trainer.backend") == "local":
-        raise ConfigError(f"{ROLLOUT}.nnodes={nnodes}: a rollout pool of its own runs on Ray workers; set "
-                          f"trainer.backend=ray (or auto), or {ROLLOUT}.nnodes=0")
+        raise ConfigError(
+            f"{ROLLOUT}.nnodes={nnodes}: a rollout pool of its own runs on Ray workers; set "
+            f"trainer.backend=ray (or auto), or {ROLLOUT}.nnodes=0"
+        )
 
 
 def _check_sampler(config, mode: str) -> None:
@@ -108,14 +122,18 @@ def _check_sampler(config, mode: str) -> None:
     if threshold < 1:
         raise ConfigError(
             f"{SAMPLER}.max_off_policy_threshold={threshold!r} must be an integer >= 1: the oldest age (policy "
-            "versions behind, plus 1) a trained prompt group may have; 1 trains only groups started by the current weights")
+            "versions behind, plus 1) a trained prompt group may have; 1 trains only groups started by the "
+            "current weights"
+        )
     strategy = _get(config, f"{SAMPLER}.max_off_policy_strategy")
     if strategy not in ("drop", "wait"):
         raise ConfigError(f"{SAMPLER}.max_off_policy_strategy={strategy!r} must be drop or wait")
     warmup = _get(config, f"trainer.v1.{mode}.num_warmup_batches")
     if warmup < 0:
-        raise ConfigError(f"trainer.v1.{mode}.num_warmup_batches={warmup!r} must be an integer >= 0: dataloader "
-                          "batches kept in flight beyond the step's")
+        raise ConfigError(
+            f"trainer.v1.{mode}.num_warmup_batches={warmup!r} must be an integer >= 0: dataloader "
+            "batches kept in flight beyond the step's"
+        )
     sync_step = _get(config, "trainer.v1.separate_async.parameter_sync_step")
     if mode == "separate_async" and sync_step is not None:
         batch, mini = _get(config, "data.train_batch_size"), _get(config, f"{ACTOR}.ppo_mini_batch_size")
@@ -123,7 +141,8 @@ def _check_sampler(config, mode: str) -> None:
             raise ConfigError(
                 f"trainer.v1.separate_async.parameter_sync_step={sync_step!r}: the weights are synced once per step, "
                 f"after data.train_batch_size={batch} prompts in mini-batches of {ACTOR}.ppo_mini_batch_size={mini}, "
-                f"so it must be {batch // mini if mini else '?'} (verl asserts the same); or leave it null")
+                f"so it must be {batch // mini if mini else '?'} (verl asserts the same); or leave it null"
+            )
 
 
 def check_one_step_off(config) -> list[str]:
@@ -143,17 +162,20 @@ def check_one_step_off(config) -> list[str]:
         raise ConfigError(
             f"{KEY}=true with {ROLLOUT}.name={name}: the next batch is generated while the actor trains, so the "
             f"engine needs its own copy of the weights, and the HF engine generates with the actor's module; set "
-            f"{ROLLOUT}.name=vllm (sync or async mode; pip install -e '.[vllm]') or {KEY}=false")
+            f"{ROLLOUT}.name=vllm (sync or async mode; pip install -e '.[vllm]') or {KEY}=false"
+        )
     if _get(config, "algorithm.filter_groups.enable"):
         raise ConfigError(
             f"{KEY}=true with algorithm.filter_groups.enable=true: DAPO's dynamic sampling generates a varying "
-            "number of batches per step, and this schedule prefetches exactly one; set one of them to false")
+            "number of batches per step, and this schedule prefetches exactly one; set one of them to false"
+        )
     estimator = _get(config, "algorithm.adv_estimator")
     if estimator_needs(estimator, "needs_reward_baselines"):
         raise ConfigError(
             f"{KEY}=true with algorithm.adv_estimator={estimator}: its greedy baselines would come from weights one "
             "update newer than its samples; use grpo, rloo or reinforce_plus_plus, or set "
-            f"{KEY}=false")
+            f"{KEY}=false"
+        )
     return _correction_notes(config, f"{KEY}=true: every batch after the first was sampled by weights one update old")
 
 
@@ -161,6 +183,8 @@ def _correction_notes(config, what: str) -> list[str]:
     corr = algo_config(config).rollout_correction  # the one typed reading of the section
     if corr.corrects or corr.bypass_mode:
         return []
-    return [f"{what} and nothing corrects "
-            f"for it; verl's asynchronous recipes set {SECTION}.bypass_mode=true (or add {SECTION}.rollout_is=token "
-            "for decoupled PPO; docs/async.md)"]
+    return [
+        f"{what} and nothing corrects "
+        f"for it; verl's asynchronous recipes set {SECTION}.bypass_mode=true (or add {SECTION}.rollout_is=token "
+        "for decoupled PPO; docs/async.md)"
+    ]

@@ -55,8 +55,11 @@ class PendingReward(BackgroundCall):
     """
 
     def __init__(self, batch: DataProto, reward_fn: Callable[..., Any], deadline_s: float) -> None:
-        snapshot = DataProto(batch=batch.batch.clone(False), non_tensor_batch=dict(batch.non_tensor_batch),
-                             meta_info=dict(batch.meta_info))
+        snapshot = DataProto(
+            batch=batch.batch.clone(False),
+            non_tensor_batch=dict(batch.non_tensor_batch),
+            meta_info=dict(batch.meta_info),
+        )
         self.n_samples = len(batch)
 
         def score() -> tuple[torch.Tensor, dict]:
@@ -72,7 +75,10 @@ class PendingReward(BackgroundCall):
             RewardFunctionError: no result within ``deadline_s`` of the start (the thread runs on
                 unwatched), or what the reward manager raised, re-raised as it was.
         """
-        return super().result(lambda: RewardFunctionError(
-            f"reward_model.launch_reward_fn_async: the scores of the batch ({self.n_samples} samples) were not "
-            f"ready {self.deadline_s:g} s after scoring started (every call at reward_model.timeout_s, "
-            "reward.num_workers at a time); a reward manager that ignores reward_model.timeout_s may hang"))
+        return super().result(
+            lambda: RewardFunctionError(
+                f"reward_model.launch_reward_fn_async: the scores of the batch ({self.n_samples} samples) were not "
+                f"ready {self.deadline_s:g} s after scoring started (every call at reward_model.timeout_s, "
+                "reward.num_workers at a time); a reward manager that ignores reward_model.timeout_s may hang"
+            )
+        )

@@ -32,7 +32,7 @@ def balance_batch(batch: DataProto, world_size: int) -> dict[str, float]:
         return {}
     seqlens = batch.batch["attention_mask"].sum(dim=-1).tolist()
     per_rank = n // world_size
-    before = [sum(seqlens[r * per_rank:(r + 1) * per_rank]) for r in range(world_size)]
+    before = [sum(seqlens[r * per_rank : (r + 1) * per_rank]) for r in range(world_size)]
     partitions = karmarkar_karp(seqlens, world_size, equal_size=True)
     batch.reorder([i for part in partitions for i in part])
     after = [sum(seqlens[i] for i in part) for part in partitions]

@@ -69,7 +69,8 @@ def save_checkpoint(
             raise CheckpointError(
                 f"no space left on the device of {root} while writing the step {global_step} checkpoint; the "
                 "half-written folder was removed and the earlier checkpoints are intact; free space, or keep fewer "
-                "(trainer.max_actor_ckpt_to_keep) or save less often (trainer.save_freq)") from None
+                "(trainer.max_actor_ckpt_to_keep) or save less often (trainer.save_freq)"
+            ) from None
         raise
     if os.path.exists(final):  # re-saving a step (e.g. after a resume): swap, then drop the old one
         stale = f"{final}.stale"
@@ -138,8 +139,10 @@ def find_latest_checkpoint(root: str, verify: bool = True) -> str | None:
             first_damage = first_damage or str(exc)
             print(f"hybridrl: skipping a damaged checkpoint: {exc}", flush=True)
     if first_damage is not None:
-        raise CheckpointError(f"no intact checkpoint in {root} (newest: {first_damage}); remove the damaged "
-                              "global_step_* folders or start over with trainer.resume_mode=disable")
+        raise CheckpointError(
+            f"no intact checkpoint in {root} (newest: {first_damage}); remove the damaged "
+            "global_step_* folders or start over with trainer.resume_mode=disable"
+        )
     return None
 
 
@@ -199,8 +202,10 @@ def _verify_dcp(folder: str) -> None:
         file = os.path.join(folder, relative)
         actual = os.path.getsize(file) if os.path.exists(file) else None
         if actual is None or actual < size:
-            raise CheckpointError(f"{file}: {'missing' if actual is None else f'{actual} bytes'}, "
-                                  f"its .metadata needs {size}: the shard is truncated")
+            raise CheckpointError(
+                f"{file}: {'missing' if actual is None else f'{actual} bytes'}, "
+                f"its .metadata needs {size}: the shard is truncated"
+            )
 
 
 def _require_state_file(path: str) -> str:
@@ -228,8 +233,9 @@ def require_intact_checkpoint(path: str) -> None:
     try:
         verify_checkpoint(path)
     except CheckpointError as exc:
-        raise CheckpointError(f"trainer.resume_from_path: {exc}; point it at an intact global_step_<N> "
-                              "folder") from None
+        raise CheckpointError(
+            f"trainer.resume_from_path: {exc}; point it at an intact global_step_<N> folder"
+        ) from None
 
 
 def read_checkpoint(path: str) -> tuple[dict, dict | None]:

@@ -60,8 +60,9 @@ def validate_ppo_config(config, world_size: int = 1) -> list[str]:
             what to change.
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ConfigError(f"world_size={world_size!r} must be an integer >= 1 "
-                          "(trainer.nnodes x trainer.n_gpus_per_node)")
+        raise ConfigError(
+            f"world_size={world_size!r} must be an integer >= 1 (trainer.nnodes x trainer.n_gpus_per_node)"
+        )
     config = _typed(config)
     _check_values(config)
     _check_sampling(config)
@@ -147,14 +148,18 @@ def _check_values(config) -> None:
     _check_gdpo(config)
     _check_token_baseline(config)
     if _get(config, "trainer.resume_mode") == "resume_path" and not _get(config, "trainer.resume_from_path"):
-        raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path; "
-                          "set it to a global_step_* folder or use trainer.resume_mode=auto")
+        raise ConfigError(
+            "trainer.resume_mode=resume_path needs trainer.resume_from_path; "
+            "set it to a global_step_* folder or use trainer.resume_mode=auto"
+        )
     if _get(config, "trainer.device") == "cuda":
         import torch
 
         if not torch.cuda.is_available():
-            raise ConfigError("trainer.device=cuda but no CUDA device is available to torch "
-                              f"{torch.__version__}; set trainer.device=cpu or trainer.device=auto")
+            raise ConfigError(
+                "trainer.device=cuda but no CUDA device is available to torch "
+                f"{torch.__version__}; set trainer.device=cpu or trainer.device=auto"
+            )
     if _uses_critic(config):
         _int_at_least(config, "critic.ppo_epochs", 1)
         value = _get(config, "critic.cliprange_value")
@@ -176,15 +181,21 @@ def _check_rollout_correction(config) -> None:
     corr = _algorithm(config).rollout_correction
     loss_mode = _get(config, f"{ACTOR}.policy_loss.loss_mode")
     if loss_mode == "bypass_mode" and not corr.bypass_mode:
-        raise ConfigError(f"{ACTOR}.policy_loss.loss_mode=bypass_mode is chosen by {SECTION}.bypass_mode=true; "
-                          "set that instead (it also makes the rollout log-probs the old ones)")
+        raise ConfigError(
+            f"{ACTOR}.policy_loss.loss_mode=bypass_mode is chosen by {SECTION}.bypass_mode=true; "
+            "set that instead (it also makes the rollout log-probs the old ones)"
+        )
     if corr.bypass_mode and loss_mode not in ("vanilla", "bypass_mode"):
-        raise ConfigError(f"{SECTION}.bypass_mode=true uses its own loss ({SECTION}.loss_type=ppo_clip|reinforce), "
-                          f"so {ACTOR}.policy_loss.loss_mode={loss_mode} cannot apply; set it back to vanilla")
+        raise ConfigError(
+            f"{SECTION}.bypass_mode=true uses its own loss ({SECTION}.loss_type=ppo_clip|reinforce), "
+            f"so {ACTOR}.policy_loss.loss_mode={loss_mode} cannot apply; set it back to vanilla"
+        )
     if (corr.corrects or corr.bypass_mode) and not _get(config, f"{ROLLOUT}.calculate_log_probs"):
         used = "bypass_mode=true" if corr.bypass_mode else f"rollout_is={corr.rollout_is}, rollout_rs={corr.rollout_rs}"
-        raise ConfigError(f"{SECTION}: {used} needs the engine's log-probs of the sampled tokens; set "
-                          f"{ROLLOUT}.calculate_log_probs=true")
+        raise ConfigError(
+            f"{SECTION}: {used} needs the engine's log-probs of the sampled tokens; set "
+            f"{ROLLOUT}.calculate_log_probs=true"
+        )
 
 
 def _check_dapo(config) -> None:
@@ -194,25 +205,34 @@ def _check_dapo(config) -> None:
     if gen_batch_size is not None:
         _int_at_least(config, "data.gen_batch_size", 1)
         if not filtering and gen_batch_size != _get(config, "data.train_batch_size"):
-            raise ConfigError(f"data.gen_batch_size={gen_batch_size} only applies to dynamic sampling; set "
-                              "algorithm.filter_groups.enable=true or remove it")
+            raise ConfigError(
+                f"data.gen_batch_size={gen_batch_size} only applies to dynamic sampling; set "
+                "algorithm.filter_groups.enable=true or remove it"
+            )
     if filtering:
-        if (_get(config, "algorithm.filter_groups.metric") == "seq_final_reward"
-                and _get(config, "algorithm.use_kl_in_reward")):
-            raise ConfigError("algorithm.filter_groups.metric=seq_final_reward with algorithm.use_kl_in_reward=true: "
-                              "groups are filtered before the KL penalty exists here; use seq_reward")
-    if (_get(config, "reward_model.overlong_buffer.enable")
-            and _get(config, "reward_model.reward_manager") != "dapo"):
-        raise ConfigError("reward_model.overlong_buffer.enable=true is DAPO's shaping; set "
-                          "reward_model.reward_manager=dapo")
+        if _get(config, "algorithm.filter_groups.metric") == "seq_final_reward" and _get(
+            config, "algorithm.use_kl_in_reward"
+        ):
+            raise ConfigError(
+                "algorithm.filter_groups.metric=seq_final_reward with algorithm.use_kl_in_reward=true: "
+                "groups are filtered before the KL penalty exists here; use seq_reward"
+            )
+    if _get(config, "reward_model.overlong_buffer.enable") and _get(config, "reward_model.reward_manager") != "dapo":
+        raise ConfigError(
+            "reward_model.overlong_buffer.enable=true is DAPO's shaping; set reward_model.reward_manager=dapo"
+        )
 
 
 def _check_token_baseline(config) -> None:
     """The optimal token baseline reads ``sum_pi_squared``, which only the actor's old-log-prob pass makes."""
     estimator = _get(config, "algorithm.adv_estimator")
-    if estimator in ("optimal_token_baseline", "tir_optimal_token_baseline") and not _get(config, f"{ACTOR}.calculate_sum_pi_squared"):
-        raise ConfigError(f"algorithm.adv_estimator={estimator} needs sum_pi_squared from the old-log-prob pass; "
-                          f"set {ACTOR}.calculate_sum_pi_squared=true")
+    if estimator in ("optimal_token_baseline", "tir_optimal_token_baseline") and not _get(
+        config, f"{ACTOR}.calculate_sum_pi_squared"
+    ):
+        raise ConfigError(
+            f"algorithm.adv_estimator={estimator} needs sum_pi_squared from the old-log-prob pass; "
+            f"set {ACTOR}.calculate_sum_pi_squared=true"
+        )
 
 
 def _check_gdpo(config) -> None:
@@ -222,12 +242,16 @@ def _check_gdpo(config) -> None:
     keys = _plain(_get(config, "algorithm.gdpo_reward_keys"))
     weights = _plain(_get(config, "algorithm.gdpo_reward_weights"))
     if not isinstance(keys, list) or not keys or not all(isinstance(k, str) for k in keys):
-        raise ConfigError(f"algorithm.adv_estimator=gdpo needs algorithm.gdpo_reward_keys, a list of the keys "
-                          f"your compute_score returns in its dict (got {keys!r}), e.g. "
-                          "\"['format_reward','accuracy_reward']\"")
+        raise ConfigError(
+            f"algorithm.adv_estimator=gdpo needs algorithm.gdpo_reward_keys, a list of the keys "
+            f"your compute_score returns in its dict (got {keys!r}), e.g. "
+            "\"['format_reward','accuracy_reward']\""
+        )
     if weights is not None and (not isinstance(weights, list) or len(weights) != len(keys)):
-        raise ConfigError(f"algorithm.gdpo_reward_weights={weights!r} must be a list with one number per "
-                          f"gdpo_reward_keys entry ({len(keys)}), or null")
+        raise ConfigError(
+            f"algorithm.gdpo_reward_weights={weights!r} must be a list with one number per "
+            f"gdpo_reward_keys entry ({len(keys)}), or null"
+        )
 
 
 def _check_not_yet_supported(config) -> None:
@@ -235,8 +259,10 @@ def _check_not_yet_supported(config) -> None:
     for key, feature in NOT_YET_SUPPORTED.items():
         value = _get(config, key)
         if _plain(value) != _plain(_get(defaults, key, _UNSET)):
-            raise ConfigError(f"{key}={_plain(value)!r}: {feature} is not in this build of hybridrl yet; "
-                              f"remove the key (or set it back to {_plain(_get(defaults, key, None))!r})")
+            raise ConfigError(
+                f"{key}={_plain(value)!r}: {feature} is not in this build of hybridrl yet; "
+                f"remove the key (or set it back to {_plain(_get(defaults, key, None))!r})"
+            )
 
 
 def _check_lora(config) -> None:
@@ -245,43 +271,53 @@ def _check_lora(config) -> None:
     for prefix in prefixes:
         rank = _get(config, f"{prefix}.lora_rank")
         if rank < 0:
-            raise ConfigError(f"{prefix}.lora_rank={rank!r} must be 0 (full fine-tuning) or a whole number > 0 "
-                              "(8-64 is usual)")
+            raise ConfigError(
+                f"{prefix}.lora_rank={rank!r} must be 0 (full fine-tuning) or a whole number > 0 (8-64 is usual)"
+            )
         if rank == 0:
             continue
         alpha = _get(config, f"{prefix}.lora_alpha")
         if not _number_above(alpha, 0):
-            raise ConfigError(f"{prefix}.lora_alpha={alpha!r} must be a number > 0 (the update is scaled by "
-                              "lora_alpha / lora_rank; 16 or 2 x lora_rank is usual)")
+            raise ConfigError(
+                f"{prefix}.lora_alpha={alpha!r} must be a number > 0 (the update is scaled by "
+                "lora_alpha / lora_rank; 16 or 2 x lora_rank is usual)"
+            )
         targets = _plain(_get(config, f"{prefix}.target_modules"))
         names = [targets] if isinstance(targets, str) else targets
         if not isinstance(names, list) or not names or not all(isinstance(t, str) and t for t in names):
-            raise ConfigError(f"{prefix}.target_modules={targets!r} must be all-linear or a list of module names, "
-                              "e.g. [q_proj,k_proj,v_proj,o_proj]")
+            raise ConfigError(
+                f"{prefix}.target_modules={targets!r} must be all-linear or a list of module names, "
+                "e.g. [q_proj,k_proj,v_proj,o_proj]"
+            )
         try:
             import peft  # noqa: F401
         except ImportError:
-            raise ConfigError(f"{prefix}.lora_rank={rank} needs the peft package: pip install 'hybridrl[lora]', "
-                              "or set lora_rank=0") from None
+            raise ConfigError(
+                f"{prefix}.lora_rank={rank} needs the peft package: pip install 'hybridrl[lora]', or set lora_rank=0"
+            ) from None
 
 
 def _check_rollout_engine(config, world_size: int) -> None:
     """Settings the chosen engine cannot run, refused before any model loads."""
     name, mode = _get(config, f"{ROLLOUT}.name"), _get(config, f"{ROLLOUT}.mode")
     if mode == "async" and name != "vllm":
-        raise ConfigError(f"{ROLLOUT}.mode=async: the {name!r} engine has no async server mode; "
-                          f"set {ROLLOUT}.name=vllm (pip install -e '.[vllm]') or {ROLLOUT}.mode=sync")
+        raise ConfigError(
+            f"{ROLLOUT}.mode=async: the {name!r} engine has no async server mode; "
+            f"set {ROLLOUT}.name=vllm (pip install -e '.[vllm]') or {ROLLOUT}.mode=sync"
+        )
     if name == "vllm" and mode != "async" and world_size > 1:
         raise ConfigError(
             f"{ROLLOUT}.name=vllm with {world_size} workers needs {ROLLOUT}.mode=async: the colocated (sync) engine "
             "runs in the worker's process and would start a process group beside the trainer's; the async engine "
-            "runs in a process of its own, one per worker")
+            "runs in a process of its own, one per worker"
+        )
     tp = _get(config, f"{ROLLOUT}.tensor_model_parallel_size")
     if _get(config, f"{ROLLOUT}.name") == "vllm" and tp > 1:
         raise ConfigError(
             f"{ROLLOUT}.tensor_model_parallel_size={tp} with {ROLLOUT}.name=vllm: tensor parallelism inside the "
             "colocated engine is not in this build (vLLM's CPU backend has none; the CUDA path is not written); "
-            "set it to 1: each worker runs its own engine on its share of the batch")
+            "set it to 1: each worker runs its own engine on its share of the batch"
+        )
 
 
 def _check_multi_turn(config) -> None:
@@ -303,12 +339,16 @@ def _check_multi_turn(config) -> None:
         raise ConfigError(f"retriever.timeout={_get(config, 'retriever.timeout')!r} must be a number of seconds > 0")
     default = _get(config, f"{ROLLOUT}.agent.default_agent_loop")
     if default not in known_agent_loops():
-        raise ConfigError(f"{ROLLOUT}.agent.default_agent_loop={default!r} is unknown; known: "
-                          f"{', '.join(known_agent_loops())}; pick one or register yours with @register_agent_loop")
+        raise ConfigError(
+            f"{ROLLOUT}.agent.default_agent_loop={default!r} is unknown; known: "
+            f"{', '.join(known_agent_loops())}; pick one or register yours with @register_agent_loop"
+        )
     uses_chat = _get(config, f"{mt}.tool_config_path") or _get(config, f"{mt}.interaction_config_path")
     if _get(config, f"{mt}.enable") and uses_chat and not _get(config, "data.return_raw_chat"):
-        raise ConfigError(f"{mt}.tool_config_path / interaction_config_path need the chat messages of each row; "
-                          "set data.return_raw_chat=True")
+        raise ConfigError(
+            f"{mt}.tool_config_path / interaction_config_path need the chat messages of each row; "
+            "set data.return_raw_chat=True"
+        )
 
 
 def _check_reward_model(config) -> None:
@@ -342,9 +382,11 @@ def _check_reward_scoring(config) -> list[str]:
     except RewardConfigError as exc:
         raise ConfigError(str(exc)) from None
     if _get(config, "reward_model.launch_reward_fn_async") and _get(config, "algorithm.filter_groups.enable"):
-        return ["reward_model.launch_reward_fn_async=True: with algorithm.filter_groups.enable=True the scores "
-                "decide which groups are kept before the log-prob passes, so scoring runs before them "
-                "(no overlap; as verl's DAPO trainer does)"]
+        return [
+            "reward_model.launch_reward_fn_async=True: with algorithm.filter_groups.enable=True the scores "
+            "decide which groups are kept before the log-prob passes, so scoring runs before them "
+            "(no overlap; as verl's DAPO trainer does)"
+        ]
     return []
 
 
@@ -354,20 +396,25 @@ def _check_sampling(config) -> None:
     if not _number_above(temperature, 0):
         raise ConfigError(
             f"{ROLLOUT}.temperature={temperature!r} must be a number > 0 (training samples and their "
-            f"log-probs divide the logits by it); for greedy decoding set {ROLLOUT}.val_kwargs.temperature=0")
+            f"log-probs divide the logits by it); for greedy decoding set {ROLLOUT}.val_kwargs.temperature=0"
+        )
     val_temperature = _get(config, f"{ROLLOUT}.val_kwargs.temperature")
     if val_temperature < 0:
-        raise ConfigError(f"{ROLLOUT}.val_kwargs.temperature={val_temperature!r} must be a number >= 0 "
-                          "(0: greedy validation)")
+        raise ConfigError(
+            f"{ROLLOUT}.val_kwargs.temperature={val_temperature!r} must be a number >= 0 (0: greedy validation)"
+        )
 
 
 def _check_registered_names(config) -> None:
     """Names the run looks up in registries, checked before any worker starts."""
+
     def check(key: str, value, known, register: str, shown: str | None = None) -> None:
         if not isinstance(value, str) or value not in known:
             shown = shown or f"{key}={_plain(value)!r}"
-            raise ConfigError(f"{shown} is unknown; known: {', '.join(sorted(map(str, known)))}; "
-                              f"pick one of them or register your own with @{register}")
+            raise ConfigError(
+                f"{shown} is unknown; known: {', '.join(sorted(map(str, known)))}; "
+                f"pick one of them or register your own with @{register}"
+            )
 
     estimator = _get(config, "algorithm.adv_estimator")
     check("algorithm.adv_estimator", estimator, ADV_ESTIMATOR_REGISTRY, "register_adv_est")
@@ -376,24 +423,40 @@ def _check_registered_names(config) -> None:
         raise ConfigError(
             f"algorithm.adv_estimator={estimator} compares the responses to one prompt with each other, "
             f"but {ROLLOUT}.n={n} samples one per prompt; set {ROLLOUT}.n to 2 or more (4-16 is usual), "
-            "or use adv_estimator=gae, reinforce_plus_plus or remax")
+            "or use adv_estimator=gae, reinforce_plus_plus or remax"
+        )
     if _get(config, f"{ACTOR}.use_kl_loss"):
-        check(f"{ACTOR}.kl_loss_type", _get(config, f"{ACTOR}.kl_loss_type"), kl_penalty_names(),
-              "register_kl_penalty")
+        check(f"{ACTOR}.kl_loss_type", _get(config, f"{ACTOR}.kl_loss_type"), kl_penalty_names(), "register_kl_penalty")
     if _get(config, "algorithm.use_kl_in_reward"):
-        check("algorithm.kl_penalty", _get(config, "algorithm.kl_penalty"), kl_penalty_names(),
-              "register_kl_penalty")
-    check(f"{ACTOR}.policy_loss.loss_mode", _get(config, f"{ACTOR}.policy_loss.loss_mode"),
-          POLICY_LOSS_REGISTRY, "register_policy_loss")
-    check("reward_model.reward_manager", _get(config, "reward_model.reward_manager"), REWARD_MANAGERS,
-          "register_reward_manager")
+        check("algorithm.kl_penalty", _get(config, "algorithm.kl_penalty"), kl_penalty_names(), "register_kl_penalty")
+    check(
+        f"{ACTOR}.policy_loss.loss_mode",
+        _get(config, f"{ACTOR}.policy_loss.loss_mode"),
+        POLICY_LOSS_REGISTRY,
+        "register_policy_loss",
+    )
+    check(
+        "reward_model.reward_manager",
+        _get(config, "reward_model.reward_manager"),
+        REWARD_MANAGERS,
+        "register_reward_manager",
+    )
     _check_reward_manager_keys(REWARD_MANAGERS.get(_get(config, "reward_model.reward_manager")), config)
     loggers = _plain(_get(config, "trainer.logger"))
     for name in loggers if isinstance(loggers, list) else [loggers]:  # verl also takes one name
-        check("trainer.logger", name, available_loggers(), "register_logger",
-              shown=f"trainer.logger={loggers!r}: the logger {name!r}")
-    check(f"{ROLLOUT}.name", _get(config, f"{ROLLOUT}.name"), set(ROLLOUT_REGISTRY) | set(OPTIONAL_ENGINES),
-          "register_rollout")
+        check(
+            "trainer.logger",
+            name,
+            available_loggers(),
+            "register_logger",
+            shown=f"trainer.logger={loggers!r}: the logger {name!r}",
+        )
+    check(
+        f"{ROLLOUT}.name",
+        _get(config, f"{ROLLOUT}.name"),
+        set(ROLLOUT_REGISTRY) | set(OPTIONAL_ENGINES),
+        "register_rollout",
+    )
 
 
 def _check_reward_manager_keys(manager_cls, config) -> None:
@@ -424,8 +487,11 @@ def ignored_key_notes(config, world_size: int = 1) -> list[str]:
     notes = []
     name = _get(config, f"{ROLLOUT}.name")
     for key, (reason, when) in IGNORED_KEYS.items():
-        if ((when == "single" and world_size > 1) or (when == "hf" and not _on_hf_engine(config, key))
-                or (when == "cpu" and _on_cuda(config))):
+        if (
+            (when == "single" and world_size > 1)
+            or (when == "hf" and not _on_hf_engine(config, key))
+            or (when == "cpu" and _on_cuda(config))
+        ):
             continue
         value = _get(config, key)
         default = _get(defaults, key, _UNSET)
@@ -437,8 +503,10 @@ def ignored_key_notes(config, world_size: int = 1) -> list[str]:
         notes.append(f"{key}={_plain(value)!r} is ignored: {reason}")
     if isinstance(name, str) and name in OPTIONAL_ENGINES:
         if name not in ROLLOUT_REGISTRY:
-            notes.append(f"{ROLLOUT}.name={name}: this build has no {OPTIONAL_ENGINES[name]} engine; "
-                         "generating with the HF engine")
+            notes.append(
+                f"{ROLLOUT}.name={name}: this build has no {OPTIONAL_ENGINES[name]} engine; "
+                "generating with the HF engine"
+            )
     return notes
 
 

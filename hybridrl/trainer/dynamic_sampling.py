@@ -26,6 +26,8 @@ SECTION = "algorithm.filter_groups"
 # metrics read from the batch's tensors; any other name is a reward function output (extra info)
 TENSOR_METRICS = {"seq_reward": "token_level_scores", "seq_final_reward": "token_level_scores"}
 _SCORE_NAMES = ("acc", "score")  # fall back to the sequence score when the scorer returned a float
+
+
 class DynamicSamplingError(AlgorithmInputError):
     """The batch could not be filled within ``max_num_gen_batches``, or the metric is missing."""
 
@@ -40,8 +42,11 @@ def kept_group_rows(values, uids) -> list[int]:
     groups: dict = {}
     for row, uid in enumerate(uids):
         groups.setdefault(uid, []).append(row)
-    kept = {uid for uid, rows in groups.items()
-            if len(rows) == 1 or np.std(np.asarray([values[r] for r in rows], dtype=np.float64)) > 0}
+    kept = {
+        uid
+        for uid, rows in groups.items()
+        if len(rows) == 1 or np.std(np.asarray([values[r] for r in rows], dtype=np.float64)) > 0
+    }
     return [row for row, uid in enumerate(uids) if uid in kept]
 
 
@@ -80,7 +85,8 @@ class DynamicSampler:
         raise DynamicSamplingError(
             f"{SECTION}.metric={self.metric!r} is not in the reward function's output (it gave: "
             f"{sorted(k for k in batch.non_tensor_batch if k not in ('uid',)) or 'only the score'}); use "
-            "seq_reward, acc, or a key the reward function returns in its dict")
+            "seq_reward, acc, or a key the reward function returns in its dict"
+        )
 
     def collect(self, batch: DataProto) -> tuple[DataProto | None, dict[str, float]]:
         """Adds a scored generation batch (with ``uid`` and ``token_level_scores``).
@@ -108,9 +114,14 @@ class DynamicSampler:
                     f"{SECTION}: after {tried} generation batches (max_num_gen_batches) only {found} of "
                     f"data.train_batch_size={self.train_batch_size} prompt groups had responses with different "
                     f"{self.metric}; raise max_num_gen_batches (0: no limit) or data.gen_batch_size, raise "
-                    "rollout.n, or use data the model solves sometimes")
-            logger.info("dynamic sampling: %d of %d groups after %d generation batches", self.num_groups,
-                        self.train_batch_size, self.num_gen_batches)
+                    "rollout.n, or use data the model solves sometimes"
+                )
+            logger.info(
+                "dynamic sampling: %d of %d groups after %d generation batches",
+                self.num_groups,
+                self.train_batch_size,
+                self.num_gen_batches,
+            )
             return None, {}
         full = concat_padded(self.parts, self.pad_token_id)
         first = list(dict.fromkeys(full.non_tensor_batch["uid"]))[: self.train_batch_size]

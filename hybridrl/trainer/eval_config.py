@@ -42,8 +42,9 @@ class EvalMetricsConfig:
 
     def __post_init__(self):
         if self.pass_k is not None and not all(k >= 1 for k in self.pass_k):
-            raise ConfigError(f"metrics.pass_k={self.pass_k!r} must be null or a list of whole numbers >= 1, "
-                              "e.g. '[1,8]'")
+            raise ConfigError(
+                f"metrics.pass_k={self.pass_k!r} must be null or a list of whole numbers >= 1, e.g. '[1,8]'"
+            )
         if self.bootstrap_samples < 1:
             raise ConfigError("metrics.bootstrap_samples must be >= 1")
         if not 0.0 < self.confidence < 1.0:

@@ -80,9 +80,7 @@ def default_k_list(n: int) -> list[int]:
     return ks + [n]
 
 
-def bootstrap_ci(
-    values: np.ndarray, n_resamples: int = 1000, confidence: float = 0.95, seed: int = 0
-) -> np.ndarray:
+def bootstrap_ci(values: np.ndarray, n_resamples: int = 1000, confidence: float = 0.95, seed: int = 0) -> np.ndarray:
     """Percentile-bootstrap confidence intervals of the means of per-prompt values.
 
     Prompts are resampled with replacement (the same resamples for every row of ``values``, so
@@ -105,15 +103,17 @@ def bootstrap_ci(
     values = np.atleast_2d(values)
     num_prompts = values.shape[1]
     if num_prompts == 0 or n_resamples < 1 or not 0.0 < confidence < 1.0:
-        raise ValueError(f"bootstrap_ci: got {num_prompts} prompts, n_resamples={n_resamples}, "
-                         f"confidence={confidence}; need >= 1 prompt, >= 1 resample, 0 < confidence < 1")
+        raise ValueError(
+            f"bootstrap_ci: got {num_prompts} prompts, n_resamples={n_resamples}, "
+            f"confidence={confidence}; need >= 1 prompt, >= 1 resample, 0 < confidence < 1"
+        )
     rng = np.random.default_rng(seed)
     means = np.empty((values.shape[0], n_resamples))
     chunk = max(1, 2**22 // (num_prompts * values.shape[0]))  # bounds the gathered (M, b, P) block
     for start in range(0, n_resamples, chunk):
         size = min(chunk, n_resamples - start)
         idx = rng.integers(0, num_prompts, size=(size, num_prompts))
-        means[:, start:start + size] = values[:, idx].mean(axis=-1)
+        means[:, start : start + size] = values[:, idx].mean(axis=-1)
     alpha = (1.0 - confidence) / 2.0
     ci = np.quantile(means, [alpha, 1.0 - alpha], axis=1).T
     return ci[0] if flat else ci

@@ -115,9 +115,18 @@ class StreamingRollout:
             again first (:meth:`checkpoint_state`).
     """
 
-    def __init__(self, batches: Iterator[dict], prepare: Callable[[dict], tuple[DataProto, DataProto]],
-                 worker_group, sync_weights: Callable[[], int], dataloader_state: Callable[[], dict],
-                 settings: StreamSettings, n: int, version: int, done_rows: list[list[int]] | None = None) -> None:
+    def __init__(
+        self,
+        batches: Iterator[dict],
+        prepare: Callable[[dict], tuple[DataProto, DataProto]],
+        worker_group,
+        sync_weights: Callable[[], int],
+        dataloader_state: Callable[[], dict],
+        settings: StreamSettings,
+        n: int,
+        version: int,
+        done_rows: list[list[int]] | None = None,
+    ) -> None:
         self._batches, self._prepare, self.wg, self._sync = batches, prepare, worker_group, sync_weights
         self._dataloader_state, self.settings, self.n, self.version = dataloader_state, settings, int(n), int(version)
         self._done_rows = [set(rows) for rows in done_rows or []]
@@ -129,7 +138,7 @@ class StreamingRollout:
         self._draws = 0
         self._last_take: tuple[float, float] | None = None  # (time, the engines' idle seconds) at the last take
 
-    def __iter__(self) -> "StreamingRollout":
+    def __iter__(self) -> StreamingRollout:
         return self
 
     def __next__(self) -> None:  # the training loop's item: the step takes its batch in take()
@@ -152,8 +161,9 @@ class StreamingRollout:
             chosen = self._wait_for_batch()
         if self.settings.mode == "colocate_async":  # the cores are the trainer's until the sync
             self.wg.stream_pause()
-        batch = concat_padded([g.rows.repeat(self.n, interleave=True).union(g.output) for g in chosen],
-                              self.settings.pad_token_id)
+        batch = concat_padded(
+            [g.rows.repeat(self.n, interleave=True).union(g.output) for g in chosen], self.settings.pad_token_id
+        )
         for group in chosen:
             self._finish(group)
         self._top_up()  # the engine's work while the trainer trains
@@ -169,8 +179,10 @@ class StreamingRollout:
         if last is None:
             return {}
         version_time = now - last[0]
-        return {"fully_async/rollouter/version_time": version_time,
-                "fully_async/rollouter/idle_ratio": min(1.0, max(0.0, (idle - last[1]) / version_time))}
+        return {
+            "fully_async/rollouter/version_time": version_time,
+            "fully_async/rollouter/idle_ratio": min(1.0, max(0.0, (idle - last[1]) / version_time)),
+        }
 
     def sync_weights(self, timing_raw: dict) -> int:
         """After an update: the engine gets the new weights; samples in flight continue on them."""
@@ -199,8 +211,11 @@ class StreamingRollout:
                 last_progress = time.monotonic()
             self._drop_over_bound()
             ready = sorted((g for g in self._groups.values() if g.output is not None), key=self._age_order)
-            blocking = [g for g in self._groups.values()
-                        if g.output is None and self.settings.strategy == "wait" and self._age(g) >= limit]
+            blocking = [
+                g
+                for g in self._groups.values()
+                if g.output is None and self.settings.strategy == "wait" and self._age(g) >= limit
+            ]
             if len(ready) >= need and not blocking:
                 return ready[:need]
             if self._exhausted and not any(g.output is None for g in self._groups.values()):
@@ -212,7 +227,8 @@ class StreamingRollout:
                     f"({len(ready)} of {need} ready, {len(self._groups) - len(ready)} in flight"
                     f"{f', {len(blocking)} over the staleness bound awaited' if blocking else ''}) and none finished "
                     f"within actor_rollout_ref.rollout.engine_timeout_s={self.settings.deadline_s:g}; raise it for "
-                    "long generations, or check the engine")
+                    "long generations, or check the engine"
+                )
 
     def _receive(self) -> bool:
         """Attaches the outputs the workers finished; True when there were any."""
@@ -231,7 +247,9 @@ class StreamingRollout:
         return group.version, group.drawn.number, group.row
 
     def _drop_over_bound(self) -> None:
-        for group in [g for g in self._groups.values() if g.output is not None and self._age(g) > self.settings.threshold]:
+        for group in [
+            g for g in self._groups.values() if g.output is not None and self._age(g) > self.settings.threshold
+        ]:
             self._finish(group)
             self._dropped += 1
 
@@ -262,7 +280,7 @@ class StreamingRollout:
         keep = [i for i in range(len(rows)) if i not in drawn.done]
         uids = rows.non_tensor_batch["uid"]
         for i in keep:
-            self._groups[str(uids[i])] = _Group(str(uids[i]), drawn, i, self.version, rows[i:i + 1])
+            self._groups[str(uids[i])] = _Group(str(uids[i]), drawn, i, self.version, rows[i : i + 1])
         if len(drawn.done) == drawn.size:
             self._drawn.remove(drawn)
         if not keep:
@@ -290,7 +308,8 @@ class StreamingRollout:
         resumed = np.asarray(columns["rollout_resumes"], dtype=np.float64) > 0
         staleness = self.version - start
         metrics = {
-            "fully_async/staleness/mean": float(staleness.mean()), "fully_async/staleness/max": float(staleness.max()),
+            "fully_async/staleness/mean": float(staleness.mean()),
+            "fully_async/staleness/max": float(staleness.max()),
             "fully_async/count/current_param_version": float(self.version),
             "fully_async/queue_size": float(sum(g.output is not None for g in self._groups.values())),
             "fully_async/in_flight": float(sum(g.output is None for g in self._groups.values())),
@@ -308,8 +327,11 @@ def stream_settings(config, pad_token_id: int) -> StreamSettings:
     v1 = config.trainer.v1
     mode = str(v1.trainer_mode)
     return StreamSettings(
-        mode=mode, groups_per_step=int(config.data.train_batch_size),
-        threshold=int(v1.sampler.max_off_policy_threshold), strategy=str(v1.sampler.max_off_policy_strategy),
+        mode=mode,
+        groups_per_step=int(config.data.train_batch_size),
+        threshold=int(v1.sampler.max_off_policy_threshold),
+        strategy=str(v1.sampler.max_off_policy_strategy),
         warmup_batches=int(v1[mode].num_warmup_batches),
         deadline_s=float(config.actor_rollout_ref.rollout.engine_timeout_s),
-        pad_token_id=int(pad_token_id))
+        pad_token_id=int(pad_token_id),
+    )

@@ -32,8 +32,10 @@ def _samples_markdown(samples: list[dict]) -> str:
     """Validation samples as Markdown (tensorboard renders text summaries as Markdown)."""
     parts = []
     for i, s in enumerate(samples, 1):
-        parts.append(f"**sample {i}** | score `{s.get('score')}` | ground truth `{s.get('ground_truth')}`\n\n"
-                     f"```\n{s.get('input', '')}\n```\n\n```\n{s.get('output', '')}\n```")
+        parts.append(
+            f"**sample {i}** | score `{s.get('score')}` | ground truth `{s.get('ground_truth')}`\n\n"
+            f"```\n{s.get('input', '')}\n```\n\n```\n{s.get('output', '')}\n```"
+        )
     return "\n\n---\n\n".join(parts)
 
 
@@ -64,13 +66,10 @@ class TensorboardLogger:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as err:
             raise _missing("tensorboard", "tensorboard") from err
-        log_dir = os.environ.get("TENSORBOARD_DIR") or (
-            os.path.join(local_dir, "tensorboard") if local_dir else None
-        )
+        log_dir = os.environ.get("TENSORBOARD_DIR") or (os.path.join(local_dir, "tensorboard") if local_dir else None)
         if not log_dir:
             raise TrackingError(
-                "trainer.logger: 'tensorboard' needs a folder; set $TENSORBOARD_DIR "
-                "or trainer.default_local_dir"
+                "trainer.logger: 'tensorboard' needs a folder; set $TENSORBOARD_DIR or trainer.default_local_dir"
             )
         self.writer = SummaryWriter(log_dir=log_dir)
 
@@ -113,7 +112,7 @@ class WandbLogger:
         wandb_error = getattr(getattr(wandb, "errors", None), "Error", None)
         try:
             self._run = wandb.init(**kwargs)
-        except Exception as err:  # noqa: BLE001 - only wandb's own errors are turned into one line
+        except Exception as err:  # only wandb's own errors are turned into one line
             if wandb_error is None or not isinstance(err, wandb_error):
                 raise
             raise TrackingError(
@@ -128,8 +127,15 @@ class WandbLogger:
 
     def log_generations(self, samples: list[dict], step: int) -> None:
         for s in samples:
-            self._table_rows.append([step, s.get("input"), s.get("output"), s.get("score"),
-                                     json.dumps(s.get("ground_truth"), ensure_ascii=False, default=str)])
+            self._table_rows.append(
+                [
+                    step,
+                    s.get("input"),
+                    s.get("output"),
+                    s.get("score"),
+                    json.dumps(s.get("ground_truth"), ensure_ascii=False, default=str),
+                ]
+            )
         table = self._wandb.Table(columns=list(_TABLE_COLUMNS), data=[list(r) for r in self._table_rows])
         self._wandb.log({"val/generations": table}, step=step)
 

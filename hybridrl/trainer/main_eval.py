@@ -47,26 +47,42 @@ def read_eval_rows(data_files, response_key: str, data_source_key: str, reward_m
             table = pq.read_table(path)
         except (pa.ArrowException, OSError) as exc:
             raise DataError(f"data.path: cannot read {path} as parquet ({exc}); {_GENERATE_HINT}") from None
-        for key, column in (("response_key", response_key), ("data_source_key", data_source_key),
-                            ("reward_model_key", reward_model_key)):
+        for key, column in (
+            ("response_key", response_key),
+            ("data_source_key", data_source_key),
+            ("reward_model_key", reward_model_key),
+        ):
             if column not in table.column_names:
                 hint = _GENERATE_HINT if key == "response_key" else f"set data.{key} to the right column"
-                raise DataError(f"data.{key}: {path} has no column '{column}' (its columns: "
-                                f"{', '.join(table.column_names)}); {hint}")
+                raise DataError(
+                    f"data.{key}: {path} has no column '{column}' (its columns: "
+                    f"{', '.join(table.column_names)}); {hint}"
+                )
         for i, row in enumerate(table.to_pylist()):
             responses = row[response_key]
             if isinstance(responses, str):
                 responses = [responses]
             if not isinstance(responses, list) or not responses or not all(isinstance(r, str) for r in responses):
-                raise DataError(f"data.response_key: row {i} of {path}: '{response_key}' holds {str(responses)[:60]!r}, "
-                                "expected a non-empty list of response strings")
+                raise DataError(
+                    f"data.response_key: row {i} of {path}: '{response_key}' holds {str(responses)[:60]!r}, "
+                    "expected a non-empty list of response strings"
+                )
             reward_model = row[reward_model_key]
             if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
-                raise DataError(f"data.reward_model_key: row {i} of {path}: '{reward_model_key}' holds "
-                                f"{str(reward_model)[:60]!r}, expected a dict with a 'ground_truth' key")
-            rows.append({"file": path, "row": i, "data_source": str(row[data_source_key]),
-                         "ground_truth": reward_model["ground_truth"], "extra_info": row.get("extra_info"),
-                         "responses": responses})
+                raise DataError(
+                    f"data.reward_model_key: row {i} of {path}: '{reward_model_key}' holds "
+                    f"{str(reward_model)[:60]!r}, expected a dict with a 'ground_truth' key"
+                )
+            rows.append(
+                {
+                    "file": path,
+                    "row": i,
+                    "data_source": str(row[data_source_key]),
+                    "ground_truth": reward_model["ground_truth"],
+                    "extra_info": row.get("extra_info"),
+                    "responses": responses,
+                }
+            )
     return rows
 
 
@@ -97,15 +113,21 @@ def score_response(compute_score, row: dict, j: int) -> tuple[float, Any, Any, b
     """
     where = f"row {row['row']} of {row['file']}, response {j} (data_source={row['data_source']!r})"
     try:
-        result = compute_score(data_source=row["data_source"], solution_str=row["responses"][j],
-                               ground_truth=row["ground_truth"], extra_info=row["extra_info"])
+        result = compute_score(
+            data_source=row["data_source"],
+            solution_str=row["responses"][j],
+            ground_truth=row["ground_truth"],
+            extra_info=row["extra_info"],
+        )
         if isinstance(result, dict):
             return float(result["score"]), result.get("acc"), result.get("pred"), "pred" in result
         return float(result), None, None, False
     except Exception as exc:
-        raise RewardFunctionError(f"reward function failed on {where}: {type(exc).__name__}: "
-                                  f"{' '.join(str(exc).split())}; it must return a float or a dict with "
-                                  "'score'; fix the function") from exc
+        raise RewardFunctionError(
+            f"reward function failed on {where}: {type(exc).__name__}: "
+            f"{' '.join(str(exc).split())}; it must return a float or a dict with "
+            "'score'; fix the function"
+        ) from exc
 
 
 def summarize(rows: list[dict], compute_score, metrics_cfg) -> tuple[dict, list[str]]:
@@ -129,12 +151,15 @@ def summarize(rows: list[dict], compute_score, metrics_cfg) -> tuple[dict, list[
         group = by_source[source]
         n = min(len(r["responses"]) for r in group)
         if any(len(r["responses"]) != n for r in group):
-            notes.append(f"{source}: rows have {n} to {max(len(r['responses']) for r in group)} responses; "
-                         f"only the first {n} of each are scored")
+            notes.append(
+                f"{source}: rows have {n} to {max(len(r['responses']) for r in group)} responses; "
+                f"only the first {n} of each are scored"
+            )
         results = [[score_response(compute_score, r, j) for j in range(n)] for r in group]
         scores = np.array([[res[0] for res in rr] for rr in results])
-        correct = np.array([[bool(res[1]) if res[1] is not None else res[0] >= threshold for res in rr]
-                            for rr in results])
+        correct = np.array(
+            [[bool(res[1]) if res[1] is not None else res[0] >= threshold for res in rr] for rr in results]
+        )
         too_large = [k for k in (metrics_cfg.pass_k or []) if k > n]  # null: powers of two up to n
         if too_large:
             notes.append(f"{source}: pass@k left out for k={too_large}: only {n} responses per prompt")
@@ -142,11 +167,18 @@ def summarize(rows: list[dict], compute_score, metrics_cfg) -> tuple[dict, list[
         if all(res[3] for rr in results for res in rr):
             preds = [[None if res[2] is None else str(res[2]) for res in rr] for rr in results]
         elif n > 1:
-            notes.append(f"{source}: maj@{n} left out: the scorer returns no 'pred' (the extracted answer); "
-                         "return a dict with 'score' and 'pred' to get it")
+            notes.append(
+                f"{source}: maj@{n} left out: the scorer returns no 'pred' (the extracted answer); "
+                "return a dict with 'score' and 'pred' to get it"
+            )
         metrics = compute_eval_metrics(
-            scores, correct, preds, k_list=metrics_cfg.pass_k, n_resamples=metrics_cfg.bootstrap_samples,
-            confidence=metrics_cfg.confidence, seed=metrics_cfg.seed,
+            scores,
+            correct,
+            preds,
+            k_list=metrics_cfg.pass_k,
+            n_resamples=metrics_cfg.bootstrap_samples,
+            confidence=metrics_cfg.confidence,
+            seed=metrics_cfg.seed,
         )
         report[source] = {"num_prompts": len(group), "num_responses": n, "metrics": metrics}
     return report, notes
@@ -159,8 +191,10 @@ def format_report(report: dict, confidence: float) -> str:
     lines = [f"{'data_source':<{width}}  {'prompts':>7}  {'metric':<9} {'value':>7}  {ci}"]
     for source, entry in report.items():
         for name, m in entry["metrics"].items():
-            lines.append(f"{source:<{width}}  {entry['num_prompts']:>7}  {name:<9} {m['value']:>7.4f}  "
-                         f"[{m['ci_low']:.4f}, {m['ci_high']:.4f}]")
+            lines.append(
+                f"{source:<{width}}  {entry['num_prompts']:>7}  {name:<9} {m['value']:>7.4f}  "
+                f"[{m['ci_low']:.4f}, {m['ci_high']:.4f}]"
+            )
     return "\n".join(lines)
 
 

@@ -43,14 +43,19 @@ def check_generation_config(config) -> None:
             greedy decoding with ``data.n_samples > 1``.
     """
     data, rollout = config.data, config.rollout
-    for key, value in (("data.n_samples", data.n_samples), ("data.batch_size", data.batch_size),
-                       ("rollout.response_length", rollout.response_length)):
+    for key, value in (
+        ("data.n_samples", data.n_samples),
+        ("data.batch_size", data.batch_size),
+        ("rollout.response_length", rollout.response_length),
+    ):
         if not isinstance(value, int) or value < 1:
             raise ConfigError(f"{key}={value!r} must be a whole number >= 1")
     if not data.output_path:
         raise ConfigError("data.output_path is empty; set it to the parquet file to write")
     inputs = [data.path] if isinstance(data.path, str) else list(data.path)
-    if os.path.abspath(os.path.expanduser(data.output_path)) in {os.path.abspath(os.path.expanduser(p)) for p in inputs}:
+    if os.path.abspath(os.path.expanduser(data.output_path)) in {
+        os.path.abspath(os.path.expanduser(p)) for p in inputs
+    }:
         raise ConfigError(f"data.output_path={data.output_path!r} is also data.path; write the responses to a new file")
     greedy = not rollout.do_sample or rollout.temperature == 0
     if greedy and data.n_samples > 1:
@@ -110,8 +115,7 @@ def write_part(folder: str, batch: int, rows: range, responses: list[list[str]])
     """Write the responses of one finished batch (columns ``row``, ``responses``) atomically."""
     import pyarrow as pa
 
-    table = pa.table({"row": pa.array(list(rows), pa.int64()),
-                      "responses": pa.array(responses, pa.list_(pa.string()))})
+    table = pa.table({"row": pa.array(list(rows), pa.int64()), "responses": pa.array(responses, pa.list_(pa.string()))})
     _write_atomic_table(table, _part_path(folder, batch))
 
 
@@ -126,9 +130,10 @@ def generate_batch(rollout, tokenizer, dataset, rows: range, n_samples: int) -> 
     prompts = DataProto.from_dict(tensors={key: collated[key] for key in GEN_BATCH_KEYS})
     output = rollout.generate_sequences(trim_left_padding(prompts).repeat(n_samples, interleave=True))
     lengths = output.batch["response_mask"].sum(-1).tolist()
-    texts = [tokenizer.decode(ids[: int(n)], skip_special_tokens=True)
-             for ids, n in zip(output.batch["responses"], lengths)]
-    return [texts[i * n_samples:(i + 1) * n_samples] for i in range(len(rows))]
+    texts = [
+        tokenizer.decode(ids[: int(n)], skip_special_tokens=True) for ids, n in zip(output.batch["responses"], lengths)
+    ]
+    return [texts[i * n_samples : (i + 1) * n_samples] for i in range(len(rows))]
 
 
 def write_output(data_files, folder: str, num_batches: int, output_path: str) -> str:
@@ -148,8 +153,10 @@ def write_output(data_files, folder: str, num_batches: int, output_path: str) ->
     parts = pa.concat_tables([pq.read_table(_part_path(folder, b)) for b in range(num_batches)])
     parts = parts.take(pc.sort_indices(parts, [("row", "ascending")]))
     if parts.column("row").to_pylist() != list(range(table.num_rows)):
-        raise DataError(f"data.path: the input has {table.num_rows} rows but the batches in {folder} hold "
-                        f"{parts.num_rows}; the input changed during the run: delete {folder} and start over")
+        raise DataError(
+            f"data.path: the input has {table.num_rows} rows but the batches in {folder} hold "
+            f"{parts.num_rows}; the input changed during the run: delete {folder} and start over"
+        )
     responses = parts.column("responses")
     if "responses" in table.column_names:
         print("hybridrl generate: note: the input's 'responses' column is replaced", flush=True)
@@ -164,11 +171,19 @@ def write_output(data_files, folder: str, num_batches: int, output_path: str) ->
 def _manifest(config, dataset, model_path: str) -> dict:
     """What decides the content of the parts: a resumed run must match it exactly."""
     prompts = hashlib.sha256("\x00".join(dataset.full_prompts).encode()).hexdigest()
-    rollout = {k: getattr(config.rollout, k) for k in ("name", "temperature", "top_k", "top_p", "do_sample",
-                                                   "response_length", "ignore_eos", "dtype")}
-    return {"prompts_sha256": prompts, "num_prompts": len(dataset), "batch_size": int(config.data.batch_size),
-            "n_samples": int(config.data.n_samples), "seed": int(config.data.seed),
-            "model_path": model_path, "rollout": rollout}
+    rollout = {
+        k: getattr(config.rollout, k)
+        for k in ("name", "temperature", "top_k", "top_p", "do_sample", "response_length", "ignore_eos", "dtype")
+    }
+    return {
+        "prompts_sha256": prompts,
+        "num_prompts": len(dataset),
+        "batch_size": int(config.data.batch_size),
+        "n_samples": int(config.data.n_samples),
+        "seed": int(config.data.seed),
+        "model_path": model_path,
+        "rollout": rollout,
+    }
 
 
 def _build_rollout(config, model_path: str, tokenizer):
@@ -195,12 +210,20 @@ def run_generation(config) -> str:
     check_generation_config(config)
     data = config.data
     model_path = resolve_model_path(config.model.path, config_key="model.path")
-    tokenizer = load_tokenizer(model_path, trust_remote_code=config.model.trust_remote_code,
-                               chat_template=config.model.custom_chat_template)
-    dataset = RLHFDataset(data.path, tokenizer, {
-        "prompt_key": data.prompt_key, "max_prompt_length": data.max_prompt_length,
-        "truncation": data.truncation, "apply_chat_template_kwargs": data.apply_chat_template_kwargs,
-    }, config_key="data.path")
+    tokenizer = load_tokenizer(
+        model_path, trust_remote_code=config.model.trust_remote_code, chat_template=config.model.custom_chat_template
+    )
+    dataset = RLHFDataset(
+        data.path,
+        tokenizer,
+        {
+            "prompt_key": data.prompt_key,
+            "max_prompt_length": data.max_prompt_length,
+            "truncation": data.truncation,
+            "apply_chat_template_kwargs": data.apply_chat_template_kwargs,
+        },
+        config_key="data.path",
+    )
     batch_size, n_samples = int(data.batch_size), int(data.n_samples)
     num_batches = -(-len(dataset) // batch_size)
     folder = parts_dir(data.output_path)
@@ -214,8 +237,11 @@ def run_generation(config) -> str:
         start = time.perf_counter()
         torch.manual_seed(int(data.seed) + b)
         write_part(folder, b, rows, generate_batch(rollout, tokenizer, dataset, rows, n_samples))
-        print(f"hybridrl generate: batch {b + 1}/{num_batches}: {len(rows)} prompts x {n_samples} "
-              f"responses in {time.perf_counter() - start:.1f} s", flush=True)
+        print(
+            f"hybridrl generate: batch {b + 1}/{num_batches}: {len(rows)} prompts x {n_samples} "
+            f"responses in {time.perf_counter() - start:.1f} s",
+            flush=True,
+        )
     path = write_output(data.path, folder, num_batches, data.output_path)
     shutil.rmtree(folder)
     print(f"hybridrl generate: wrote {len(dataset)} rows x {n_samples} responses to {path}", flush=True)

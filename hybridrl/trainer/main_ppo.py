@@ -41,15 +41,21 @@ def _build_dataloaders(config, tokenizer):
         _check_ground_truth_column(train_dataset, "data.train_files")
     filtering = algo_config(config).filter_groups.enable  # DAPO's dynamic sampling
     train_dataloader = create_rl_dataloader(
-        train_dataset, batch_size=(filtering and data_cfg.gen_batch_size) or data_cfg.train_batch_size,
-        shuffle=data_cfg.shuffle, seed=data_cfg.seed, num_workers=data_cfg.dataloader_num_workers,
+        train_dataset,
+        batch_size=(filtering and data_cfg.gen_batch_size) or data_cfg.train_batch_size,
+        shuffle=data_cfg.shuffle,
+        seed=data_cfg.seed,
+        num_workers=data_cfg.dataloader_num_workers,
     )
     val_dataloader = None
     if data_cfg.val_files:
         val_dataset = RLHFDataset(data_cfg.val_files, tokenizer, data_cfg, config_key="data.val_files")
         val_dataloader = stateful_dataloader(
-            val_dataset, batch_size=data_cfg.val_batch_size or len(val_dataset),
-            shuffle=False, drop_last=False, collate_fn=collate_fn,
+            val_dataset,
+            batch_size=data_cfg.val_batch_size or len(val_dataset),
+            shuffle=False,
+            drop_last=False,
+            collate_fn=collate_fn,
         )
     return train_dataloader, val_dataloader
 
@@ -62,7 +68,8 @@ def _check_ground_truth_column(dataset, config_key: str) -> None:
         raise DataError(
             f"{config_key}: row {missing['_row']} of {missing['_source']} has no reward_model column (a dict with the "
             "ground_truth the reward function scores against, e.g. {'style': 'rule', 'ground_truth': '42'}); "
-            "write the data with hybridrl preprocess, or set reward_model.enable=True for a reward model")
+            "write the data with hybridrl preprocess, or set reward_model.enable=True for a reward model"
+        )
 
 
 def total_training_steps(config, steps_per_epoch: int) -> int:
@@ -94,8 +101,9 @@ def run_ppo(config) -> None:
     model_cfg = config.actor_rollout_ref.model
     tokenizer_key = "data.tokenizer" if config.data.tokenizer else "actor_rollout_ref.model.path"
     tokenizer_path = resolve_model_path(config.data.tokenizer or model_cfg.path, config_key=tokenizer_key)
-    tokenizer = load_tokenizer(tokenizer_path, trust_remote_code=model_cfg.trust_remote_code,
-                               chat_template=model_cfg.custom_chat_template)
+    tokenizer = load_tokenizer(
+        tokenizer_path, trust_remote_code=model_cfg.trust_remote_code, chat_template=model_cfg.custom_chat_template
+    )
     train_dataloader, val_dataloader = _build_dataloaders(config, tokenizer)
     total_steps = total_training_steps(config, len(train_dataloader))
     share_rollout_correction(config)
@@ -103,8 +111,9 @@ def run_ppo(config) -> None:
     # The scoring processes (reward.num_workers > 1) live for the whole run; built after the code
     # sandbox is set, whose setting they take over.
     set_sandbox(build_sandbox(config.reward_model.sandbox, config.reward_model.sandbox_fusion))
-    reward_pool = build_reward_pool(config.reward_model.num_workers, config.custom_reward_function.path,
-                                    model_cfg.external_lib)
+    reward_pool = build_reward_pool(
+        config.reward_model.num_workers, config.custom_reward_function.path, model_cfg.external_lib
+    )
     try:
         reward_fn = load_reward_manager(config, tokenizer, num_examine=0, pool=reward_pool)
         val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1, pool=reward_pool)
@@ -112,14 +121,27 @@ def run_ppo(config) -> None:
         if reward_pool is not None:
             reward_pool.close()
         raise
-    groups = build_worker_groups(config, use_critic=needs_critic(config),
-                                 use_reference=needs_reference_policy(config),
-                                 use_reward_model=bool(config.reward_model.enable), total_training_steps=total_steps)
+    groups = build_worker_groups(
+        config,
+        use_critic=needs_critic(config),
+        use_reference=needs_reference_policy(config),
+        use_reward_model=bool(config.reward_model.enable),
+        total_training_steps=total_steps,
+    )
     try:
         trainer = PPOTrainer(
-            config, tokenizer, groups.actor_rollout, groups.critic, reward_fn, val_reward_fn,
-            train_dataloader, val_dataloader, total_steps, n_workers=groups.world_size,
-            rm_wg=groups.reward_model, rollout_wg=groups.rollout,
+            config,
+            tokenizer,
+            groups.actor_rollout,
+            groups.critic,
+            reward_fn,
+            val_reward_fn,
+            train_dataloader,
+            val_dataloader,
+            total_steps,
+            n_workers=groups.world_size,
+            rm_wg=groups.reward_model,
+            rollout_wg=groups.rollout,
         )
         trainer_cfg = config.trainer
         save_run_config(config, trainer_cfg.default_local_dir)
@@ -146,26 +168,34 @@ def print_memory_plan(config) -> None:
         return
     print(f"hybridrl: {line}", flush=True)
     if not fits:
-        logger.warning("the memory plan predicts a device will not fit this run; `hybridrl plan` with the same "
-                       "overrides lists the keys that would make it fit")
+        logger.warning(
+            "the memory plan predicts a device will not fit this run; `hybridrl plan` with the same "
+            "overrides lists the keys that would make it fit"
+        )
 
 
 def run_summary(trainer_cfg, last_step: int) -> str:
     """What a finished run leaves behind and what to do next, for the end of ``hybridrl train``."""
     folder = os.path.abspath(os.path.expanduser(trainer_cfg.default_local_dir))
-    lines = [f"hybridrl: done after step {last_step}. Run folder: {folder}",
-             f"  config:      {os.path.join(folder, 'config.yaml')}"]
+    lines = [
+        f"hybridrl: done after step {last_step}. Run folder: {folder}",
+        f"  config:      {os.path.join(folder, 'config.yaml')}",
+    ]
     metrics = os.path.join(folder, "metrics.jsonl")
     if os.path.exists(metrics):
         lines.append(f"  metrics:     {metrics}   (plot: hybridrl plot {folder} -o curves.png)")
     latest = find_latest_checkpoint(folder, verify=False)
     if latest:
-        lines.append(f"  checkpoint:  {latest}   (resume: the same command with more trainer.total_training_steps; "
-                     f"an HF model: hybridrl merge --local_dir {os.path.join(latest, 'actor')} --target_dir DIR)")
+        lines.append(
+            f"  checkpoint:  {latest}   (resume: the same command with more trainer.total_training_steps; "
+            f"an HF model: hybridrl merge --local_dir {os.path.join(latest, 'actor')} --target_dir DIR)"
+        )
     else:
         lines.append("  checkpoint:  none (trainer.save_freq > 0 writes them)")
     if trainer_cfg.rollout_data_dir:
-        lines.append(f"  samples:     {trainer_cfg.rollout_data_dir}   (browse: hybridrl view {trainer_cfg.rollout_data_dir})")
+        lines.append(
+            f"  samples:     {trainer_cfg.rollout_data_dir}   (browse: hybridrl view {trainer_cfg.rollout_data_dir})"
+        )
     return "\n".join(lines)
 
 
@@ -180,7 +210,8 @@ def _check_train_files(config) -> None:
         raise ConfigError(
             f"data.train_files={missing[0]} does not exist; make a data set (hybridrl preprocess gsm8k ...), "
             "set data.train_files=<parquet> (and data.val_files), or run the main job: "
-            "bash examples/run_arithmetic_grpo.sh (hybridrl train --help for more)")
+            "bash examples/run_arithmetic_grpo.sh (hybridrl train --help for more)"
+        )
 
 
 def save_run_config(config, folder: str) -> str:

@@ -85,8 +85,17 @@ __all__ = [
 
 GiB = float(1 << 30)
 RESIDENT = "resident"
-PHASES = ("generate", "old_log_prob", "ref_log_prob", "values", "reward_model", "update_critic", "critic_step",
-          "update_actor", "actor_step")
+PHASES = (
+    "generate",
+    "old_log_prob",
+    "ref_log_prob",
+    "values",
+    "reward_model",
+    "update_critic",
+    "critic_step",
+    "update_actor",
+    "actor_step",
+)
 # Process baselines, GiB. CPU: measured as VmRSS of a Python 3.11 process after importing torch
 # 2.13 (CPU build), transformers 5.19 and hybridrl.workers.fsdp_workers and running a forward,
 # backward and AdamW step of a 2-layer Llama of hidden size 64 under bf16 autocast: 0.46 GiB, 0.49
@@ -203,8 +212,9 @@ class MemoryPlan:
     suggestions: list = field(default_factory=list)
 
 
-def layer_activation_bytes(shape: ModelShape, tokens: int, compute_bytes: int,
-                           residual_bytes: int | None = None) -> float:
+def layer_activation_bytes(
+    shape: ModelShape, tokens: int, compute_bytes: int, residual_bytes: int | None = None
+) -> float:
     """Bytes autograd keeps for one decoder layer over ``tokens`` tokens:
     ``tokens x (c (2h + 2q + 2kv + 4i) + 2h r + 8h)`` (c = ``compute_bytes``, r =
     ``residual_bytes``, the residual stream's dtype, c by default): the norms' inputs (r), their
@@ -226,8 +236,9 @@ def forward_layer_bytes(shape: ModelShape, tokens: int, compute_bytes: int, resi
     return float(tokens) * (compute_bytes * widest + 2 * h * r + 8 * h)
 
 
-def activation_bytes(shape: ModelShape, step: Pass, compute_bytes: int, checkpointing: bool,
-                     residual_bytes: int | None = None) -> float:
+def activation_bytes(
+    shape: ModelShape, step: Pass, compute_bytes: int, checkpointing: bool, residual_bytes: int | None = None
+) -> float:
     """Bytes of a pass's decoder activations on one device (without the logits), ``T`` tokens:
 
     * forward only: one layer's widest moment (:func:`forward_layer_bytes`);
@@ -250,8 +261,9 @@ def activation_bytes(shape: ModelShape, step: Pass, compute_bytes: int, checkpoi
     return shape.num_hidden_layers * layer + grads + mask
 
 
-def logits_bytes(shape: ModelShape, step: Pass, compute_bytes: int,
-                 chunk_elements: int = LOGITS_CHUNK_ELEMENTS) -> float:
+def logits_bytes(
+    shape: ModelShape, step: Pass, compute_bytes: int, chunk_elements: int = LOGITS_CHUNK_ELEMENTS
+) -> float:
     """Bytes of the (tokens x vocab) logits of a pass for ``N`` response tokens, ``N V b``: a
     forward holds the head's output and its fp32 copy (``b = c + 4``; 4 in fp32), a training
     pass the fp32 logits kept for backward and their fp32 gradient (``b = 8``), plus
@@ -296,14 +308,19 @@ def _trained_role_items(name: str, role: Role, update: str, step: str, forward: 
     weights = role.params * role.weight_bytes / role.shard
     grads = role.trainable * role.weight_bytes / role.shard
     moments = 2 * role.trainable * role.weight_bytes / role.shard
-    items = [(name, "weights", 0.0 if offload else weights, (RESIDENT,)),
-             (name, "gradients", 0.0 if offload else grads, (update, step)),
-             (name, "optimizer_states", 0.0 if offload else moments, (update, step) if moments_away else (RESIDENT,)),
-             # torch's AdamW (foreach) holds one fp32 temporary the size of the trainable shard in
-             # its step (measured: +256 MB for 256 MB of parameters; the fused kernel needs none)
-             (name, "optimizer_step_temporaries", 0.0 if offload else role.trainable * 4 / role.shard, (step,))]
-    host = {"weights": weights, "gradients": grads, "optimizer_states": moments} if offload else (
-        {"optimizer_states": moments} if moments_away else {})
+    items = [
+        (name, "weights", 0.0 if offload else weights, (RESIDENT,)),
+        (name, "gradients", 0.0 if offload else grads, (update, step)),
+        (name, "optimizer_states", 0.0 if offload else moments, (update, step) if moments_away else (RESIDENT,)),
+        # torch's AdamW (foreach) holds one fp32 temporary the size of the trainable shard in
+        # its step (measured: +256 MB for 256 MB of parameters; the fused kernel needs none)
+        (name, "optimizer_step_temporaries", 0.0 if offload else role.trainable * 4 / role.shard, (step,)),
+    ]
+    host = (
+        {"weights": weights, "gradients": grads, "optimizer_states": moments}
+        if offload
+        else ({"optimizer_states": moments} if moments_away else {})
+    )
     items += _pass_items(name, role, update, prefix="")
     if forward:
         items += _pass_items(name, role, forward, prefix=f"{forward}_")
@@ -313,10 +330,16 @@ def _trained_role_items(name: str, role: Role, update: str, step: str, forward: 
 def _pass_items(name: str, role: Role, phase: str, prefix: str):
     step = role.passes[phase]
     residual = role.compute_bytes if role.fsdp else int(role.weight_bytes)  # autocast keeps the model dtype
-    return [(name, f"{prefix}gathered_params", gathered_bytes(role, step.train), (phase,)),
-            (name, f"{prefix}activations",
-             activation_bytes(role.shape, step, role.compute_bytes, role.checkpointing, residual), (phase,)),
-            (name, f"{prefix}logits", logits_bytes(role.shape, step, role.compute_bytes), (phase,))]
+    return [
+        (name, f"{prefix}gathered_params", gathered_bytes(role, step.train), (phase,)),
+        (
+            name,
+            f"{prefix}activations",
+            activation_bytes(role.shape, step, role.compute_bytes, role.checkpointing, residual),
+            (phase,),
+        ),
+        (name, f"{prefix}logits", logits_bytes(role.shape, step, role.compute_bytes), (phase,)),
+    ]
 
 
 def _frozen_role_items(name: str, role: Role, phase: str, on_cuda: bool):
@@ -332,15 +355,19 @@ def _rollout_items(rollout: Rollout, on_cuda: bool):
     if rollout.engine == "vllm":
         engine = max(rollout.vllm_gb, rollout.weights_gb) * GiB
         when = ("generate",) if (on_cuda and rollout.vllm_sleeps) else (RESIDENT,)
-        return [("rollout", "engine_weights_and_kv_cache", engine, when),
-                ("rollout", "weight_sync_bucket", bucket, ("generate",))]
+        return [
+            ("rollout", "engine_weights_and_kv_cache", engine, when),
+            ("rollout", "weight_sync_bucket", bucket, ("generate",)),
+        ]
     mb, seq = rollout.micro_batch, rollout.prompt_len + rollout.response_len
     prefill = forward_layer_bytes(shape, mb * rollout.prompt_len, rollout.dtype_bytes)
     last_logits = 2.0 * mb * shape.vocab_size * 4
-    return [("rollout", "weights", float(rollout.params) * rollout.dtype_bytes, (RESIDENT,)),
-            ("rollout", "kv_cache", kv_cache_bytes(shape, mb, seq, rollout.dtype_bytes), ("generate",)),
-            ("rollout", "activations", prefill + last_logits, ("generate",)),
-            ("rollout", "weight_sync_bucket", bucket, ("generate",))]
+    return [
+        ("rollout", "weights", float(rollout.params) * rollout.dtype_bytes, (RESIDENT,)),
+        ("rollout", "kv_cache", kv_cache_bytes(shape, mb, seq, rollout.dtype_bytes), ("generate",)),
+        ("rollout", "activations", prefill + last_logits, ("generate",)),
+        ("rollout", "weight_sync_bucket", bucket, ("generate",)),
+    ]
 
 
 def plan_items(inputs: PlanInputs) -> tuple[list, dict]:
@@ -348,19 +375,22 @@ def plan_items(inputs: PlanInputs) -> tuple[list, dict]:
     on_cuda = inputs.device == "cuda"
     items = [("process", "baseline", inputs.baseline_gb * GiB, (RESIDENT,))]
     host = {}
-    actor_items, host["actor"] = _trained_role_items("actor", inputs.actor, "update_actor", "actor_step",
-                                                     "old_log_prob", on_cuda)
+    actor_items, host["actor"] = _trained_role_items(
+        "actor", inputs.actor, "update_actor", "actor_step", "old_log_prob", on_cuda
+    )
     items += actor_items + _rollout_items(inputs.rollout, on_cuda)
     if inputs.reference is not None:
         ref_items, host["reference"] = _frozen_role_items("reference", inputs.reference, "ref_log_prob", on_cuda)
         items += ref_items
     if inputs.critic is not None:
-        critic_items, host["critic"] = _trained_role_items("critic", inputs.critic, "update_critic", "critic_step",
-                                                           "values", on_cuda)
+        critic_items, host["critic"] = _trained_role_items(
+            "critic", inputs.critic, "update_critic", "critic_step", "values", on_cuda
+        )
         items += critic_items
     if inputs.reward_model is not None:
-        rm_items, host["reward_model"] = _frozen_role_items("reward_model", inputs.reward_model, "reward_model",
-                                                            on_cuda)
+        rm_items, host["reward_model"] = _frozen_role_items(
+            "reward_model", inputs.reward_model, "reward_model", on_cuda
+        )
         items += rm_items
     return items, {role: parts for role, parts in host.items() if parts}
 
@@ -375,8 +405,11 @@ def make_plan(inputs: PlanInputs) -> MemoryPlan:
         roles.setdefault(role, {})[component] = size / GiB
         when_of.setdefault(role, {})[component] = ",".join(phases_of)
     resident = sum(size for _, _, size, when in items if RESIDENT in when)
-    phases = {phase: (resident + sum(size for _, _, size, when in items if phase in when)) / GiB
-              for phase in PHASES if any(phase in when for *_, when in items)}
+    phases = {
+        phase: (resident + sum(size for _, _, size, when in items if phase in when)) / GiB
+        for phase in PHASES
+        if any(phase in when for *_, when in items)
+    }
     peak_phase = max(phases, key=phases.get)
     by_role: dict = {}
     for role, _, size, when in items:
@@ -385,27 +418,47 @@ def make_plan(inputs: PlanInputs) -> MemoryPlan:
     peak = phases[peak_phase]
     notes = list(inputs.notes)
     if inputs.rollout.vllm_too_small:
-        notes.append(f"vLLM's share of the device ({inputs.rollout.vllm_gb:.1f} GB) cannot hold the weights "
-                     f"({inputs.rollout.weights_gb:.1f} GB) and a KV cache: it does not start")
+        notes.append(
+            f"vLLM's share of the device ({inputs.rollout.vllm_gb:.1f} GB) cannot hold the weights "
+            f"({inputs.rollout.weights_gb:.1f} GB) and a KV cache: it does not start"
+        )
     return MemoryPlan(
-        per_device_gb=peak, peak_phase=peak_phase, device_memory_gb=inputs.device_memory_gb,
+        per_device_gb=peak,
+        peak_phase=peak_phase,
+        device_memory_gb=inputs.device_memory_gb,
         fits=peak <= inputs.device_memory_gb and not inputs.rollout.vllm_too_small,
-        roles=roles, phases=phases, peak_by_role=by_role,
-        host_gb={role: {k: v / GiB for k, v in parts.items()} for role, parts in host.items()}, when=when_of,
-        device=inputs.device, workers=inputs.workers, notes=notes, model=_model_facts(inputs.actor))
+        roles=roles,
+        phases=phases,
+        peak_by_role=by_role,
+        host_gb={role: {k: v / GiB for k, v in parts.items()} for role, parts in host.items()},
+        when=when_of,
+        device=inputs.device,
+        workers=inputs.workers,
+        notes=notes,
+        model=_model_facts(inputs.actor),
+    )
 
 
 def _model_facts(actor: Role) -> dict:
     shape = actor.shape
-    return {"model_type": shape.model_type, "params": shape.param_count(), "trainable": actor.trainable,
-            "num_hidden_layers": shape.num_hidden_layers, "hidden_size": shape.hidden_size,
-            "num_attention_heads": shape.num_attention_heads, "vocab_size": shape.vocab_size}
+    return {
+        "model_type": shape.model_type,
+        "params": shape.param_count(),
+        "trainable": actor.trainable,
+        "num_hidden_layers": shape.num_hidden_layers,
+        "hidden_size": shape.hidden_size,
+        "num_attention_heads": shape.num_attention_heads,
+        "vocab_size": shape.vocab_size,
+    }
 
 
 def one_line(plan: MemoryPlan) -> str:
     """``memory plan: 3.2 GB per device at peak (update_actor: actor 1.9, rollout 0.7, ...) of 24.0 GB: fits``."""
-    parts = ", ".join(f"{role} {gb:.1f}" for role, gb in sorted(plan.peak_by_role.items(), key=lambda kv: -kv[1])
-                      if gb >= 0.05)
+    parts = ", ".join(
+        f"{role} {gb:.1f}" for role, gb in sorted(plan.peak_by_role.items(), key=lambda kv: -kv[1]) if gb >= 0.05
+    )
     verdict = "fits" if plan.fits else "does NOT fit"
-    return (f"memory plan: {plan.per_device_gb:.1f} GB per device at peak ({plan.peak_phase}: {parts}) "
-            f"of {plan.device_memory_gb:.1f} GB on {plan.device} x {plan.workers}: {verdict}")
+    return (
+        f"memory plan: {plan.per_device_gb:.1f} GB per device at peak ({plan.peak_phase}: {parts}) "
+        f"of {plan.device_memory_gb:.1f} GB on {plan.device} x {plan.workers}: {verdict}"
+    )

@@ -49,7 +49,8 @@ def load_merged_model(local_dir: str, dtype=None, base_model: str | None = None)
     if not os.path.isfile(os.path.join(hf_dir, "config.json")) or not os.path.isdir(dcp_dir):
         raise CheckpointError(
             f"--local_dir {local_dir} is not a worker checkpoint (needs {HF_DIR}/config.json and {DCP_DIR}/); "
-            "pass e.g. checkpoints/<project>/<experiment>/global_step_10/actor")
+            "pass e.g. checkpoints/<project>/<experiment>/global_step_10/actor"
+        )
     config = AutoConfig.from_pretrained(hf_dir)
     adapter_dir = os.path.join(local_dir, LORA_ADAPTER_DIR)
     if os.path.isfile(os.path.join(adapter_dir, "adapter_config.json")):
@@ -74,8 +75,10 @@ def _fold_lora(adapter_dir: str, config, base_model: str | None):
     try:
         base = (load_value_model if is_critic else load_causal_lm)(base_model)
     except (ModelPathError, OSError, TypeError) as err:
-        raise CheckpointError(f"{adapter_dir} is a LoRA adapter of the base model {base_model!r}, which cannot be "
-                              f"loaded ({type(err).__name__}); pass --base_model <its HF folder>") from err
+        raise CheckpointError(
+            f"{adapter_dir} is a LoRA adapter of the base model {base_model!r}, which cannot be "
+            f"loaded ({type(err).__name__}); pass --base_model <its HF folder>"
+        ) from err
     return merge_lora_adapter(base, adapter_dir)
 
 
@@ -122,13 +125,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--local_dir", required=True, help="worker checkpoint folder, e.g. .../global_step_10/actor")
     parser.add_argument("--target_dir", required=True, help="where to write the Hugging Face folder")
     parser.add_argument("--dtype", default=None, help="save in this dtype (bf16, fp16, fp32); default: as trained")
-    parser.add_argument("--base_model", default=None,
-                        help="LoRA checkpoints: the base model's folder (default: the one the adapter names)")
+    parser.add_argument(
+        "--base_model",
+        default=None,
+        help="LoRA checkpoints: the base model's folder (default: the one the adapter names)",
+    )
     args = parser.parse_args(argv)
 
     try:
-        path = merge(args.local_dir, args.target_dir, to_torch_dtype(args.dtype) if args.dtype else None,
-                     args.base_model)
+        path = merge(
+            args.local_dir, args.target_dir, to_torch_dtype(args.dtype) if args.dtype else None, args.base_model
+        )
     except (CheckpointError, ModelDependencyError) as exc:
         print(f"hybridrl: error: {exc}", file=sys.stderr)
         return 2

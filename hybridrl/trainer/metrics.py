@@ -122,8 +122,7 @@ def compute_data_metrics(batch, use_critic: bool = True) -> dict[str, float]:
     fn = "compute_data_metrics"
     if use_critic and (batch.batch is None or "values" not in batch.batch.keys()):
         raise MetricsInputError(
-            f"{fn}: batch has no tensor 'values' but use_critic=True; "
-            "pass use_critic=False when the run has no critic"
+            f"{fn}: batch has no tensor 'values' but use_critic=True; pass use_critic=False when the run has no critic"
         )
     response_mask = _get(batch, "response_mask", fn).bool()
     prompt_length, response_length, max_prompt, max_response = _lengths(batch, fn)
@@ -143,9 +142,7 @@ def compute_data_metrics(batch, use_critic: bool = True) -> dict[str, float]:
             metrics["critic/vf_explained_var"] = float("nan")
         else:
             diff_var = torch.var(valid_returns - valid_values)
-            metrics["critic/vf_explained_var"] = (
-                1.0 - diff_var / (torch.var(valid_returns) + 1e-5)
-            ).item()
+            metrics["critic/vf_explained_var"] = (1.0 - diff_var / (torch.var(valid_returns) + 1e-5)).item()
 
     metrics.update(_stats("response_length", response_length))
     metrics["response_length/clip_ratio"] = _clip_ratio(response_length, max_response)
@@ -179,10 +176,14 @@ def compute_agent_metrics(batch) -> dict[str, float]:
     per_row = list(nt.get("__agent_metrics__", [{}] * len(turns)))
     names = [str(n) for n in nt.get("__agent_name__", ["agent"] * len(turns))]
     tool_calls = np.array([m.get("tool_calls", 0) for m in per_row], dtype=np.float64)
-    metrics = {"num_turns/mean": float(turns.mean()), "num_turns/max": float(turns.max()),
-               "num_turns/min": float(turns.min()), "tool_calls/mean": float(tool_calls.mean()),
-               "tool_calls/max": float(tool_calls.max()),
-               "tool_errors/sum": float(sum(m.get("tool_errors", 0) for m in per_row))}
+    metrics = {
+        "num_turns/mean": float(turns.mean()),
+        "num_turns/max": float(turns.max()),
+        "num_turns/min": float(turns.min()),
+        "tool_calls/mean": float(tool_calls.mean()),
+        "tool_calls/max": float(tool_calls.max()),
+        "tool_errors/sum": float(sum(m.get("tool_errors", 0) for m in per_row)),
+    }
     search = [m for m, name in zip(per_row, names) if name == "search_agent"]
     if search:
         model_turns = sum(m.get("assistant_turns", 0) for m in search)
@@ -244,9 +245,7 @@ def compute_timing_metrics(batch, timing_raw: dict[str, float]) -> dict[str, flo
     return metrics
 
 
-def compute_throughput_metrics(
-    batch, timing_raw: dict[str, float], n_devices: int
-) -> dict[str, float]:
+def compute_throughput_metrics(batch, timing_raw: dict[str, float], n_devices: int) -> dict[str, float]:
     """Tokens processed per second per device over the whole step.
 
     Args:
@@ -336,8 +335,9 @@ def merge_metrics(metrics: dict, reduced: Mapping[str, float]) -> dict:
     return metrics
 
 
-def compute_rollout_probs_diff_metrics(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
-                                       response_mask: torch.Tensor) -> dict[str, float]:
+def compute_rollout_probs_diff_metrics(
+    old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor
+) -> dict[str, float]:
     """How far the rollout engine's token probabilities are from the trainer's (verl's
     training/rollout mismatch metrics).
 
@@ -359,9 +359,11 @@ def compute_rollout_probs_diff_metrics(old_log_probs: torch.Tensor, rollout_log_
         MetricsInputError: the three tensors differ in shape.
     """
     if not (old_log_probs.shape == rollout_log_probs.shape == response_mask.shape):
-        raise MetricsInputError(f"rollout probs diff: shapes differ: old_log_probs {tuple(old_log_probs.shape)}, "
-                                f"rollout_log_probs {tuple(rollout_log_probs.shape)}, "
-                                f"response_mask {tuple(response_mask.shape)}")
+        raise MetricsInputError(
+            f"rollout probs diff: shapes differ: old_log_probs {tuple(old_log_probs.shape)}, "
+            f"rollout_log_probs {tuple(rollout_log_probs.shape)}, "
+            f"response_mask {tuple(response_mask.shape)}"
+        )
     mask = response_mask.bool()
     if not mask.any():
         return {}

@@ -58,8 +58,15 @@ class ModelShape:
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """``name -> (in_features, out_features)`` of one decoder layer's linear layers."""
         h, i = self.hidden_size, self.intermediate_size
-        return {"q_proj": (h, self.q_dim), "k_proj": (h, self.kv_dim), "v_proj": (h, self.kv_dim),
-                "o_proj": (self.q_dim, h), "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+        return {
+            "q_proj": (h, self.q_dim),
+            "k_proj": (h, self.kv_dim),
+            "v_proj": (h, self.kv_dim),
+            "o_proj": (self.q_dim, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
 
     def layer_params(self) -> int:
         """Parameters of one decoder layer (count): projections, their biases, the norms."""
@@ -108,8 +115,10 @@ def _names(value) -> list[str]:
 def _positive_int(raw: dict, key: str, where: str) -> int:
     value = raw.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ModelConfigError(f"{where}: config.json's {key}={value!r} must be an integer >= 1; "
-                               "the memory plan reads the model's sizes from it")
+        raise ModelConfigError(
+            f"{where}: config.json's {key}={value!r} must be an integer >= 1; "
+            "the memory plan reads the model's sizes from it"
+        )
     return value
 
 
@@ -123,24 +132,32 @@ def model_shape_from_dict(raw: dict, config_key: str = "actor_rollout_ref.model.
     model_type = raw.get("model_type")
     supported = ", ".join(SUPPORTED_MODEL_TYPES)
     if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ModelConfigError(f"{config_key}: model_type {model_type!r} is not supported by the memory plan; "
-                               f"it models dense decoders: {supported}")
+        raise ModelConfigError(
+            f"{config_key}: model_type {model_type!r} is not supported by the memory plan; "
+            f"it models dense decoders: {supported}"
+        )
     moe = [key for key in _MOE_KEYS if raw.get(key)]
     if moe:
-        raise ModelConfigError(f"{config_key}: config.json has {moe[0]}={raw[moe[0]]!r} (a mixture of experts), which "
-                               f"the memory plan does not model; it models dense decoders: {supported}")
+        raise ModelConfigError(
+            f"{config_key}: config.json has {moe[0]}={raw[moe[0]]!r} (a mixture of experts), which "
+            f"the memory plan does not model; it models dense decoders: {supported}"
+        )
     sizes = {key: _positive_int(raw, key, config_key) for key in _REQUIRED}
     heads = sizes["num_attention_heads"]
     kv_heads = _positive_int(raw, "num_key_value_heads", config_key) if raw.get("num_key_value_heads") else heads
     head_dim = _positive_int(raw, "head_dim", config_key) if raw.get("head_dim") else sizes["hidden_size"] // heads
     attention_bias = bool(raw.get("attention_bias", False))
     return ModelShape(
-        model_type=model_type, num_key_value_heads=kv_heads, head_dim=head_dim,
+        model_type=model_type,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         qkv_bias=model_type == "qwen2" or (model_type in ("llama", "qwen3") and attention_bias),
         o_bias=model_type in ("llama", "qwen3") and attention_bias,
         mlp_bias=model_type == "llama" and bool(raw.get("mlp_bias", False)),
-        qk_norm=model_type == "qwen3", **sizes)
+        qk_norm=model_type == "qwen3",
+        **sizes,
+    )
 
 
 @functools.lru_cache(maxsize=32)
@@ -149,8 +166,9 @@ def _read_json(path: str, mtime_ns: int) -> dict:
         return json.load(f)
 
 
-def read_model_shape(folder: str, config_key: str = "actor_rollout_ref.model.path",
-                     override_config: dict | None = None) -> ModelShape:
+def read_model_shape(
+    folder: str, config_key: str = "actor_rollout_ref.model.path", override_config: dict | None = None
+) -> ModelShape:
     """The shape of the model in ``folder`` (a folder with ``config.json``), with the role's
     ``model.override_config`` applied over the file, as the loader does.
 
@@ -160,8 +178,10 @@ def read_model_shape(folder: str, config_key: str = "actor_rollout_ref.model.pat
     """
     path = os.path.join(folder, "config.json")
     if not os.path.isfile(path):
-        raise ModelPathError(f"{config_key}: '{folder}' has no config.json; the memory plan reads the model's sizes "
-                             "from it (set the key to a Hugging Face model folder)")
+        raise ModelPathError(
+            f"{config_key}: '{folder}' has no config.json; the memory plan reads the model's sizes "
+            "from it (set the key to a Hugging Face model folder)"
+        )
     try:
         contents = _read_json(path, os.stat(path).st_mtime_ns)
     except (OSError, ValueError) as exc:
@@ -169,4 +189,3 @@ def read_model_shape(folder: str, config_key: str = "actor_rollout_ref.model.pat
     if not isinstance(contents, dict):
         raise ModelPathError(f"{config_key}: {path} does not hold a JSON object")
     return model_shape_from_dict({**contents, **dict(override_config or {})}, config_key)
-

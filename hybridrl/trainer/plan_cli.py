@@ -57,15 +57,20 @@ def _candidates(config, plan: MemoryPlan) -> list[dict]:
         if roles.get("reference", {}).get("weights"):
             cands.append({f"{REF}.fsdp_config.param_offload": True})
         if "critic" in roles:
-            cands += [{"critic.model.fsdp_config.param_offload": True},
-                      {"critic.model.fsdp_config.optimizer_offload": True}]
+            cands += [
+                {"critic.model.fsdp_config.param_offload": True},
+                {"critic.model.fsdp_config.optimizer_offload": True},
+            ]
     cands += _halved_batches(config, "critic" in roles, "reference" in roles)
     if not arr.model.enable_gradient_checkpointing:
         cands.append({"actor_rollout_ref.model.enable_gradient_checkpointing": True})
     if "critic" in roles and not config.critic.model.enable_gradient_checkpointing:
         cands.append({"critic.model.enable_gradient_checkpointing": True})
-    chunking = {f"{sec}.entropy_from_logits_with_chunking": True for sec, cfg in ((ACTOR, arr.actor), (REF, arr.ref))
-                if not cfg.entropy_from_logits_with_chunking}
+    chunking = {
+        f"{sec}.entropy_from_logits_with_chunking": True
+        for sec, cfg in ((ACTOR, arr.actor), (REF, arr.ref))
+        if not cfg.entropy_from_logits_with_chunking
+    }
     if chunking:
         cands.append(chunking)
     cands.append({"trainer.nnodes": int(config.trainer.nnodes) * 2})
@@ -90,15 +95,24 @@ def _halved_batches(config, critic: bool, reference: bool) -> list[dict]:
     n, workers = int(arr.rollout.n), int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
     row = int(config.data.max_prompt_length) + int(config.data.max_response_length)
     out = []
-    sections = [(ACTOR, arr.actor, "ppo_micro_batch_size", "use_dynamic_bsz", "ppo_max_token_len_per_gpu"),
-                (ROLLOUT, arr.rollout, "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz",
-                 "log_prob_max_token_len_per_gpu")]
+    sections = [
+        (ACTOR, arr.actor, "ppo_micro_batch_size", "use_dynamic_bsz", "ppo_max_token_len_per_gpu"),
+        (
+            ROLLOUT,
+            arr.rollout,
+            "log_prob_micro_batch_size",
+            "log_prob_use_dynamic_bsz",
+            "log_prob_max_token_len_per_gpu",
+        ),
+    ]
     if reference:
-        sections.append((REF, arr.ref, "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz",
-                         "log_prob_max_token_len_per_gpu"))
+        sections.append(
+            (REF, arr.ref, "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu")
+        )
     if critic:
-        sections.append(("critic", config.critic, "ppo_micro_batch_size", "use_dynamic_bsz",
-                         "ppo_max_token_len_per_gpu"))
+        sections.append(
+            ("critic", config.critic, "ppo_micro_batch_size", "use_dynamic_bsz", "ppo_max_token_len_per_gpu")
+        )
     train_micro = worker_batch_sizes(arr.actor, n, workers)["ppo_micro_batch_size_per_gpu"]
     for prefix, section, micro_key, dynamic_key, budget_key in sections:
         if section[dynamic_key]:
@@ -155,8 +169,11 @@ def _combine(config, plan: MemoryPlan) -> dict | None:
         best = None
         for change in _candidates(_with(config, total), current):
             new = _try(config, {**total, **change}, plan.device_memory_gb)
-            if new is not None and new.per_device_gb < current.per_device_gb - 1e-6 and (
-                    best is None or new.per_device_gb < best[1].per_device_gb):
+            if (
+                new is not None
+                and new.per_device_gb < current.per_device_gb - 1e-6
+                and (best is None or new.per_device_gb < best[1].per_device_gb)
+            ):
                 best = (change, new)
         if best is None:
             break
@@ -175,26 +192,35 @@ def startup_line(config) -> tuple[str, bool]:
 def plan_json(plan: MemoryPlan) -> dict:
     """The ``--json`` object: ``per_device_gb``, ``roles``, ``device_memory_gb``, ``fits``,
     ``suggestions`` and the rest of the plan (GiB, rounded to 4 decimals)."""
+
     def r(x):
         return round(float(x), 4)
 
-    return {"per_device_gb": r(plan.per_device_gb), "device_memory_gb": r(plan.device_memory_gb), "fits": plan.fits,
-            "peak_phase": plan.peak_phase, "device": plan.device, "workers": plan.workers, "model": plan.model,
-            "roles": {role: {c: r(v) for c, v in parts.items()} for role, parts in plan.roles.items()},
-            "phases": {p: r(v) for p, v in plan.phases.items()},
-            "peak_by_role": {role: r(v) for role, v in plan.peak_by_role.items()},
-            "host_gb": {role: {c: r(v) for c, v in parts.items()} for role, parts in plan.host_gb.items()},
-            "notes": plan.notes,
-            "suggestions": [{**s, "per_device_gb": r(s["per_device_gb"])} for s in plan.suggestions]}
+    return {
+        "per_device_gb": r(plan.per_device_gb),
+        "device_memory_gb": r(plan.device_memory_gb),
+        "fits": plan.fits,
+        "peak_phase": plan.peak_phase,
+        "device": plan.device,
+        "workers": plan.workers,
+        "model": plan.model,
+        "roles": {role: {c: r(v) for c, v in parts.items()} for role, parts in plan.roles.items()},
+        "phases": {p: r(v) for p, v in plan.phases.items()},
+        "peak_by_role": {role: r(v) for role, v in plan.peak_by_role.items()},
+        "host_gb": {role: {c: r(v) for c, v in parts.items()} for role, parts in plan.host_gb.items()},
+        "notes": plan.notes,
+        "suggestions": [{**s, "per_device_gb": r(s["per_device_gb"])} for s in plan.suggestions],
+    }
 
 
 def format_table(plan: MemoryPlan) -> str:
     """The plan as a plain-text table: role x component (GB on the device, and when), phases, verdict."""
     model = plan.model
-    title = (f"memory plan: {model['model_type']} with {model['params'] / 1e9:.2f}B parameters, {plan.device} x "
-             f"{plan.workers} workers, {plan.device_memory_gb:.1f} GB per device")
-    lines = [title, "",
-             f"{'role':<13}{'component':<32}{'GB':>9}  on the device during"]
+    title = (
+        f"memory plan: {model['model_type']} with {model['params'] / 1e9:.2f}B parameters, {plan.device} x "
+        f"{plan.workers} workers, {plan.device_memory_gb:.1f} GB per device"
+    )
+    lines = [title, "", f"{'role':<13}{'component':<32}{'GB':>9}  on the device during"]
     for role, parts in plan.roles.items():
         for component, gb in parts.items():
             if gb > 0:
@@ -221,9 +247,14 @@ def _value(v) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hybridrl plan", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device-memory", type=float, metavar="GB", dest="device_memory",
-                        help="memory of one device in GB (GiB); default: the visible GPU's, or on CPU this "
-                             "machine's RAM / trainer.n_gpus_per_node")
+    parser.add_argument(
+        "--device-memory",
+        type=float,
+        metavar="GB",
+        dest="device_memory",
+        help="memory of one device in GB (GiB); default: the visible GPU's, or on CPU this "
+        "machine's RAM / trainer.n_gpus_per_node",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="the same overrides as hybridrl train")
     return parser

@@ -59,8 +59,10 @@ def default_device_memory_gb(config, device: str) -> float:
         import torch
 
         if not torch.cuda.is_available():
-            raise ConfigError("--device-memory: trainer.device=cuda but no GPU is visible here; give the GPU's "
-                              "memory in GB, e.g. --device-memory 80")
+            raise ConfigError(
+                "--device-memory: trainer.device=cuda but no GPU is visible here; give the GPU's "
+                "memory in GB, e.g. --device-memory 80"
+            )
         return torch.cuda.get_device_properties(0).total_memory / GiB
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return ram / GiB / max(1, int(config.trainer.n_gpus_per_node))
@@ -83,8 +85,9 @@ def _sp(config, key: str) -> int:
 
 def _tokens_pass(tokens: int, response_share: float, row_len: int, sp: int, **kwargs) -> Pass:
     """A pass over ``tokens`` tokens (``response_share`` of them projected on the vocabulary), split over SP."""
-    return Pass(tokens=math.ceil(tokens / sp), logit_tokens=math.ceil(tokens * response_share / sp), row_len=row_len,
-                **kwargs)
+    return Pass(
+        tokens=math.ceil(tokens / sp), logit_tokens=math.ceil(tokens * response_share / sp), row_len=row_len, **kwargs
+    )
 
 
 def _forward_micro(section, prefix: str, name: str, workers: int, fallback: int):
@@ -117,18 +120,25 @@ def _actor_role(config, workers: int, cuda: bool, shape, train_micro: int) -> Ro
     lora = _int_at_least(config, f"{MODEL}.lora_rank", 0)
     adapters = shape.lora_param_count(lora, model.target_modules, model.exclude_modules) if lora else 0
     fsdp = actor.fsdp_config
-    return Role(shape=shape, params=shape.param_count() + adapters,
-                weight_bytes=_dtype_bytes(config, f"{ACTOR}.fsdp_config.model_dtype"),
-                compute_bytes=_dtype_bytes(config, f"{ACTOR}.fsdp_config.mixed_precision.param_dtype"),
-                shard=_shard(workers, fsdp.fsdp_size), trainable=adapters or shape.param_count(),
-                param_offload=bool(fsdp.param_offload), optimizer_offload=bool(fsdp.optimizer_offload),
-                checkpointing=bool(model.enable_gradient_checkpointing),
-                reshard_after_forward=bool(fsdp.reshard_after_forward),
-                fsdp=workers > 1 or (cuda and fsdp.param_offload),
-                passes={"update_actor": _tokens_pass(update_tokens, share, seq, sp, train=True, chunked=chunked,
-                                                     extra_logit_bytes=temp_copy + entropy_grad),
-                        "old_log_prob": _tokens_pass(lp_tokens, share, seq, sp, chunked=chunked,
-                                                     extra_logit_bytes=temp_copy)})
+    return Role(
+        shape=shape,
+        params=shape.param_count() + adapters,
+        weight_bytes=_dtype_bytes(config, f"{ACTOR}.fsdp_config.model_dtype"),
+        compute_bytes=_dtype_bytes(config, f"{ACTOR}.fsdp_config.mixed_precision.param_dtype"),
+        shard=_shard(workers, fsdp.fsdp_size),
+        trainable=adapters or shape.param_count(),
+        param_offload=bool(fsdp.param_offload),
+        optimizer_offload=bool(fsdp.optimizer_offload),
+        checkpointing=bool(model.enable_gradient_checkpointing),
+        reshard_after_forward=bool(fsdp.reshard_after_forward),
+        fsdp=workers > 1 or (cuda and fsdp.param_offload),
+        passes={
+            "update_actor": _tokens_pass(
+                update_tokens, share, seq, sp, train=True, chunked=chunked, extra_logit_bytes=temp_copy + entropy_grad
+            ),
+            "old_log_prob": _tokens_pass(lp_tokens, share, seq, sp, chunked=chunked, extra_logit_bytes=temp_copy),
+        },
+    )
 
 
 def _reference_role(config, workers: int, cuda: bool, actor: Role, train_micro: int) -> Role:
@@ -141,13 +151,27 @@ def _reference_role(config, workers: int, cuda: bool, actor: Role, train_micro: 
     compute = _dtype_bytes(config, f"{REF}.fsdp_config.mixed_precision.param_dtype")
     offload = bool(ref.fsdp_config.param_offload)
     sp = _sp(config, f"{REF}.ulysses_sequence_parallel_size")
-    return Role(shape=actor.shape, params=actor.params, weight_bytes=actor.weight_bytes if lora else compute,
-                compute_bytes=compute, shard=actor.shard if lora else _shard(workers, ref.fsdp_config.fsdp_size),
-                param_offload=actor.param_offload if lora else offload, own_copy=not lora,
-                reshard_after_forward=bool(ref.fsdp_config.reshard_after_forward),
-                fsdp=actor.fsdp if lora else (workers > 1 or (cuda and offload)),
-                passes={"ref_log_prob": _tokens_pass(tokens, response / seq, seq, sp, extra_logit_bytes=temp_copy,
-                                                     chunked=bool(ref.entropy_from_logits_with_chunking))})
+    return Role(
+        shape=actor.shape,
+        params=actor.params,
+        weight_bytes=actor.weight_bytes if lora else compute,
+        compute_bytes=compute,
+        shard=actor.shard if lora else _shard(workers, ref.fsdp_config.fsdp_size),
+        param_offload=actor.param_offload if lora else offload,
+        own_copy=not lora,
+        reshard_after_forward=bool(ref.fsdp_config.reshard_after_forward),
+        fsdp=actor.fsdp if lora else (workers > 1 or (cuda and offload)),
+        passes={
+            "ref_log_prob": _tokens_pass(
+                tokens,
+                response / seq,
+                seq,
+                sp,
+                extra_logit_bytes=temp_copy,
+                chunked=bool(ref.entropy_from_logits_with_chunking),
+            )
+        },
+    )
 
 
 def _critic_role(config, workers: int, cuda: bool) -> Role:
@@ -166,15 +190,23 @@ def _critic_role(config, workers: int, cuda: bool) -> Role:
     adapters = shape.lora_param_count(lora, model.target_modules, model.exclude_modules) if lora else 0
     trainable = adapters + shape.hidden_size + 1 if lora else params  # LoRA: the adapters and the value head
     fsdp = model.fsdp_config
-    return Role(shape=shape, params=params + adapters,
-                weight_bytes=_dtype_bytes(config, "critic.model.fsdp_config.model_dtype"),
-                compute_bytes=_dtype_bytes(config, "critic.model.fsdp_config.mixed_precision.param_dtype"),
-                shard=_shard(workers, fsdp.fsdp_size), trainable=trainable, param_offload=bool(fsdp.param_offload),
-                optimizer_offload=bool(fsdp.optimizer_offload), checkpointing=bool(model.enable_gradient_checkpointing),
-                reshard_after_forward=bool(fsdp.reshard_after_forward),
-                fsdp=workers > 1 or (cuda and fsdp.param_offload),
-                passes={"update_critic": _tokens_pass(update, 0.0, seq, sp, train=True),
-                        "values": _tokens_pass(forward, 0.0, seq, sp)})
+    return Role(
+        shape=shape,
+        params=params + adapters,
+        weight_bytes=_dtype_bytes(config, "critic.model.fsdp_config.model_dtype"),
+        compute_bytes=_dtype_bytes(config, "critic.model.fsdp_config.mixed_precision.param_dtype"),
+        shard=_shard(workers, fsdp.fsdp_size),
+        trainable=trainable,
+        param_offload=bool(fsdp.param_offload),
+        optimizer_offload=bool(fsdp.optimizer_offload),
+        checkpointing=bool(model.enable_gradient_checkpointing),
+        reshard_after_forward=bool(fsdp.reshard_after_forward),
+        fsdp=workers > 1 or (cuda and fsdp.param_offload),
+        passes={
+            "update_critic": _tokens_pass(update, 0.0, seq, sp, train=True),
+            "values": _tokens_pass(forward, 0.0, seq, sp),
+        },
+    )
 
 
 def _reward_model_role(config, workers: int, cuda: bool, per_worker_rows: int) -> Role:
@@ -184,13 +216,17 @@ def _reward_model_role(config, workers: int, cuda: bool, per_worker_rows: int) -
     row_len = int(rm.max_length) if rm.max_length else seq
     rows = _forward_micro(rm, "reward_model", "micro_batch_size", workers, per_worker_rows)
     fsdp = rm.model.fsdp_config
-    return Role(shape=shape, params=shape.scalar_head_param_count(),
-                weight_bytes=_dtype_bytes(config, "reward_model.model.fsdp_config.model_dtype"),
-                compute_bytes=_dtype_bytes(config, "reward_model.model.fsdp_config.mixed_precision.param_dtype"),
-                shard=_shard(workers, fsdp.fsdp_size), param_offload=bool(fsdp.param_offload),
-                reshard_after_forward=bool(fsdp.reshard_after_forward),
-                fsdp=workers > 1 or (cuda and fsdp.param_offload),
-                passes={"reward_model": _tokens_pass(rows * row_len, 0.0, row_len, 1)})
+    return Role(
+        shape=shape,
+        params=shape.scalar_head_param_count(),
+        weight_bytes=_dtype_bytes(config, "reward_model.model.fsdp_config.model_dtype"),
+        compute_bytes=_dtype_bytes(config, "reward_model.model.fsdp_config.mixed_precision.param_dtype"),
+        shard=_shard(workers, fsdp.fsdp_size),
+        param_offload=bool(fsdp.param_offload),
+        reshard_after_forward=bool(fsdp.reshard_after_forward),
+        fsdp=workers > 1 or (cuda and fsdp.param_offload),
+        passes={"reward_model": _tokens_pass(rows * row_len, 0.0, row_len, 1)},
+    )
 
 
 def _rollout(config, device_memory_gb: float, cuda: bool, actor: Role, per_worker_rows: int) -> Rollout:
@@ -217,31 +253,45 @@ def _rollout(config, device_memory_gb: float, cuda: bool, actor: Role, per_worke
     bucket = float(rollout.update_weights_bucket_megabytes)
     if bucket <= 0:
         raise ConfigError(f"{ROLLOUT}.update_weights_bucket_megabytes={bucket:g} must be > 0 (MB)")
-    return Rollout(shape=actor.shape, params=params, engine=engine, dtype_bytes=dtype,
-                   micro_batch=min(micro or per_worker_rows, per_worker_rows),
-                   prompt_len=int(config.data.max_prompt_length),
-                   response_len=int(rollout.response_length), bucket_mb=bucket, vllm_gb=vllm_gb,
-                   vllm_sleeps=bool(rollout.free_cache_engine))
+    return Rollout(
+        shape=actor.shape,
+        params=params,
+        engine=engine,
+        dtype_bytes=dtype,
+        micro_batch=min(micro or per_worker_rows, per_worker_rows),
+        prompt_len=int(config.data.max_prompt_length),
+        response_len=int(rollout.response_length),
+        bucket_mb=bucket,
+        vllm_gb=vllm_gb,
+        vllm_sleeps=bool(rollout.free_cache_engine),
+    )
 
 
 def _notes(config, device: str, workers: int) -> list[str]:
     notes = []
-    keys = [f"{ACTOR}.fsdp_config.param_offload", f"{ACTOR}.fsdp_config.optimizer_offload",
-            f"{REF}.fsdp_config.param_offload", "critic.model.fsdp_config.param_offload",
-            "critic.model.fsdp_config.optimizer_offload"]
+    keys = [
+        f"{ACTOR}.fsdp_config.param_offload",
+        f"{ACTOR}.fsdp_config.optimizer_offload",
+        f"{REF}.fsdp_config.param_offload",
+        "critic.model.fsdp_config.param_offload",
+        "critic.model.fsdp_config.optimizer_offload",
+    ]
     offloaded = [key for key in keys if _get(config, key)]
     if device == "cpu" and offloaded:
         notes.append(f"on CPU the device memory is the host memory: {', '.join(offloaded)} saves nothing (not counted)")
     if int(config.actor_rollout_ref.model.lora_rank) > 0 and needs_reference_policy(config):
         notes.append("the reference is the actor with its LoRA adapters off: no copy of its own")
     if int(config.actor_rollout_ref.rollout.tensor_model_parallel_size) > 1:
-        notes.append(f"{ROLLOUT}.tensor_model_parallel_size > 1 is not in this build; "
-                     "planned as 1 (one engine per worker)")
+        notes.append(
+            f"{ROLLOUT}.tensor_model_parallel_size > 1 is not in this build; planned as 1 (one engine per worker)"
+        )
     if config.reward_model.reward_manager == "judge":
         notes.append("the LLM judge of reward_model.reward_manager=judge is not planned")
     if device == "cpu" and config.trainer.cpu_malloc_reuse:
-        notes.append("trainer.cpu_malloc_reuse=true keeps freed memory resident: measured peaks were up to 1.6x "
-                     "this plan on 2 workers (docs/scale.md); trainer.cpu_malloc_reuse=false for the leanest run")
+        notes.append(
+            "trainer.cpu_malloc_reuse=true keeps freed memory resident: measured peaks were up to 1.6x "
+            "this plan on 2 workers (docs/scale.md); trainer.cpu_malloc_reuse=false for the leanest run"
+        )
     return notes
 
 
@@ -269,12 +319,17 @@ def build_plan(config, device_memory_gb: float | None = None) -> MemoryPlan:
     shape = _shape(config, f"{MODEL}.path", f"{MODEL}.override_config")
     actor = _actor_role(config, workers, cuda, shape, train_micro)
     inputs = PlanInputs(
-        device=device, workers=workers, device_memory_gb=float(device_memory_gb),
-        baseline_gb=CUDA_PROCESS_BASELINE_GB if cuda else CPU_PROCESS_BASELINE_GB, actor=actor,
+        device=device,
+        workers=workers,
+        device_memory_gb=float(device_memory_gb),
+        baseline_gb=CUDA_PROCESS_BASELINE_GB if cuda else CPU_PROCESS_BASELINE_GB,
+        actor=actor,
         rollout=_rollout(config, float(device_memory_gb), cuda, actor, per_worker_rows),
-        reference=(_reference_role(config, workers, cuda, actor, train_micro)
-                   if needs_reference_policy(config) else None),
+        reference=(
+            _reference_role(config, workers, cuda, actor, train_micro) if needs_reference_policy(config) else None
+        ),
         critic=_critic_role(config, workers, cuda) if use_critic else None,
         reward_model=_reward_model_role(config, workers, cuda, per_worker_rows) if config.reward_model.enable else None,
-        notes=tuple(_notes(config, device, workers)))
+        notes=tuple(_notes(config, device, workers)),
+    )
     return make_plan(inputs)

@@ -91,11 +91,13 @@ class PPOTrainerConfig:
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     max_actor_ckpt_to_keep: Optional[int] = None
     max_critic_ckpt_to_keep: Optional[int] = ignored(
-        None, "actor and critic share one step folder; trainer.max_actor_ckpt_to_keep governs both")
+        None, "actor and critic share one step folder; trainer.max_actor_ckpt_to_keep governs both"
+    )
     use_v1: bool = ignored(True, "hybridrl has one trainer; its loop is verl's v1 trainer_mode=sync")
     v1: V1Config = field(default_factory=V1Config)
     ray_wait_register_center_timeout: float = ignored(
-        300, "workers are ready when their constructor returns (no register center)")
+        300, "workers are ready when their constructor returns (no register center)"
+    )
 
 
 @dataclass

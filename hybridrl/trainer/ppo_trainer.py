@@ -52,9 +52,21 @@ from hybridrl.trainer.step_plan import make_step_plan
 class PPOTrainer:
     """Runs ``fit()``: validation, then ``step()`` per batch, checkpoints and logging."""
 
-    def __init__(self, config, tokenizer, actor_rollout_wg, critic_wg, reward_fn, val_reward_fn,
-                 train_dataloader, val_dataloader, total_training_steps: int, n_workers: int = 1, rm_wg=None,
-                 rollout_wg=None):
+    def __init__(
+        self,
+        config,
+        tokenizer,
+        actor_rollout_wg,
+        critic_wg,
+        reward_fn,
+        val_reward_fn,
+        train_dataloader,
+        val_dataloader,
+        total_training_steps: int,
+        n_workers: int = 1,
+        rm_wg=None,
+        rollout_wg=None,
+    ):
         self.config = config
         # the engines: in the actor's workers, or (rollout.nnodes > 0) in a rollout pool of their own
         self.rollout_wg = rollout_wg if rollout_wg is not None else actor_rollout_wg
@@ -146,12 +158,14 @@ class PPOTrainer:
         batch.batch["token_level_scores"] = reward_tensor
         for key, values in reward_extra_info.items():
             if key in batch.non_tensor_batch:
-                raise RewardFunctionError(f"the reward function returns {key!r}, the name of a batch column; rename "
-                                          "that key of its dict")
+                raise RewardFunctionError(
+                    f"the reward function returns {key!r}, the name of a batch column; rename that key of its dict"
+                )
             batch.non_tensor_batch[key] = object_array(values)
         self._reward_extra_keys.update(dict.fromkeys(reward_extra_info))
-        batch, failure_metrics = apply_reward_failures(batch, self.config.reward_model.on_error,
-                                                       drop_rows=self.dynamic_sampler is not None)
+        batch, failure_metrics = apply_reward_failures(
+            batch, self.config.reward_model.on_error, drop_rows=self.dynamic_sampler is not None
+        )
         for key, value in failure_metrics.items():  # summed over the generation batches of a step
             metrics[key] = metrics.get(key, 0.0) + value
         return batch
@@ -187,8 +201,9 @@ class PPOTrainer:
             batch.meta_info["global_steps"] = self.global_steps
             batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
             batch.meta_info["max_prompt_length"] = cfg.data.max_prompt_length
-            pending = (PendingReward(batch, self.reward_fn, reward_deadline_s(cfg, len(batch)))
-                       if self.reward_async else None)
+            pending = (
+                PendingReward(batch, self.reward_fn, reward_deadline_s(cfg, len(batch))) if self.reward_async else None
+            )
 
             entropys = None
             if self.plan.old_log_probs == "rollout":  # bypass mode: the rollout log-probs are the old ones
@@ -201,7 +216,9 @@ class PPOTrainer:
 
             if self.plan.ref_log_prob:
                 with marked_timer("ref", timing_raw):
-                    batch = batch.union(self.actor_rollout_wg.compute_ref_log_prob(batch, full_kl=self.plan.ref_full_kl))
+                    batch = batch.union(
+                        self.actor_rollout_wg.compute_ref_log_prob(batch, full_kl=self.plan.ref_full_kl)
+                    )
 
             if self.plan.use_critic:
                 with marked_timer("values", timing_raw):
@@ -213,16 +230,24 @@ class PPOTrainer:
             reward_extra_info = {key: list(batch.non_tensor_batch[key]) for key in self._reward_extra_keys}
             if entropys is not None:  # after the reward: mask_sample may have masked samples
                 metrics["actor/entropy"] = agg_loss(
-                    entropys, batch.batch["response_mask"], cfg.actor_rollout_ref.actor.loss_agg_mode).item()
+                    entropys, batch.batch["response_mask"], cfg.actor_rollout_ref.actor.loss_agg_mode
+                ).item()
 
             with marked_timer("adv", timing_raw):
                 batch = self.compute_advantages(batch, metrics)
             # before the update: its weight sync may be the last call a failing rollout pool answers
             self.collect_memory_metrics(metrics)
             batch = self.update(batch, metrics, timing_raw)
-            if ("rollout_log_probs" in batch.batch.keys() and "old_log_probs" in batch.batch.keys()
-                    and not self.rollout_correction.bypass_mode):  # bypass: the actor reports the gap
-                mismatch = (batch.batch["old_log_probs"], batch.batch["rollout_log_probs"], batch.batch["response_mask"])
+            if (
+                "rollout_log_probs" in batch.batch.keys()
+                and "old_log_probs" in batch.batch.keys()
+                and not self.rollout_correction.bypass_mode
+            ):  # bypass: the actor reports the gap
+                mismatch = (
+                    batch.batch["old_log_probs"],
+                    batch.batch["rollout_log_probs"],
+                    batch.batch["response_mask"],
+                )
                 metrics.update(compute_rollout_probs_diff_metrics(*mismatch))
                 if not self.rollout_correction.corrects:  # else logged with the correction
                     metrics.update(compute_offpolicy_metrics(*mismatch))
@@ -231,7 +256,9 @@ class PPOTrainer:
         dump_rollouts(cfg.trainer, batch, self.tokenizer, self.global_steps, reward_extra_info)
         metrics.update(compute_timing_metrics(batch, timing_raw))
         metrics.update(compute_throughput_metrics(batch, timing_raw, n_devices=self.n_workers))
-        if self.prefetch is not None or self.streaming is not None:  # verl's name: the share of the step spent waiting for generation
+        if (
+            self.prefetch is not None or self.streaming is not None
+        ):  # verl's name: the share of the step spent waiting for generation
             metrics["fully_async/trainer/idle_ratio"] = timing_raw["gen"] / timing_raw["step"]
         return metrics
 
@@ -243,8 +270,12 @@ class PPOTrainer:
         reward_tensor = batch.batch["token_level_scores"]
         if algo.use_kl_in_reward:
             rewards, kl_metrics = apply_kl_penalty(
-                reward_tensor, batch.batch["old_log_probs"], batch.batch["ref_log_prob"],
-                batch.batch["response_mask"], self.kl_ctrl_in_reward, algo.kl_penalty,
+                reward_tensor,
+                batch.batch["old_log_probs"],
+                batch.batch["ref_log_prob"],
+                batch.batch["response_mask"],
+                self.kl_ctrl_in_reward,
+                algo.kl_penalty,
                 full_kl=batch.batch.get("full_kl", None),
             )
             batch.batch["token_level_rewards"] = rewards
@@ -254,8 +285,9 @@ class PPOTrainer:
         if self.rollout_correction.corrects and not self.rollout_correction.bypass_mode:
             batch, corr_metrics = compute_rollout_correction_and_add_to_batch(batch, self.rollout_correction)
             metrics.update(corr_metrics)
-        return compute_advantage(batch, algo.adv_estimator, algo.gamma, algo.lam, algo.norm_adv_by_std_in_grpo,
-                                 config=algo)
+        return compute_advantage(
+            batch, algo.adv_estimator, algo.gamma, algo.lam, algo.norm_adv_by_std_in_grpo, config=algo
+        )
 
     def update(self, batch: DataProto, metrics: dict, timing_raw: dict) -> DataProto:
         """The critic's update, then the actor's (from ``trainer.critic_warmup`` on). On policy (no
@@ -268,8 +300,10 @@ class PPOTrainer:
             with marked_timer("update_actor", timing_raw):
                 # one-step-off: the engine gets the weights at the next step; fully async: from the driver below
                 actor_output = self.actor_rollout_wg.update_actor(
-                    batch, on_policy=self.plan.on_policy,
-                    sync_rollout_weights=self.prefetch is None and self.streaming is None)
+                    batch,
+                    on_policy=self.plan.on_policy,
+                    sync_rollout_weights=self.prefetch is None and self.streaming is None,
+                )
             merge_metrics(metrics, reduce_metrics(actor_output.meta_info["metrics"]))
             if actor_output.batch is not None:
                 batch.batch["old_log_probs"] = actor_output.batch["old_log_probs"]
@@ -297,11 +331,17 @@ class PPOTrainer:
         Aligning Large Language Models", arXiv 2310.10505. ``batch`` holds the prompts' rows
         (one per prompt, before ``repeat``), ``prompts`` their generation inputs.
         """
-        prompts = DataProto(batch=prompts.batch, non_tensor_batch=dict(prompts.non_tensor_batch),
-                            meta_info={**prompts.meta_info, "do_sample": False})
+        prompts = DataProto(
+            batch=prompts.batch,
+            non_tensor_batch=dict(prompts.non_tensor_batch),
+            meta_info={**prompts.meta_info, "do_sample": False},
+        )
         greedy = self.rollout_wg.generate_sequences(prompts)
-        scored = DataProto(batch=batch.batch.clone(False), non_tensor_batch=dict(batch.non_tensor_batch),
-                           meta_info=dict(batch.meta_info)).union(greedy)
+        scored = DataProto(
+            batch=batch.batch.clone(False),
+            non_tensor_batch=dict(batch.non_tensor_batch),
+            meta_info=dict(batch.meta_info),
+        ).union(greedy)
         reward_tensor, _ = compute_reward(scored, self.reward_fn)
         return reward_tensor.sum(dim=-1)
 
@@ -338,8 +378,12 @@ class PPOTrainer:
             sources = batch.non_tensor_batch[self.config.data.reward_fn_key]
             for source, score in zip(sources, reward_tensor.sum(-1).tolist()):
                 scores_by_source[str(source)].append(score)
-        return dump.finish({f"val-core/{source}/reward/mean@{n}": float(np.mean(scores))
-                            for source, scores in scores_by_source.items()})
+        return dump.finish(
+            {
+                f"val-core/{source}/reward/mean@{n}": float(np.mean(scores))
+                for source, scores in scores_by_source.items()
+            }
+        )
 
     # ---------------------------------------------------------------- checkpoints
     def save_checkpoint(self) -> str:
@@ -357,8 +401,12 @@ class PPOTrainer:
         if self.streaming is not None:  # fully async: a resumed run regenerates the groups not trained yet
             dataloader_state, trainer_state["stream_done_rows"] = self.streaming.checkpoint_state()
         return checkpoint.save_checkpoint(
-            trainer_cfg.default_local_dir, self.global_steps, write_workers,
-            dataloader_state, max_to_keep=keep, trainer_state=trainer_state,
+            trainer_cfg.default_local_dir,
+            self.global_steps,
+            write_workers,
+            dataloader_state,
+            max_to_keep=keep,
+            trainer_state=trainer_state,
         )
 
     def load_checkpoint(self) -> None:
@@ -398,8 +446,12 @@ class PPOTrainer:
         batches = self._train_batches()
         if trainer_cfg.one_step_off_policy:  # the batches are drawn and generated a step early
             batches = self.prefetch = OneStepOffRollout(
-                batches, self.generate, lambda: self.actor_rollout_wg.sync_rollout_weights()[0],
-                self.train_dataloader.state_dict, engine_deadline_s(self.config))
+                batches,
+                self.generate,
+                lambda: self.actor_rollout_wg.sync_rollout_weights()[0],
+                self.train_dataloader.state_dict,
+                engine_deadline_s(self.config),
+            )
         elif trainer_cfg.v1.trainer_mode in ASYNC_MODES:  # groups stream in while the trainer trains
             batches = self.streaming = self._start_streaming(batches)
         try:
@@ -410,9 +462,17 @@ class PPOTrainer:
 
     def _start_streaming(self, batches: Iterator[dict]) -> StreamingRollout:
         sync = self._sync_engines
-        return StreamingRollout(batches, self.prepare_generation, self.rollout_wg, sync,
-                                self.train_dataloader.state_dict, stream_settings(self.config, self.tokenizer.pad_token_id),
-                                self.config.actor_rollout_ref.rollout.n, sync(), self._stream_done_rows)
+        return StreamingRollout(
+            batches,
+            self.prepare_generation,
+            self.rollout_wg,
+            sync,
+            self.train_dataloader.state_dict,
+            stream_settings(self.config, self.tokenizer.pad_token_id),
+            self.config.actor_rollout_ref.rollout.n,
+            sync(),
+            self._stream_done_rows,
+        )
 
     def _sync_engines(self) -> int:
         """Brings the engines up to the actor's weights; returns their ``param_version``."""

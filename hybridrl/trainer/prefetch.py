@@ -58,10 +58,13 @@ class PendingGeneration(BackgroundCall):
             RolloutEngineError: not done ``deadline_s`` after the launch (the thread runs on unwatched).
             BaseException: what ``generate`` raised, re-raised as it was.
         """
-        return super().result(lambda: RolloutEngineError(
-            f"trainer.one_step_off_policy: waited for {waiting_for}: the generation of the batch for step "
-            f"{self.step} was not done {self.deadline_s:g} s after its launch "
-            "(actor_rollout_ref.rollout.engine_timeout_s); raise it for long generations, or check the engine"))
+        return super().result(
+            lambda: RolloutEngineError(
+                f"trainer.one_step_off_policy: waited for {waiting_for}: the generation of the batch for step "
+                f"{self.step} was not done {self.deadline_s:g} s after its launch "
+                "(actor_rollout_ref.rollout.engine_timeout_s); raise it for long generations, or check the engine"
+            )
+        )
 
 
 def engine_deadline_s(config) -> float:
@@ -73,8 +76,11 @@ def staleness_metrics(sample_versions, current_version: int) -> dict[str, float]
     """``fully_async/staleness/{mean,max}``: ``current_version`` (the actor updates in the weights
     being trained) minus each sample's ``param_version``; 0 in step 1, 1 after (one-step-off)."""
     staleness = current_version - np.asarray(list(sample_versions), dtype=np.float64)
-    return {"fully_async/staleness/mean": float(staleness.mean()), "fully_async/staleness/max": float(staleness.max()),
-            "fully_async/count/current_param_version": float(current_version)}
+    return {
+        "fully_async/staleness/mean": float(staleness.mean()),
+        "fully_async/staleness/max": float(staleness.max()),
+        "fully_async/count/current_param_version": float(current_version),
+    }
 
 
 class OneStepOffRollout:
@@ -92,15 +98,21 @@ class OneStepOffRollout:
         deadline_s: ``actor_rollout_ref.rollout.engine_timeout_s``.
     """
 
-    def __init__(self, batches: Iterator[dict], generate: Callable[[dict], Any], sync_weights: Callable[[], int],
-                 dataloader_state: Callable[[], dict], deadline_s: float) -> None:
+    def __init__(
+        self,
+        batches: Iterator[dict],
+        generate: Callable[[dict], Any],
+        sync_weights: Callable[[], int],
+        dataloader_state: Callable[[], dict],
+        deadline_s: float,
+    ) -> None:
         self._batches, self._generate, self._sync_weights = batches, generate, sync_weights
         self._dataloader_state, self.deadline_s = dataloader_state, float(deadline_s)
         self._next: PendingGeneration | None = None  # batch t+1, being generated
         self._current: PendingGeneration | dict | None = None  # batch t: its generation, or (step 1) its batch
         self._state_before_next: dict | None = None
 
-    def __iter__(self) -> "OneStepOffRollout":
+    def __iter__(self) -> OneStepOffRollout:
         return self
 
     def __next__(self) -> dict:
@@ -131,9 +143,13 @@ class OneStepOffRollout:
         self._current = None
         if not is_last and self._launch(step + 1):  # the engine's cycle: from this launch to the next
             cycle_s = self._next.launched - pending.launched
-            metrics.update({"fully_async/rollouter/active_time": pending.duration_s,
-                            "fully_async/rollouter/version_time": cycle_s,
-                            "fully_async/rollouter/idle_ratio": max(0.0, 1.0 - pending.duration_s / cycle_s)})
+            metrics.update(
+                {
+                    "fully_async/rollouter/active_time": pending.duration_s,
+                    "fully_async/rollouter/version_time": cycle_s,
+                    "fully_async/rollouter/idle_ratio": max(0.0, 1.0 - pending.duration_s / cycle_s),
+                }
+            )
         return result, version
 
     def _launch(self, step: int) -> bool:

@@ -35,16 +35,21 @@ def build_rm_data(config):
     """``(train, val)``: a resumable shuffled loader of ``train_batch_size`` pairs, and the
     validation dataset (None without ``data.val_files``)."""
     model_cfg, data_cfg = config.model, config.data
-    tokenizer = load_tokenizer(resolve_model_path(model_cfg.path, config_key="model.path"),
-                               trust_remote_code=model_cfg.trust_remote_code, padding_side="right",
-                               chat_template=data_cfg.chat_template)
-    train_ds = PreferenceDataset(data_cfg.train_files, tokenizer, data_cfg, "data.train_files",
-                                 max_samples=data_cfg.train_max_samples)
+    tokenizer = load_tokenizer(
+        resolve_model_path(model_cfg.path, config_key="model.path"),
+        trust_remote_code=model_cfg.trust_remote_code,
+        padding_side="right",
+        chat_template=data_cfg.chat_template,
+    )
+    train_ds = PreferenceDataset(
+        data_cfg.train_files, tokenizer, data_cfg, "data.train_files", max_samples=data_cfg.train_max_samples
+    )
     train = create_rl_dataloader(train_ds, batch_size=data_cfg.train_batch_size, seed=config.trainer.seed)
     val = None
     if data_cfg.val_files:
-        val = PreferenceDataset(data_cfg.val_files, tokenizer, data_cfg, "data.val_files",
-                                max_samples=data_cfg.val_max_samples)
+        val = PreferenceDataset(
+            data_cfg.val_files, tokenizer, data_cfg, "data.val_files", max_samples=data_cfg.val_max_samples
+        )
     return train, val
 
 
@@ -78,7 +83,8 @@ class RewardModelTrainer(SupervisedTrainer):
         chosen_all, rejected_all = [], []
         for i in range(0, len(ds), step):
             output = self.worker_group.evaluate_batch(
-                pairs_to_proto(ds.chosen[i : i + step], ds.rejected[i : i + step], ds.margins[i : i + step]))
+                pairs_to_proto(ds.chosen[i : i + step], ds.rejected[i : i + step], ds.margins[i : i + step])
+            )
             chosen_all.append(output.batch["chosen_scores"])
             rejected_all.append(output.batch["rejected_scores"])
         chosen, rejected = torch.cat(chosen_all), torch.cat(rejected_all)
@@ -88,10 +94,12 @@ class RewardModelTrainer(SupervisedTrainer):
 
 
 def _score_metrics(prefix: str, chosen: torch.Tensor, rejected: torch.Tensor) -> dict:
-    return {f"{prefix}/accuracy": compute_preference_accuracy(chosen, rejected).item(),
-            f"{prefix}/chosen_score/mean": chosen.mean().item(),
-            f"{prefix}/rejected_score/mean": rejected.mean().item(),
-            f"{prefix}/score_gap/mean": (chosen - rejected).mean().item()}
+    return {
+        f"{prefix}/accuracy": compute_preference_accuracy(chosen, rejected).item(),
+        f"{prefix}/chosen_score/mean": chosen.mean().item(),
+        f"{prefix}/rejected_score/mean": rejected.mean().item(),
+        f"{prefix}/score_gap/mean": (chosen - rejected).mean().item(),
+    }
 
 
 def run_rm(config) -> str | None:
@@ -101,8 +109,9 @@ def run_rm(config) -> str | None:
     Raises:
         ConfigError: a bad key or value (see :class:`~hybridrl.trainer.supervised_config.RMConfig`).
     """
-    trainer = run_supervised(OmegaConf.structured(rm_config(config)), RewardModelTrainingWorker, RewardModelTrainer,
-                             build_rm_data)
+    trainer = run_supervised(
+        OmegaConf.structured(rm_config(config)), RewardModelTrainingWorker, RewardModelTrainer, build_rm_data
+    )
     folder = trainer.export_dir
     accuracy = f"val/accuracy {trainer.last_val['val/accuracy']:.3f}; " if trainer.last_val else ""
     print(f"hybridrl: reward model saved in {folder} ({accuracy}pass it as reward_model.model.path)", flush=True)

@@ -14,8 +14,13 @@ from hybridrl.algorithms.errors import AlgorithmInputError
 from hybridrl.algorithms.rollout_corr import RolloutCorrectionConfig, compute_rollout_correction_and_rejection_mask
 from hybridrl.protocol import DataProto
 
-__all__ = ["rollout_correction_config", "share_rollout_correction", "apply_bypass_mode",
-           "compute_rollout_correction_and_add_to_batch", "RolloutCorrectionError"]
+__all__ = [
+    "rollout_correction_config",
+    "share_rollout_correction",
+    "apply_bypass_mode",
+    "compute_rollout_correction_and_add_to_batch",
+    "RolloutCorrectionError",
+]
 
 _ENGINE_KEY = "actor_rollout_ref.rollout.calculate_log_probs"
 
@@ -43,7 +48,8 @@ def _rollout_log_probs(batch: DataProto, what: str):
     if "rollout_log_probs" not in batch.batch.keys():
         raise RolloutCorrectionError(
             f"algorithm.rollout_correction.{what} needs the engine's log-probs but the batch has no rollout_log_probs; "
-            f"set {_ENGINE_KEY}=true (an agent loop must return response_logprobs)")
+            f"set {_ENGINE_KEY}=true (an agent loop must return response_logprobs)"
+        )
     return batch.batch["rollout_log_probs"]
 
 
@@ -56,8 +62,10 @@ def apply_bypass_mode(batch: DataProto) -> None:
     batch.batch["old_log_probs"] = _rollout_log_probs(batch, "bypass_mode")
 
 
-def compute_rollout_correction_and_add_to_batch(batch: DataProto, rollout_corr_config: RolloutCorrectionConfig,
-                                                ) -> tuple[DataProto, dict[str, float]]:
+def compute_rollout_correction_and_add_to_batch(
+    batch: DataProto,
+    rollout_corr_config: RolloutCorrectionConfig,
+) -> tuple[DataProto, dict[str, float]]:
     """Decoupled mode: adds ``rollout_is_weights`` ``(bs, R)`` (when ``rollout_is`` is set) and
     applies the rejection to ``response_mask``, in place.
 
@@ -70,8 +78,15 @@ def compute_rollout_correction_and_add_to_batch(batch: DataProto, rollout_corr_c
     cfg = rollout_corr_config
     rollout_log_probs = _rollout_log_probs(batch, f"rollout_is={cfg.rollout_is}, rollout_rs={cfg.rollout_rs}")
     weights, mask, metrics = compute_rollout_correction_and_rejection_mask(
-        batch.batch["old_log_probs"], rollout_log_probs, batch.batch["response_mask"], cfg.rollout_is,
-        cfg.rollout_is_threshold, cfg.rollout_is_batch_normalize, cfg.rollout_rs, cfg.rollout_rs_threshold)
+        batch.batch["old_log_probs"],
+        rollout_log_probs,
+        batch.batch["response_mask"],
+        cfg.rollout_is,
+        cfg.rollout_is_threshold,
+        cfg.rollout_is_batch_normalize,
+        cfg.rollout_rs,
+        cfg.rollout_rs_threshold,
+    )
     batch.batch["response_mask"] = mask
     if weights is not None:
         batch.batch["rollout_is_weights"] = weights

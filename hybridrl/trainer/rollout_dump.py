@@ -77,10 +77,12 @@ def sample_records(batch, tokenizer, step: int, scores=None, reward_extra_info: 
     width = prompts.shape[-1]
     prompt_lens = mask[:, :width].sum(-1).tolist()
     response_lens = mask[:, width:].sum(-1).tolist()
-    inputs = tokenizer.batch_decode([prompts[i, width - int(n):].tolist() for i, n in enumerate(prompt_lens)],
-                                    skip_special_tokens=True)
-    outputs = tokenizer.batch_decode([responses[i, :int(n)].tolist() for i, n in enumerate(response_lens)],
-                                     skip_special_tokens=True)
+    inputs = tokenizer.batch_decode(
+        [prompts[i, width - int(n) :].tolist() for i, n in enumerate(prompt_lens)], skip_special_tokens=True
+    )
+    outputs = tokenizer.batch_decode(
+        [responses[i, : int(n)].tolist() for i, n in enumerate(response_lens)], skip_special_tokens=True
+    )
     totals = scores.sum(-1).tolist()
     columns = batch.non_tensor_batch
     size = len(inputs)
@@ -89,7 +91,9 @@ def sample_records(batch, tokenizer, step: int, scores=None, reward_extra_info: 
     for i in range(size):
         reward_model = columns["reward_model"][i] if "reward_model" in columns else None
         record = {
-            "input": inputs[i], "output": outputs[i], "score": _to_json(float(totals[i])),
+            "input": inputs[i],
+            "output": outputs[i],
+            "score": _to_json(float(totals[i])),
             "ground_truth": _to_json(reward_model.get("ground_truth")) if isinstance(reward_model, dict) else None,
             "step": int(step),
         }
@@ -112,8 +116,10 @@ def write_step(folder: str, step: int, records: list[dict], config_key: str = "t
         os.makedirs(folder, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".step_{int(step)}.", suffix=".tmp")
     except OSError as err:
-        raise ConfigError(f"{config_key}={folder}: cannot write sample dumps there ({err.strerror}); "
-                          "pick a writable folder or set it to null") from err
+        raise ConfigError(
+            f"{config_key}={folder}: cannot write sample dumps there ({err.strerror}); "
+            "pick a writable folder or set it to null"
+        ) from err
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             for record in records:
@@ -177,8 +183,10 @@ class ValidationDump:
         self.folder = trainer_cfg.validation_data_dir or None
         n = trainer_cfg.log_val_generations
         if n < 0:
-            raise ConfigError(f"trainer.log_val_generations={n!r}: it must be a whole number >= 0 "
-                              "(validation samples given to the loggers; 0 turns it off)")
+            raise ConfigError(
+                f"trainer.log_val_generations={n!r}: it must be a whole number >= 0 "
+                "(validation samples given to the loggers; 0 turns it off)"
+            )
         self.n_log = n
         self.tokenizer = tokenizer
         self.step = int(step)
@@ -214,8 +222,9 @@ def list_steps(folder: str) -> dict[int, str]:
         FileNotFoundError: `folder` is not a folder.
     """
     if not os.path.isdir(folder):
-        raise FileNotFoundError(f"{folder}: no such folder; pass a trainer.rollout_data_dir or "
-                                "trainer.validation_data_dir of a run")
+        raise FileNotFoundError(
+            f"{folder}: no such folder; pass a trainer.rollout_data_dir or trainer.validation_data_dir of a run"
+        )
     found = {}
     for name in os.listdir(folder):
         match = _STEP_FILE.match(name)

@@ -28,24 +28,30 @@ from hybridrl.trainer.supervised import SupervisedTrainer, run_supervised
 from hybridrl.trainer.supervised_config import ignored_notes, sft_config
 from hybridrl.workers.supervised_worker import SFT_KEYS, SFTWorker, trim_padding
 
-
 # ---------------------------------------------------------------- data and the driver
 
 
 def build_sft_data(config):
     """``(train, val)``: a resumable shuffled loader of ``train_batch_size`` rows, and a loader of
     ``micro_batch_size_per_gpu`` rows per worker over the validation file(s) in order (None without)."""
-    tokenizer = load_tokenizer(resolve_model_path(config.model.partial_pretrain, config_key="model.partial_pretrain"),
-                               trust_remote_code=config.model.trust_remote_code, chat_template=config.data.chat_template)
+    tokenizer = load_tokenizer(
+        resolve_model_path(config.model.partial_pretrain, config_key="model.partial_pretrain"),
+        trust_remote_code=config.model.trust_remote_code,
+        chat_template=config.data.chat_template,
+    )
     data_cfg = config.data
-    train = create_rl_dataloader(SFTDataset(data_cfg.train_files, tokenizer, data_cfg, "data.train_files"),
-                                 batch_size=data_cfg.train_batch_size, seed=config.trainer.seed)
+    train = create_rl_dataloader(
+        SFTDataset(data_cfg.train_files, tokenizer, data_cfg, "data.train_files"),
+        batch_size=data_cfg.train_batch_size,
+        seed=config.trainer.seed,
+    )
     val = None
     if data_cfg.val_files:
         val_ds = SFTDataset(data_cfg.val_files, tokenizer, data_cfg, "data.val_files")
         workers = config.trainer.nnodes * config.trainer.n_gpus_per_node
-        val = torch.utils.data.DataLoader(val_ds, batch_size=data_cfg.micro_batch_size_per_gpu * workers,
-                                          shuffle=False, collate_fn=collate_fn)
+        val = torch.utils.data.DataLoader(
+            val_ds, batch_size=data_cfg.micro_batch_size_per_gpu * workers, shuffle=False, collate_fn=collate_fn
+        )
     return train, val
 
 
@@ -83,8 +89,11 @@ def run_sft(config) -> None:
         print(f"hybridrl: note: {note}", flush=True)
     trainer = run_supervised(OmegaConf.structured(typed), SFTWorker, SFTTrainer, build_sft_data)
     if trainer.export_dir:
-        print(f"hybridrl: the model of step {trainer.global_steps} is in {trainer.export_dir} (pass it as "
-              "actor_rollout_ref.model.path)", flush=True)
+        print(
+            f"hybridrl: the model of step {trainer.global_steps} is in {trainer.export_dir} (pass it as "
+            "actor_rollout_ref.model.path)",
+            flush=True,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,8 +16,15 @@ from hybridrl.algorithms.errors import check_finite
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.dynamic_sampling import DynamicSampler
 
-__all__ = ["GEN_BATCH_KEYS", "trim_left_padding",
-           "compute_advantage", "compute_reward", "object_array", "build_dynamic_sampler", "apply_reward_failures"]
+__all__ = [
+    "GEN_BATCH_KEYS",
+    "trim_left_padding",
+    "compute_advantage",
+    "compute_reward",
+    "object_array",
+    "build_dynamic_sampler",
+    "apply_reward_failures",
+]
 
 GEN_BATCH_KEYS = ["input_ids", "attention_mask", "position_ids"]
 
@@ -37,8 +44,14 @@ def trim_left_padding(gen_batch: DataProto) -> DataProto:
     return DataProto.from_dict(tensors=tensors, non_tensors=gen_batch.non_tensor_batch, meta_info=gen_batch.meta_info)
 
 
-def compute_advantage(data: DataProto, adv_estimator: str, gamma: float = 1.0, lam: float = 1.0,
-                      norm_adv_by_std_in_grpo: bool = True, config=None) -> DataProto:
+def compute_advantage(
+    data: DataProto,
+    adv_estimator: str,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    norm_adv_by_std_in_grpo: bool = True,
+    config=None,
+) -> DataProto:
     """Fills ``advantages`` and ``returns`` ``(bs, response_length)`` with the named estimator.
 
     Every estimator gets the same keyword arguments and uses the ones it needs: the group-based
@@ -93,8 +106,9 @@ def build_dynamic_sampler(config, tokenizer) -> DynamicSampler | None:
     groups = algo_config(config).filter_groups
     if not groups.enable:
         return None
-    return DynamicSampler(groups.metric or "acc", groups.max_num_gen_batches, config.data.train_batch_size,
-                          tokenizer.pad_token_id)
+    return DynamicSampler(
+        groups.metric or "acc", groups.max_num_gen_batches, config.data.train_batch_size, tokenizer.pad_token_id
+    )
 
 
 def apply_reward_failures(batch: DataProto, on_error: str, drop_rows: bool) -> tuple[DataProto, dict[str, float]]:

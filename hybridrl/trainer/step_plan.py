@@ -15,8 +15,14 @@ from hybridrl.algorithms.config import algo_config
 from hybridrl.algorithms.kl import FULL_KL
 from hybridrl.trainer.rollout_correction import rollout_correction_config
 
-__all__ = ["StepPlan", "make_step_plan", "needs_critic", "needs_reference_policy", "reuses_update_log_probs",
-           "OLD_LOG_PROB_SOURCES"]
+__all__ = [
+    "StepPlan",
+    "make_step_plan",
+    "needs_critic",
+    "needs_reference_policy",
+    "reuses_update_log_probs",
+    "OLD_LOG_PROB_SOURCES",
+]
 
 # Where old_log_probs come from: the actor's own pass before the update; the rollout's log-probs
 # (rollout correction's bypass mode); the update's own, detached (on policy, the pass skipped).
@@ -79,10 +85,14 @@ def reuses_update_log_probs(config) -> bool:
     corrects_before_update = rollout_correction_config(config).corrects  # weights/rejection read old_log_probs
     if config.trainer.one_step_off_policy or config.trainer.v1.trainer_mode != "sync":
         return False
-    return bool(actor.skip_on_policy_old_log_prob and int(actor.ppo_epochs) == 1
-                and int(actor.ppo_mini_batch_size) >= int(config.data.train_batch_size)
-                and not config.algorithm.use_kl_in_reward and not corrects_before_update
-                and not actor.calculate_sum_pi_squared)  # the pass makes sum_pi_squared
+    return bool(
+        actor.skip_on_policy_old_log_prob
+        and int(actor.ppo_epochs) == 1
+        and int(actor.ppo_mini_batch_size) >= int(config.data.train_batch_size)
+        and not config.algorithm.use_kl_in_reward
+        and not corrects_before_update
+        and not actor.calculate_sum_pi_squared
+    )  # the pass makes sum_pi_squared
 
 
 def make_step_plan(config) -> StepPlan:

@@ -93,9 +93,14 @@ class SupervisedTrainer:
         def write_workers(folder: str) -> None:
             self.worker_group.save_checkpoint(os.path.join(folder, MODEL_DIR), self.global_steps)
 
-        return checkpoint.save_checkpoint(trainer_cfg.default_local_dir, self.global_steps, write_workers,
-                                          self.train_dataloader.state_dict(), max_to_keep=trainer_cfg.max_ckpt_to_keep,
-                                          trainer_state=self._checkpoint_trainer_state())
+        return checkpoint.save_checkpoint(
+            trainer_cfg.default_local_dir,
+            self.global_steps,
+            write_workers,
+            self.train_dataloader.state_dict(),
+            max_to_keep=trainer_cfg.max_ckpt_to_keep,
+            trainer_state=self._checkpoint_trainer_state(),
+        )
 
     def load_checkpoint(self, path: str) -> None:
         """Restores the workers (model, optimizer, schedule, RNG) and the data position from ``path``.
@@ -105,9 +110,11 @@ class SupervisedTrainer:
                 or it is incomplete or of another ``model.lora_rank``.
         """
         if not os.path.isdir(os.path.join(path, MODEL_DIR)):
-            raise CheckpointError(f"checkpoint {path} has no {MODEL_DIR}/ folder: it was not written by this version of "
-                                  f"hybridrl {self.name}; point trainer.resume_from_path at a global_step_<N> folder it "
-                                  "wrote, or start over with trainer.resume_mode=disable")
+            raise CheckpointError(
+                f"checkpoint {path} has no {MODEL_DIR}/ folder: it was not written by this version of "
+                f"hybridrl {self.name}; point trainer.resume_from_path at a global_step_<N> folder it "
+                "wrote, or start over with trainer.resume_mode=disable"
+            )
         trainer_state, dataloader_state = checkpoint.read_checkpoint(path)
         if dataloader_state is not None:
             self.train_dataloader.load_state_dict(dataloader_state)

@@ -19,6 +19,7 @@ from hybridrl.errors import ConfigError
 
 __all__ = ["SFTConfig", "RMConfig", "sft_config", "rm_config", "ignored_notes"]
 
+
 def _choice(key: str, value, allowed: tuple) -> None:
     if value not in allowed:
         raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}")
@@ -92,11 +93,13 @@ class TrainerConfig:
         if self.resume_mode == "resume_path" and not self.resume_from_path:
             raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<a global_step_N folder>")
         if not self.total_training_steps and self.total_epochs < 1:
-            raise ConfigError(f"trainer.total_epochs={self.total_epochs!r} must be >= 1 "
-                              "(or set trainer.total_training_steps)")
+            raise ConfigError(
+                f"trainer.total_epochs={self.total_epochs!r} must be >= 1 (or set trainer.total_training_steps)"
+            )
         if self.nnodes < 1 or self.n_gpus_per_node < 1:
-            raise ConfigError(f"trainer.nnodes={self.nnodes} and trainer.n_gpus_per_node={self.n_gpus_per_node} "
-                              "must both be >= 1")
+            raise ConfigError(
+                f"trainer.nnodes={self.nnodes} and trainer.n_gpus_per_node={self.n_gpus_per_node} must both be >= 1"
+            )
 
     @property
     def world_size(self) -> int:
@@ -109,18 +112,23 @@ def _check_batches(data, divides: bool) -> None:
     _whole_numbers("data", data, ("train_batch_size", "micro_batch_size_per_gpu", "max_length"))
     batch, micro = data.train_batch_size, data.micro_batch_size_per_gpu
     if divides and batch % micro:
-        raise ConfigError(f"data.train_batch_size={batch} is not a multiple of data.micro_batch_size_per_gpu={micro}; "
-                          "pick a micro batch that divides the batch")
+        raise ConfigError(
+            f"data.train_batch_size={batch} is not a multiple of data.micro_batch_size_per_gpu={micro}; "
+            "pick a micro batch that divides the batch"
+        )
     if micro > batch:
-        raise ConfigError(f"data.micro_batch_size_per_gpu={micro} is larger than data.train_batch_size={batch}; "
-                          "lower it")
+        raise ConfigError(
+            f"data.micro_batch_size_per_gpu={micro} is larger than data.train_batch_size={batch}; lower it"
+        )
 
 
 def _check_world_size(config) -> None:
     batch, world_size = config.data.train_batch_size, config.trainer.world_size
     if batch % world_size:
-        raise ConfigError(f"data.train_batch_size={batch} does not split over trainer.nnodes x trainer.n_gpus_per_node "
-                          f"= {world_size} workers; make it a multiple of {world_size}")
+        raise ConfigError(
+            f"data.train_batch_size={batch} does not split over trainer.nnodes x trainer.n_gpus_per_node "
+            f"= {world_size} workers; make it a multiple of {world_size}"
+        )
 
 
 # ---------------------------------------------------------------- sft_trainer
@@ -148,8 +156,9 @@ class SFTDataConfig:
     train_batch_size: int = 256
     micro_batch_size_per_gpu: int = 4
     chat_template: Optional[str] = None
-    balance_dp_token: bool = ignored(False, "the loss is normalised by the token count of the whole batch over "
-                                            "every worker")
+    balance_dp_token: bool = ignored(
+        False, "the loss is normalised by the token count of the whole batch over every worker"
+    )
     use_shm: bool = ignored(False, "data and models load from their own paths")
 
     def __post_init__(self):
@@ -188,8 +197,9 @@ class SFTModelConfig:
 
     def __post_init__(self):
         if self.lora_rank < 0:
-            raise ConfigError(f"model.lora_rank={self.lora_rank!r} must be 0 (full fine-tuning) or a positive "
-                              "whole number")
+            raise ConfigError(
+                f"model.lora_rank={self.lora_rank!r} must be 0 (full fine-tuning) or a positive whole number"
+            )
 
 
 @dataclass
@@ -262,8 +272,10 @@ class RMModelConfig:
 
     def __post_init__(self):
         if not self.path:
-            raise ConfigError("model.path is not set; set it to the backbone (an HF folder, a .gguf file, "
-                              "or HuggingFaceTB/SmolLM2-135M-Instruct)")
+            raise ConfigError(
+                "model.path is not set; set it to the backbone (an HF folder, a .gguf file, "
+                "or HuggingFaceTB/SmolLM2-135M-Instruct)"
+            )
 
 
 @dataclass

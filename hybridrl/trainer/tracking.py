@@ -39,10 +39,17 @@ class LoggerNameError(TrackingError, RegistryError):
 
 
 # console and file are defined below; the loggers that need an optional package load on first use.
-LOGGERS = Registry("logger", "trainer.logger", error=LoggerNameError, hint="register your own with @register_logger",
-                   builtins={"tensorboard": "hybridrl.trainer.loggers_optional:TensorboardLogger",
-                             "wandb": "hybridrl.trainer.loggers_optional:WandbLogger",
-                             "mlflow": "hybridrl.trainer.loggers_optional:MlflowLogger"})
+LOGGERS = Registry(
+    "logger",
+    "trainer.logger",
+    error=LoggerNameError,
+    hint="register your own with @register_logger",
+    builtins={
+        "tensorboard": "hybridrl.trainer.loggers_optional:TensorboardLogger",
+        "wandb": "hybridrl.trainer.loggers_optional:WandbLogger",
+        "mlflow": "hybridrl.trainer.loggers_optional:MlflowLogger",
+    },
+)
 
 
 def register_logger(name: str):
@@ -163,7 +170,7 @@ _CONSOLE_KEYS = (
     ("resp_len", "response_length/mean"),
     ("pg_loss", "actor/pg_loss"),
     ("vf_loss", "critic/vf_loss"),
-    ("loss", "train/loss"),          # SFT / reward-model training
+    ("loss", "train/loss"),  # SFT / reward-model training
     ("val_loss", "val/loss"),
     ("acc", "train/accuracy"),
     ("val_acc", "val/accuracy"),
@@ -176,9 +183,14 @@ def tracker_for_run(config, total_steps: int) -> Tracking:
     ``experiment_name``, ``logger``, ``default_local_dir``): one factory for ``hybridrl train``,
     ``sft`` and ``rm``."""
     trainer_cfg = config.trainer
-    return Tracking(project_name=trainer_cfg.project_name, experiment_name=trainer_cfg.experiment_name,
-                    default_backend=trainer_cfg.logger, config=config, local_dir=trainer_cfg.default_local_dir,
-                    total_steps=total_steps)
+    return Tracking(
+        project_name=trainer_cfg.project_name,
+        experiment_name=trainer_cfg.experiment_name,
+        default_backend=trainer_cfg.logger,
+        config=config,
+        local_dir=trainer_cfg.default_local_dir,
+        total_steps=total_steps,
+    )
 
 
 def _fmt(value: float) -> str:
@@ -236,8 +248,11 @@ def format_generations(samples: list[dict], step: int, max_chars: int = 400) -> 
         response = str(sample.get("output", ""))
         # a response of only whitespace would print as blank lines: show it quoted instead
         response = _clip(response.strip(), max_chars) if response.strip() else repr(response)
-        blocks.append("\n".join([head, "  input:", textwrap.indent(prompt, "    "),
-                                 "  output:", textwrap.indent(response, "    ")]))
+        blocks.append(
+            "\n".join(
+                [head, "  input:", textwrap.indent(prompt, "    "), "  output:", textwrap.indent(response, "    ")]
+            )
+        )
     return "\n".join(blocks)
 
 
@@ -323,9 +338,7 @@ class FileLogger:
 
     def __init__(self, local_dir=None, **_):
         if not local_dir:
-            raise TrackingError(
-                "trainer.logger: the 'file' logger needs a folder; set trainer.default_local_dir"
-            )
+            raise TrackingError("trainer.logger: the 'file' logger needs a folder; set trainer.default_local_dir")
         os.makedirs(local_dir, exist_ok=True)
         self.path = os.path.join(local_dir, "metrics.jsonl")
         self._file = None

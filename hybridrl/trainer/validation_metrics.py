@@ -109,21 +109,26 @@ def _prompt_metrics(values: list, preds: list | None, seed: int) -> dict[str, fl
         votes = [{"val": v, "pred": p} for v, p in zip(values, preds)]
     for n in _subset_sizes(n_resps):
         (best, best_std), (worst, worst_std) = bootstrap_metric(
-            values, n, [np.max, np.min], n_bootstrap=_N_BOOTSTRAP, seed=seed)
-        metric.update({f"best@{n}/mean": best, f"best@{n}/std": best_std,
-                       f"worst@{n}/mean": worst, f"worst@{n}/std": worst_std})
+            values, n, [np.max, np.min], n_bootstrap=_N_BOOTSTRAP, seed=seed
+        )
+        metric.update(
+            {f"best@{n}/mean": best, f"best@{n}/std": best_std, f"worst@{n}/mean": worst, f"worst@{n}/std": worst_std}
+        )
         if votes is not None:
             [(maj, maj_std)] = bootstrap_metric(
-                votes, n, [partial(calc_maj_val, vote_key="pred", val_key="val")],
-                n_bootstrap=_N_BOOTSTRAP, seed=seed)
+                votes, n, [partial(calc_maj_val, vote_key="pred", val_key="val")], n_bootstrap=_N_BOOTSTRAP, seed=seed
+            )
             metric.update({f"maj@{n}/mean": maj, f"maj@{n}/std": maj_std})
     return metric
 
 
 def _count_missing_sessions(grouped: dict, expected_acc_counts: dict) -> None:
     """Pads each prompt's ``acc`` with zeros up to its expected count (sources that report acc only)."""
-    with_acc = {source for source, prompts in grouped.items()
-                if any(v is not None for var2vals in prompts.values() for v in var2vals.get("acc", []))}
+    with_acc = {
+        source
+        for source, prompts in grouped.items()
+        if any(v is not None for var2vals in prompts.values() for v in var2vals.get("acc", []))
+    }
     for (source, uid), expected in expected_acc_counts.items():
         if source not in with_acc:
             continue

@@ -18,8 +18,13 @@ from omegaconf import OmegaConf
 
 from hybridrl.config import worker_batch_sizes
 from hybridrl.controller.local import LocalWorkerGroup
-from hybridrl.controller.ray import (RayClassWithInitArgs, RayWorkerGroup, ResourcePoolManager, Role,
-                                     create_colocated_worker_cls)
+from hybridrl.controller.ray import (
+    RayClassWithInitArgs,
+    RayWorkerGroup,
+    ResourcePoolManager,
+    Role,
+    create_colocated_worker_cls,
+)
 from hybridrl.controller.worker import MALLOC_REUSE_ENV, resolve_device
 from hybridrl.errors import ConfigError
 from hybridrl.trainer.metrics import reduce_worker_metrics
@@ -83,7 +88,8 @@ def resolve_backend(trainer_cfg, rollout_pool: list[int] = ()) -> tuple[str, int
     if backend == "local" and world_size > 1:
         raise ConfigError(
             f"trainer.backend=local runs one worker in this process, but trainer.nnodes x trainer.n_gpus_per_node "
-            f"= {world_size}; set trainer.backend=ray (or auto) for {world_size} workers, or n_gpus_per_node=1")
+            f"= {world_size}; set trainer.backend=ray (or auto) for {world_size} workers, or n_gpus_per_node=1"
+        )
     return backend, world_size
 
 
@@ -103,29 +109,45 @@ def ray_init_kwargs(config) -> dict:
     return kwargs
 
 
-def _roles(config, use_critic: bool, use_reference: bool, use_reward_model: bool, total_training_steps: int,
-           rollout_pool: list[int]) -> dict[str, tuple]:
+def _roles(
+    config,
+    use_critic: bool,
+    use_reference: bool,
+    use_reward_model: bool,
+    total_training_steps: int,
+    rollout_pool: list[int],
+) -> dict[str, tuple]:
     """role name -> (worker class, args, kwargs) of the trainer's pool; ``device`` is filled in by
     the caller. The per-worker batch sizes are computed here, once, for the run's world size;
     ``total_training_steps`` (the LR schedule's length) is handed to the trained roles."""
     _, world_size = resolve_backend(config.trainer, rollout_pool)
     n = int(config.actor_rollout_ref.rollout.n)
     role = ("actor_rollout_ref" if use_reference else "actor_rollout").replace(
-        "_rollout", "" if rollout_pool else "_rollout")  # with a rollout pool: no engine here
+        "_rollout", "" if rollout_pool else "_rollout"
+    )  # with a rollout pool: no engine here
     actor_sizes = worker_batch_sizes(config.actor_rollout_ref.actor, n, world_size)
-    roles = {"actor_rollout": (fsdp_workers.ActorRolloutRefWorker, (config.actor_rollout_ref, actor_sizes),
-                               {"role": role, "total_training_steps": total_training_steps})}
+    roles = {
+        "actor_rollout": (
+            fsdp_workers.ActorRolloutRefWorker,
+            (config.actor_rollout_ref, actor_sizes),
+            {"role": role, "total_training_steps": total_training_steps},
+        )
+    }
     if use_critic:
         critic_sizes = worker_batch_sizes(config.critic, n, world_size)
-        roles["critic"] = (fsdp_workers.CriticWorker, (config.critic, critic_sizes),
-                           {"total_training_steps": total_training_steps})
+        roles["critic"] = (
+            fsdp_workers.CriticWorker,
+            (config.critic, critic_sizes),
+            {"total_training_steps": total_training_steps},
+        )
     if use_reward_model:
         roles["reward_model"] = (fsdp_workers.RewardModelWorker, (config.reward_model,), {})
     return roles
 
 
-def build_worker_groups(config, use_critic: bool, use_reference: bool, use_reward_model: bool = False,
-                        total_training_steps: int = 1) -> WorkerGroups:
+def build_worker_groups(
+    config, use_critic: bool, use_reference: bool, use_reward_model: bool = False, total_training_steps: int = 1
+) -> WorkerGroups:
     """Builds and initialises (``init_model``) every worker group a PPO run needs; the actor and
     critic schedule their learning rate over ``total_training_steps`` optimizer steps (the run's)."""
     # One-step-off: a prefetching generate call (from a driver thread) runs beside the training
@@ -148,8 +170,13 @@ def report_startup_memory(actor_group, world_size: int) -> float:
     return peak
 
 
-def launch_worker_groups(config, roles: dict[str, tuple], max_concurrency: int = 1, rollout_pool: list[int] = (),
-                         ray_init: dict | None = None) -> WorkerGroups:
+def launch_worker_groups(
+    config,
+    roles: dict[str, tuple],
+    max_concurrency: int = 1,
+    rollout_pool: list[int] = (),
+    ray_init: dict | None = None,
+) -> WorkerGroups:
     """Builds one worker group per role, colocated in the same processes (``trainer.backend``,
     ``trainer.nnodes`` x ``trainer.n_gpus_per_node``), plus a rollout pool of its own when
     ``rollout_pool`` is given, and calls every group's ``init_model``.
@@ -170,11 +197,14 @@ def launch_worker_groups(config, roles: dict[str, tuple], max_concurrency: int =
     if resolve_device(device) == "cpu":  # read by every worker process as it starts: keep or return freed memory
         os.environ[MALLOC_REUSE_ENV] = "1" if config.trainer.cpu_malloc_reuse else "0"
     if backend == "local":
-        groups = {name: LocalWorkerGroup(cls, *args, device=device, **kwargs) for name, (cls, args, kwargs) in roles.items()}
+        groups = {
+            name: LocalWorkerGroup(cls, *args, device=device, **kwargs) for name, (cls, args, kwargs) in roles.items()
+        }
         result = WorkerGroups(groups, world_size=1, backend="local")
     else:
-        result = _build_ray_groups(config, roles, world_size, device, max_concurrency, list(rollout_pool),
-                                   ray_init or {})
+        result = _build_ray_groups(
+            config, roles, world_size, device, max_concurrency, list(rollout_pool), ray_init or {}
+        )
     for name in roles:  # the actor first: its model load warms the cache the others read
         result.groups[name].init_model()
     if result.rollout is not None:
@@ -182,8 +212,9 @@ def launch_worker_groups(config, roles: dict[str, tuple], max_concurrency: int =
     return result
 
 
-def _build_ray_groups(config, roles: dict, world_size: int, device: str, max_concurrency: int,
-                      rollout_pool: list[int], ray_init: dict) -> WorkerGroups:
+def _build_ray_groups(
+    config, roles: dict, world_size: int, device: str, max_concurrency: int, rollout_pool: list[int], ray_init: dict
+) -> WorkerGroups:
     import ray
 
     trainer_cfg = config.trainer
@@ -198,16 +229,24 @@ def _build_ray_groups(config, roles: dict, world_size: int, device: str, max_con
     pools = ResourcePoolManager(spec, mapping=mapping, use_gpu=use_gpu, cpus_per_worker=threads)
     pools.create_resource_pool()
     worker_device = "cuda" if use_gpu else "cpu"
-    class_dict = {name: RayClassWithInitArgs(cls, *args, device=worker_device, **kwargs)
-                  for name, (cls, args, kwargs) in roles.items()}
-    colocated = RayWorkerGroup(pools.get_resource_pool(Role.ActorRolloutRef), create_colocated_worker_cls(class_dict),
-                               cpu_threads_per_worker=threads, max_concurrency=max_concurrency)
+    class_dict = {
+        name: RayClassWithInitArgs(cls, *args, device=worker_device, **kwargs)
+        for name, (cls, args, kwargs) in roles.items()
+    }
+    colocated = RayWorkerGroup(
+        pools.get_resource_pool(Role.ActorRolloutRef),
+        create_colocated_worker_cls(class_dict),
+        cpu_threads_per_worker=threads,
+        max_concurrency=max_concurrency,
+    )
     result = WorkerGroups(colocated.spawn(class_dict.keys()), world_size=world_size, backend="ray")
     result._cleanups.append(colocated.shutdown)
     if rollout_pool:
-        rollout = RayWorkerGroup(pools.get_resource_pool(Role.Rollout),
-                                 RayClassWithInitArgs(RolloutWorker, config.actor_rollout_ref, device=worker_device),
-                                 cpu_threads_per_worker=threads)
+        rollout = RayWorkerGroup(
+            pools.get_resource_pool(Role.Rollout),
+            RayClassWithInitArgs(RolloutWorker, config.actor_rollout_ref, device=worker_device),
+            cpu_threads_per_worker=threads,
+        )
         result.groups["rollout"] = rollout
         result._cleanups.insert(0, rollout.shutdown)
     if started_ray:
@@ -227,8 +266,10 @@ def init_ray(ray_init: dict, cpus_needed: int) -> bool:
     try:
         import ray
     except ImportError:
-        raise ConfigError("trainer.backend=ray needs Ray: pip install 'hybridrl[ray]' (or set trainer.backend=local "
-                          "and trainer.n_gpus_per_node=1)") from None
+        raise ConfigError(
+            "trainer.backend=ray needs Ray: pip install 'hybridrl[ray]' (or set trainer.backend=local "
+            "and trainer.n_gpus_per_node=1)"
+        ) from None
     if ray.is_initialized():
         return False
     kwargs = dict(ray_init)

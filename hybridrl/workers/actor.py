@@ -44,14 +44,17 @@ def compute_dtype_of(fsdp_config) -> torch.dtype:
 def build_policy_loss_config(section) -> PolicyLossConfig:
     """The policy-loss hyper-parameters of an ``actor_rollout_ref.actor`` section.
 
-    Knobs under ``policy_loss`` that are null keep :class:`PolicyLossConfig`'s defaults (verl's). Raises ``AlgorithmConfigError`` for a value the losses cannot use; the
-    start-up check calls this too, so a bad value fails before any model loads.
+    Knobs under ``policy_loss`` that are null keep :class:`PolicyLossConfig`'s defaults (verl's).
+    Raises ``AlgorithmConfigError`` for a value the losses cannot use; the start-up check calls
+    this too, so a bad value fails before any model loads.
     """
     policy_loss = section.policy_loss
     knobs = {key: getattr(policy_loss, key) for key in POLICY_LOSS_KEYS if getattr(policy_loss, key) is not None}
     if policy_loss.loss_mode == "dro" and policy_loss.dro_beta is None:
-        raise AlgorithmConfigError("actor_rollout_ref.actor.policy_loss.loss_mode=dro needs policy_loss.dro_beta "
-                                   "(> 0, the weight of its quadratic log-ratio penalty); set it, e.g. 0.1")
+        raise AlgorithmConfigError(
+            "actor_rollout_ref.actor.policy_loss.loss_mode=dro needs policy_loss.dro_beta "
+            "(> 0, the weight of its quadratic log-ratio penalty); set it, e.g. 0.1"
+        )
     correction = policy_loss.rollout_correction  # copied from algorithm.* by the driver
     return PolicyLossConfig(
         rollout_correction=RolloutCorrectionConfig.from_section(correction) if correction is not None else None,
@@ -86,15 +89,17 @@ class PPOActor:
         SequenceParallelError: S > 1 with a model whose attention S cannot split.
     """
 
-    def __init__(self, config, actor_module: torch.nn.Module, actor_optimizer=None,
-                 ref_module: torch.nn.Module | None = None) -> None:
+    def __init__(
+        self, config, actor_module: torch.nn.Module, actor_optimizer=None, ref_module: torch.nn.Module | None = None
+    ) -> None:
         self.config = config
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
         self.ref_module = ref_module  # the frozen reference, for kl_loss_type=full
         self.compute_dtype = compute_dtype_of(config.fsdp_config)
         self.sequence_parallel: UlyssesGroup | None = sequence_parallel_group(
-            config.ulysses_sequence_parallel_size, SP_KEY)
+            config.ulysses_sequence_parallel_size, SP_KEY
+        )
         self.sp_size = self.sequence_parallel.size if self.sequence_parallel is not None else 1
         if self.sequence_parallel is not None:
             use_ulysses_attention(actor_module, self.sp_size, SP_KEY)
@@ -120,14 +125,18 @@ class PPOActor:
         meta = data.meta_info
         keys = ["responses", "input_ids", "attention_mask", "position_ids"]
         budget = meta.get("max_token_len")
-        return split_micro_batches(gather_rows(data.select(batch_keys=keys), self.sequence_parallel),
-                                   meta.get("micro_batch_size"), bool(meta.get("use_dynamic_bsz", False)),
-                                   budget * self.sp_size if budget else budget,
-                                   key=meta.get("max_token_len_key", "log_prob_max_token_len_per_gpu"))
+        return split_micro_batches(
+            gather_rows(data.select(batch_keys=keys), self.sequence_parallel),
+            meta.get("micro_batch_size"),
+            bool(meta.get("use_dynamic_bsz", False)),
+            budget * self.sp_size if budget else budget,
+            key=meta.get("max_token_len_key", "log_prob_max_token_len_per_gpu"),
+        )
 
     @torch.no_grad()
-    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False,
-                         calculate_sum_pi_squared: bool = False):
+    def compute_log_prob(
+        self, data: DataProto, calculate_entropy: bool = False, calculate_sum_pi_squared: bool = False
+    ):
         """Log-probs of ``data.batch["responses"]`` under the module.
 
         ``data.meta_info`` holds ``temperature``, ``micro_batch_size`` (rows per forward) or
@@ -141,13 +150,23 @@ class PPOActor:
         self.actor_module.eval()
         options = self.forward_options(data.meta_info)
         micros, order = self._forward_micro_batches(data)
-        outs = [forward_response(self.actor_module, micro, data.meta_info["temperature"], self.compute_dtype,
-                                 options, calculate_entropy=calculate_entropy,
-                                 return_logits=calculate_sum_pi_squared) for micro in micros]
+        outs = [
+            forward_response(
+                self.actor_module,
+                micro,
+                data.meta_info["temperature"],
+                self.compute_dtype,
+                options,
+                calculate_entropy=calculate_entropy,
+                return_logits=calculate_sum_pi_squared,
+            )
+            for micro in micros
+        ]
         sp = self.sequence_parallel
         log_probs = own_rows(restore_order(torch.cat([out.log_probs for out in outs]), order), sp)
-        entropys = own_rows(restore_order(torch.cat([out.entropy for out in outs]), order), sp) \
-            if calculate_entropy else None
+        entropys = (
+            own_rows(restore_order(torch.cat([out.entropy for out in outs]), order), sp) if calculate_entropy else None
+        )
         sum_pi_squared = None
         if calculate_sum_pi_squared:
             per_micro = [scatter_slots(sum_pi_squared_from_logits(out.logits), out.slots) for out in outs]
@@ -168,8 +187,9 @@ class PPOActor:
         micros, order = self._forward_micro_batches(data)
         kls = []
         for micro in micros:
-            out = forward_response(self.actor_module, micro, temperature, self.compute_dtype, options,
-                                   return_logits=True)
+            out = forward_response(
+                self.actor_module, micro, temperature, self.compute_dtype, options, return_logits=True
+            )
             ref = forward_response(ref_module, micro, temperature, self.compute_dtype, options, return_logits=True)
             kls.append(scatter_slots(kl_full_from_logits(out.logits, ref.logits), out.slots))
         return own_rows(restore_order(torch.cat(kls), order), self.sequence_parallel)
@@ -194,8 +214,10 @@ class PPOActor:
         cfg = self.config
         self.actor_module.train()
         if not on_policy and "old_log_probs" not in data.batch.keys():
-            raise AlgorithmInputError("actor update: the batch has no old_log_probs; compute them first "
-                                      "(compute_log_prob), or pass on_policy=True for a single-step update")
+            raise AlgorithmInputError(
+                "actor update: the batch has no old_log_probs; compute them first "
+                "(compute_log_prob), or pass on_policy=True for a single-step update"
+            )
         keys = ["responses", "response_mask", "input_ids", "attention_mask", "position_ids", "advantages"]
         if not on_policy:
             keys.append("old_log_probs")
@@ -210,17 +232,24 @@ class PPOActor:
             raise AlgorithmConfigError(
                 f"actor update: on_policy=True but the batch makes {cfg.ppo_epochs * len(mini_batches)} "
                 "optimizer steps; only a single-step (on-policy) update can use its own log-probs; "
-                "compute old_log_probs first or set ppo_epochs=1 and ppo_mini_batch_size=data.train_batch_size")
+                "compute old_log_probs first or set ppo_epochs=1 and ppo_mini_batch_size=data.train_batch_size"
+            )
         log_probs = None
         for _ in range(cfg.ppo_epochs):
             for mini_batch in mini_batches:  # with SP: the mini batch of every rank of the group
-                log_probs = self._update_mini_batch(gather_rows(mini_batch, self.sequence_parallel),
-                                                    data.meta_info["temperature"], metrics, options, on_policy)
+                log_probs = self._update_mini_batch(
+                    gather_rows(mini_batch, self.sequence_parallel),
+                    data.meta_info["temperature"],
+                    metrics,
+                    options,
+                    on_policy,
+                )
         self.actor_optimizer.zero_grad(set_to_none=True)
         return dict(metrics), own_rows(log_probs, self.sequence_parallel) if log_probs is not None else None
 
-    def _update_mini_batch(self, mini_batch: DataProto, temperature: float, metrics,
-                           options: ForwardOptions, on_policy: bool = False) -> torch.Tensor | None:
+    def _update_mini_batch(
+        self, mini_batch: DataProto, temperature: float, metrics, options: ForwardOptions, on_policy: bool = False
+    ) -> torch.Tensor | None:
         """One optimizer step; returns the detached log-probs of an on-policy mini batch, else None."""
         cfg = self.config
         norm = loss_normalizers(mini_batch.batch["response_mask"], cfg.loss_scale_factor, self.sp_size)
@@ -229,25 +258,42 @@ class PPOActor:
         # values, however the rows fall into micro batches (fixed row counts or token budgets).
         loss_sums: dict[str, float] = defaultdict(float)
         micros, order = split_micro_batches(  # token budget per rank: S times more over an SP group's rows
-            mini_batch, cfg.ppo_micro_batch_size_per_gpu, bool(cfg.use_dynamic_bsz),
-            cfg.ppo_max_token_len_per_gpu * self.sp_size, key="actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
+            mini_batch,
+            cfg.ppo_micro_batch_size_per_gpu,
+            bool(cfg.use_dynamic_bsz),
+            cfg.ppo_max_token_len_per_gpu * self.sp_size,
+            key="actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+        )
         full_kl = cfg.use_kl_loss and cfg.kl_loss_type == FULL_KL
         own_log_probs = []
         for micro in micros:
             mb = micro.batch
             response_mask = mb["response_mask"]
-            out = forward_response(self.actor_module, micro, temperature, self.compute_dtype, options,
-                                   calculate_entropy=cfg.entropy_coeff != 0 or on_policy, return_logits=full_kl,
-                                   entropy_grad=cfg.entropy_coeff != 0)
+            out = forward_response(
+                self.actor_module,
+                micro,
+                temperature,
+                self.compute_dtype,
+                options,
+                calculate_entropy=cfg.entropy_coeff != 0 or on_policy,
+                return_logits=full_kl,
+                entropy_grad=cfg.entropy_coeff != 0,
+            )
             log_prob = out.log_probs
             if on_policy:  # the metric the skipped old-log-prob pass would have given
                 own_log_probs.append(log_prob.detach())
-                loss_sums["actor/entropy"] += agg_loss(out.entropy.detach(), response_mask, cfg.loss_agg_mode,
-                                                       **norm).item()
+                loss_sums["actor/entropy"] += agg_loss(
+                    out.entropy.detach(), response_mask, cfg.loss_agg_mode, **norm
+                ).item()
             pg_loss, pg_metrics = self.policy_loss_fn(
-                log_prob.detach() if on_policy else mb["old_log_probs"], log_prob, mb["advantages"], response_mask,
-                loss_agg_mode=cfg.loss_agg_mode, config=self.policy_loss_config,
-                rollout_is_weights=mb.get("rollout_is_weights", None), **norm,
+                log_prob.detach() if on_policy else mb["old_log_probs"],
+                log_prob,
+                mb["advantages"],
+                response_mask,
+                loss_agg_mode=cfg.loss_agg_mode,
+                config=self.policy_loss_config,
+                rollout_is_weights=mb.get("rollout_is_weights", None),
+                **norm,
             )
             loss = pg_loss
             if cfg.entropy_coeff != 0:
@@ -259,8 +305,11 @@ class PPOActor:
                 kl_loss = agg_loss(kld, response_mask, cfg.loss_agg_mode, **norm)
                 loss = loss + cfg.kl_loss_coef * kl_loss
                 loss_sums["actor/kl_loss"] += kl_loss.item()
-            check_finite(loss, "actor loss (pg_loss - entropy_coeff * entropy + kl_loss_coef * kl_loss)",
-                         data_step=micro.meta_info.get("global_steps"))
+            check_finite(
+                loss,
+                "actor loss (pg_loss - entropy_coeff * entropy + kl_loss_coef * kl_loss)",
+                data_step=micro.meta_info.get("global_steps"),
+            )
             loss.backward()
             loss_sums["actor/pg_loss"] += pg_loss.item()
             for key, value in pg_metrics.items():
@@ -269,11 +318,14 @@ class PPOActor:
             metrics[key].append(value)
         if cfg.use_kl_loss:
             metrics["actor/kl_coef"].append(cfg.kl_loss_coef)
-        metrics["actor/grad_norm"].append(optimizer_step(self.actor_module, self.actor_optimizer, cfg.grad_clip, "actor"))
+        metrics["actor/grad_norm"].append(
+            optimizer_step(self.actor_module, self.actor_optimizer, cfg.grad_clip, "actor")
+        )
         return restore_order(torch.cat(own_log_probs), order) if on_policy else None
 
-    def _kl_to_reference(self, micro: DataProto, out: ResponseOutput, temperature: float,
-                         options: ForwardOptions) -> torch.Tensor:
+    def _kl_to_reference(
+        self, micro: DataProto, out: ResponseOutput, temperature: float, options: ForwardOptions
+    ) -> torch.Tensor:
         """Per-token KL to the reference for the KL loss, ``(bs, response_length)``."""
         kl_type = self.config.kl_loss_type
         if kl_type != FULL_KL:
@@ -281,7 +333,8 @@ class PPOActor:
         if self.ref_module is None:
             raise AlgorithmConfigError(
                 "actor_rollout_ref.actor.kl_loss_type=full needs the reference model in the actor's "
-                "worker (role actor_rollout_ref); use another kl_loss_type or enable the reference")
+                "worker (role actor_rollout_ref); use another kl_loss_type or enable the reference"
+            )
         with torch.no_grad():
             ref = forward_response(self.ref_module, micro, temperature, self.compute_dtype, options, return_logits=True)
         return scatter_slots(kl_full_from_logits(out.logits, ref.logits), out.slots)

@@ -70,8 +70,10 @@ def load_state_file(path: str):
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - unpickling, zip and EOF errors all mean a bad file
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise CheckpointError(f"{path}: not a readable hybridrl state file ({type(exc).__name__}: {reason}); "
-                              "it is damaged or was not written by hybridrl") from None
+        raise CheckpointError(
+            f"{path}: not a readable hybridrl state file ({type(exc).__name__}: {reason}); "
+            "it is damaged or was not written by hybridrl"
+        ) from None
 
 
 def rng_state() -> dict:
@@ -117,8 +119,9 @@ def _hf_class_name(module) -> str:
     return next(cls.__name__ for cls in type(base).__mro__ if not issubclass(cls, FSDPModule))
 
 
-def save_worker_state(local_path, module, optimizer, lr_scheduler, rank, world_size, tokenizer=None,
-                      worker_state: dict | None = None) -> None:
+def save_worker_state(
+    local_path, module, optimizer, lr_scheduler, rank, world_size, tokenizer=None, worker_state: dict | None = None
+) -> None:
     """Writes this rank's part of the checkpoint; a collective for a sharded module (every rank calls it).
 
     ``worker_state``: small plain values of the worker's own (e.g. the actor's ``param_version``),
@@ -128,12 +131,17 @@ def save_worker_state(local_path, module, optimizer, lr_scheduler, rank, world_s
     os.makedirs(local_path, exist_ok=True)
     model_state, optim_state = _model_and_optim_state(module, optimizer, _state_dict_options(module))
     with quiet_single_process_dcp():
-        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=os.path.join(local_path, DCP_DIR),
-                 no_dist=not _distributed())
+        dcp.save(
+            {"model": model_state, "optim": optim_state},
+            checkpoint_id=os.path.join(local_path, DCP_DIR),
+            no_dist=not _distributed(),
+        )
     if is_lora_model(module):
         save_lora_adapter(module, local_path, rank)
-    torch.save({"lr_scheduler": lr_scheduler.state_dict(), "rng": rng_state(), "worker": dict(worker_state or {})},
-               _extra_state_path(local_path, rank, world_size))
+    torch.save(
+        {"lr_scheduler": lr_scheduler.state_dict(), "rng": rng_state(), "worker": dict(worker_state or {})},
+        _extra_state_path(local_path, rank, world_size),
+    )
     if rank == 0:
         hf_dir = os.path.join(local_path, HF_DIR)
         config = copy.deepcopy(module.config)
@@ -148,12 +156,16 @@ def save_worker_state(local_path, module, optimizer, lr_scheduler, rank, world_s
 
 
 def _saved_world_size(local_path: str) -> int:
-    sizes = {int(m.group(1)) for path in glob.glob(os.path.join(local_path, "extra_state_world_size_*_rank_*.pt"))
-             if (m := re.search(r"world_size_(\d+)_rank_", os.path.basename(path)))}
+    sizes = {
+        int(m.group(1))
+        for path in glob.glob(os.path.join(local_path, "extra_state_world_size_*_rank_*.pt"))
+        if (m := re.search(r"world_size_(\d+)_rank_", os.path.basename(path)))
+    }
     if len(sizes) != 1 or not os.path.isdir(os.path.join(local_path, DCP_DIR)):
         raise CheckpointError(
             f"{local_path} is not a complete worker checkpoint (expected {DCP_DIR}/ and one set of "
-            "extra_state_world_size_*_rank_*.pt files); point trainer.resume_from_path at a global_step_* folder")
+            "extra_state_world_size_*_rank_*.pt files); point trainer.resume_from_path at a global_step_* folder"
+        )
     return sizes.pop()
 
 
@@ -164,7 +176,8 @@ def _check_lora_rank(local_path: str, module) -> None:
     if saved != current:
         raise CheckpointError(
             f"{local_path} was written with model.lora_rank={saved} but this run has lora_rank={current}; "
-            "resume with the same lora_rank, or start over with trainer.resume_mode=disable")
+            "resume with the same lora_rank, or start over with trainer.resume_mode=disable"
+        )
 
 
 def load_worker_state(local_path, module, optimizer, lr_scheduler, rank, world_size) -> dict:
@@ -189,8 +202,7 @@ def load_worker_state(local_path, module, optimizer, lr_scheduler, rank, world_s
     state = {"model": model_state, "optim": optim_state}
     with quiet_single_process_dcp():
         dcp.load(state, checkpoint_id=os.path.join(local_path, DCP_DIR), no_dist=not _distributed())
-    set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                   options=options)
+    set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options)
     extra = load_state_file(_extra_state_path(local_path, min(rank, saved_world - 1), saved_world))
     lr_scheduler.load_state_dict(extra["lr_scheduler"])
     if saved_world == world_size:

@@ -41,13 +41,15 @@ class PPOCritic:
         self.critic_module = critic_module
         self.critic_optimizer = critic_optimizer
         self.compute_dtype = compute_dtype_of(config.model.fsdp_config)
-        self.sequence_parallel: UlyssesGroup | None = sequence_parallel_group(config.ulysses_sequence_parallel_size,
-                                                                              SP_KEY)
+        self.sequence_parallel: UlyssesGroup | None = sequence_parallel_group(
+            config.ulysses_sequence_parallel_size, SP_KEY
+        )
         self.sp_size = self.sequence_parallel.size if self.sequence_parallel is not None else 1
         if self.sequence_parallel is not None:
             use_ulysses_attention(critic_module, self.sp_size, SP_KEY)
         self.forward_options = ForwardOptions(
-            use_remove_padding=bool(config.model.use_remove_padding), sequence_parallel=self.sequence_parallel)
+            use_remove_padding=bool(config.model.use_remove_padding), sequence_parallel=self.sequence_parallel
+        )
 
     @torch.no_grad()
     def compute_values(self, data: DataProto) -> torch.Tensor:
@@ -59,11 +61,16 @@ class PPOCritic:
         self.critic_module.eval()
         keys = ["responses", "input_ids", "attention_mask", "position_ids"]
         micros, order = split_micro_batches(
-            gather_rows(data.select(batch_keys=keys), self.sequence_parallel), data.meta_info.get("micro_batch_size"),
-            bool(self.config.use_dynamic_bsz), self.config.forward_max_token_len_per_gpu * self.sp_size,
-            key="critic.forward_max_token_len_per_gpu")
-        values = [forward_response_values(self.critic_module, micro, self.compute_dtype, self.forward_options)
-                  for micro in micros]
+            gather_rows(data.select(batch_keys=keys), self.sequence_parallel),
+            data.meta_info.get("micro_batch_size"),
+            bool(self.config.use_dynamic_bsz),
+            self.config.forward_max_token_len_per_gpu * self.sp_size,
+            key="critic.forward_max_token_len_per_gpu",
+        )
+        values = [
+            forward_response_values(self.critic_module, micro, self.compute_dtype, self.forward_options)
+            for micro in micros
+        ]
         values = own_rows(restore_order(torch.cat(values), order), self.sequence_parallel)
         mask = data.batch["response_mask"].bool()
         return torch.where(mask, values, 0.0)  # not `* mask`: NaN * 0 is NaN
@@ -85,20 +92,30 @@ class PPOCritic:
         norm = loss_normalizers(mini_batch.batch["response_mask"], cfg.loss_scale_factor, self.sp_size)
         self.critic_optimizer.zero_grad(set_to_none=True)
         vf_loss_sum = 0.0
-        micros, _ = split_micro_batches(mini_batch, cfg.ppo_micro_batch_size_per_gpu,
-                                        bool(cfg.use_dynamic_bsz), cfg.ppo_max_token_len_per_gpu * self.sp_size,
-                                        key="critic.ppo_max_token_len_per_gpu")
+        micros, _ = split_micro_batches(
+            mini_batch,
+            cfg.ppo_micro_batch_size_per_gpu,
+            bool(cfg.use_dynamic_bsz),
+            cfg.ppo_max_token_len_per_gpu * self.sp_size,
+            key="critic.ppo_max_token_len_per_gpu",
+        )
         for micro in micros:
             mb = micro.batch
             vpreds = forward_response_values(self.critic_module, micro, self.compute_dtype, self.forward_options)
             vf_loss, vf_clipfrac = compute_value_loss(
-                vpreds, mb["returns"], mb["values"], mb["response_mask"], cfg.cliprange_value,
-                loss_agg_mode=cfg.loss_agg_mode, **norm,
+                vpreds,
+                mb["returns"],
+                mb["values"],
+                mb["response_mask"],
+                cfg.cliprange_value,
+                loss_agg_mode=cfg.loss_agg_mode,
+                **norm,
             )
             vf_loss.backward()
             vf_loss_sum += vf_loss.item()
             metrics["critic/vf_clipfrac"].append(float(vf_clipfrac))
             metrics["critic/vpred_mean"].append(masked_mean(vpreds, mb["response_mask"]).item())
         metrics["critic/vf_loss"].append(vf_loss_sum)
-        metrics["critic/grad_norm"].append(optimizer_step(self.critic_module, self.critic_optimizer, cfg.grad_clip,
-                                                          "critic"))
+        metrics["critic/grad_norm"].append(
+            optimizer_step(self.critic_module, self.critic_optimizer, cfg.grad_clip, "critic")
+        )

@@ -53,7 +53,8 @@ class EngineLock:
             raise RolloutEngineError(
                 f"rollout engine: {what} waited actor_rollout_ref.rollout.engine_timeout_s={self.timeout_s:g} s for "
                 f"{holder} to finish (busy for {busy_s:.0f} s); raise the deadline for long generations, or check "
-                "the engine")
+                "the engine"
+            )
         self.last_wait_s = time.monotonic() - start
         self._holder, self._since = what, time.monotonic()
         try:

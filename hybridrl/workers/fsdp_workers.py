@@ -58,10 +58,15 @@ def shard_module(module, fsdp_config, device: str, reduce_dtype: str = "fp32"):
     """FSDP2-shards ``module`` over the worker group with the role's typed ``fsdp_config``
     (``hybridrl.workers.config.FSDPConfig``); ``reduce_dtype``: a trained role's
     ``mixed_precision.reduce_dtype`` (forward-only roles never reduce gradients)."""
-    return apply_fsdp2(module, device, fsdp_size=fsdp_config.fsdp_size,
-                       reshard_after_forward=fsdp_config.reshard_after_forward,
-                       param_offload=fsdp_config.param_offload,
-                       param_dtype=fsdp_config.mixed_precision.param_dtype, reduce_dtype=reduce_dtype)
+    return apply_fsdp2(
+        module,
+        device,
+        fsdp_size=fsdp_config.fsdp_size,
+        reshard_after_forward=fsdp_config.reshard_after_forward,
+        param_offload=fsdp_config.param_offload,
+        param_dtype=fsdp_config.mixed_precision.param_dtype,
+        reduce_dtype=reduce_dtype,
+    )
 
 
 def _with_batch_sizes(section, batch_sizes: dict):
@@ -89,8 +94,14 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
             (warmup ratio, cosine decay); computed by the driver.
     """
 
-    def __init__(self, config, batch_sizes: dict, role: str = "actor_rollout_ref", device: str = "auto",
-                 total_training_steps: int = 1) -> None:
+    def __init__(
+        self,
+        config,
+        batch_sizes: dict,
+        role: str = "actor_rollout_ref",
+        device: str = "auto",
+        total_training_steps: int = 1,
+    ) -> None:
         if role not in ("actor_rollout", "actor_rollout_ref", "ref", "actor", "actor_ref"):
             raise ValueError(f"ActorRolloutRefWorker: unknown role {role!r}")
         super().__init__(config, device)
@@ -109,8 +120,9 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
         model_cfg = self.config.model
         import_external_lib(model_cfg.external_lib)
         self.model_path = resolve_model_path(model_cfg.path, config_key="actor_rollout_ref.model.path")
-        self.tokenizer = load_tokenizer(self.model_path, trust_remote_code=model_cfg.trust_remote_code,
-                                        chat_template=model_cfg.custom_chat_template)
+        self.tokenizer = load_tokenizer(
+            self.model_path, trust_remote_code=model_cfg.trust_remote_code, chat_template=model_cfg.custom_chat_template
+        )
         actor_sizes = _with_batch_sizes(self.config.actor, self.batch_sizes)
         self.actor_micro_batch_size = actor_sizes.ppo_micro_batch_size_per_gpu
         lora = lora_settings(model_cfg) if self._is_actor else None
@@ -129,7 +141,9 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
         if not self._is_rollout:
             return
         rollout_cls = get_rollout_cls(self.config.rollout.name, self.config.rollout.mode)
-        self.rollout = rollout_cls(module, self.config.rollout, self.tokenizer, getattr(module, "generation_config", None))
+        self.rollout = rollout_cls(
+            module, self.config.rollout, self.tokenizer, getattr(module, "generation_config", None)
+        )
         self.agent_loop_manager = None  # multi-turn agent loops (hybridrl.agents)
         if self.config.rollout.multi_turn.enable:
             self._agent_loops(force=True)  # at start-up, so a bad tool/interaction file fails early
@@ -138,8 +152,12 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
         """``load_causal_lm`` options shared by the actor and the reference: the model section's,
         on this worker's device, sharded over the group with the role's ``fsdp_config``."""
         model_cfg = self.config.model
-        return {"trust_remote_code": model_cfg.trust_remote_code, "override_config": model_cfg.override_config,
-                "device": self.device, "shard": sharder(self.world_size, self.device, fsdp_config, reduce_dtype)}
+        return {
+            "trust_remote_code": model_cfg.trust_remote_code,
+            "override_config": model_cfg.override_config,
+            "device": self.device,
+            "shard": sharder(self.world_size, self.device, fsdp_config, reduce_dtype),
+        }
 
     def _load_actor(self, lora: dict | None):
         """The trained policy: fp32 master weights (``fsdp_config.model_dtype``), LoRA adapters
@@ -149,16 +167,21 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
         wrap = None
         if lora:
             wrap = functools.partial(apply_lora, **lora, config_key="actor_rollout_ref.model")
-        return load_causal_lm(self.model_path, dtype=fsdp_config.model_dtype, wrap=wrap,
-                              enable_gradient_checkpointing=self.config.model.enable_gradient_checkpointing,
-                              **self._model_options(fsdp_config, fsdp_config.mixed_precision.reduce_dtype))
+        return load_causal_lm(
+            self.model_path,
+            dtype=fsdp_config.model_dtype,
+            wrap=wrap,
+            enable_gradient_checkpointing=self.config.model.enable_gradient_checkpointing,
+            **self._model_options(fsdp_config, fsdp_config.mixed_precision.reduce_dtype),
+        )
 
     def _load_reference(self):
         """The frozen initial policy, in the dtype it computes in (``ref.fsdp_config.mixed_precision.
         param_dtype``: bf16 where the precision rule picks bf16, as verl keeps it), sharded like the actor."""
         fsdp_config = self.config.ref.fsdp_config
-        module = load_causal_lm(self.model_path, dtype=fsdp_config.mixed_precision.param_dtype,
-                                **self._model_options(fsdp_config))
+        module = load_causal_lm(
+            self.model_path, dtype=fsdp_config.mixed_precision.param_dtype, **self._model_options(fsdp_config)
+        )
         return module.requires_grad_(False)
 
     def _start_engine_bookkeeping(self) -> None:
@@ -192,11 +215,14 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
         if not micro and section.log_prob_micro_batch_size:
             micro = max(1, section.log_prob_micro_batch_size // self.world_size)
         micro = micro or self.actor_micro_batch_size
-        return {"micro_batch_size": int(micro), "temperature": float(self.config.rollout.temperature),
-                "use_dynamic_bsz": bool(section.log_prob_use_dynamic_bsz),
-                "max_token_len": section.log_prob_max_token_len_per_gpu,
-                "max_token_len_key": f"actor_rollout_ref.{name}.log_prob_max_token_len_per_gpu",
-                "use_remove_padding": bool(self.config.model.use_remove_padding)}
+        return {
+            "micro_batch_size": int(micro),
+            "temperature": float(self.config.rollout.temperature),
+            "use_dynamic_bsz": bool(section.log_prob_use_dynamic_bsz),
+            "max_token_len": section.log_prob_max_token_len_per_gpu,
+            "max_token_len_key": f"actor_rollout_ref.{name}.log_prob_max_token_len_per_gpu",
+            "use_remove_padding": bool(self.config.model.use_remove_padding),
+        }
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -250,8 +276,8 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
         data = data.to(self.device)
         data.meta_info.update(self._log_prob_meta(self.config.rollout))
         log_probs, entropys, sum_pi_squared = self.actor.compute_log_prob(
-            data, calculate_entropy=True,
-            calculate_sum_pi_squared=bool(self.config.actor.calculate_sum_pi_squared))
+            data, calculate_entropy=True, calculate_sum_pi_squared=bool(self.config.actor.calculate_sum_pi_squared)
+        )
         tensors = {"old_log_probs": log_probs, "entropys": entropys}
         if sum_pi_squared is not None:
             tensors["sum_pi_squared"] = sum_pi_squared
@@ -306,14 +332,26 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path: str, global_step: int) -> None:
         save_worker_state(
-            local_path, self.actor.actor_module, self.actor_optimizer, self.actor_lr_scheduler,
-            self.rank, self.world_size, tokenizer=self.tokenizer, worker_state={"param_version": self.param_version},
+            local_path,
+            self.actor.actor_module,
+            self.actor_optimizer,
+            self.actor_lr_scheduler,
+            self.rank,
+            self.world_size,
+            tokenizer=self.tokenizer,
+            worker_state={"param_version": self.param_version},
         )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str) -> None:
-        state = load_worker_state(local_path, self.actor.actor_module, self.actor_optimizer, self.actor_lr_scheduler,
-                                  self.rank, self.world_size)
+        state = load_worker_state(
+            local_path,
+            self.actor.actor_module,
+            self.actor_optimizer,
+            self.actor_lr_scheduler,
+            self.rank,
+            self.world_size,
+        )
         self.param_version = int(state.get("param_version", self.param_version))
         if self._is_rollout:
             self._sync_engine()
@@ -346,19 +384,30 @@ class CriticWorker(Worker):
         if lora:  # adapters on the backbone; the value head is trained whole (peft's TOKEN_CLS)
             wrap = functools.partial(apply_lora, **lora, task_type="TOKEN_CLS", config_key="critic.model")
         shard = sharder(self.world_size, self.device, fsdp_config, fsdp_config.mixed_precision.reduce_dtype)
-        module = load_value_model(path, dtype=fsdp_config.model_dtype, trust_remote_code=model_cfg.trust_remote_code,
-                                  override_config=model_cfg.override_config, device=self.device, wrap=wrap, shard=shard,
-                                  enable_gradient_checkpointing=model_cfg.enable_gradient_checkpointing)
+        module = load_value_model(
+            path,
+            dtype=fsdp_config.model_dtype,
+            trust_remote_code=model_cfg.trust_remote_code,
+            override_config=model_cfg.override_config,
+            device=self.device,
+            wrap=wrap,
+            shard=shard,
+            enable_gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
+        )
         critic_cfg = _with_batch_sizes(self.config, self.batch_sizes)
         self.critic_optimizer = build_optimizer(module, critic_cfg.optim)
-        self.critic_lr_scheduler = build_lr_scheduler(self.critic_optimizer, critic_cfg.optim, self.total_training_steps)
+        self.critic_lr_scheduler = build_lr_scheduler(
+            self.critic_optimizer, critic_cfg.optim, self.total_training_steps
+        )
         self.critic = PPOCritic(critic_cfg, module, self.critic_optimizer)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:
         data = data.to(self.device)
         cfg = self.critic.config
-        data.meta_info["micro_batch_size"] = int(cfg.forward_micro_batch_size_per_gpu or cfg.ppo_micro_batch_size_per_gpu)
+        data.meta_info["micro_batch_size"] = int(
+            cfg.forward_micro_batch_size_per_gpu or cfg.ppo_micro_batch_size_per_gpu
+        )
         return DataProto.from_dict(tensors={"values": self.critic.compute_values(data)}).to("cpu")
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -373,13 +422,25 @@ class CriticWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path: str, global_step: int) -> None:
-        save_worker_state(local_path, self.critic.critic_module, self.critic_optimizer,
-                          self.critic_lr_scheduler, self.rank, self.world_size)
+        save_worker_state(
+            local_path,
+            self.critic.critic_module,
+            self.critic_optimizer,
+            self.critic_lr_scheduler,
+            self.rank,
+            self.world_size,
+        )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str) -> None:
-        load_worker_state(local_path, self.critic.critic_module, self.critic_optimizer,
-                          self.critic_lr_scheduler, self.rank, self.world_size)
+        load_worker_state(
+            local_path,
+            self.critic.critic_module,
+            self.critic_optimizer,
+            self.critic_lr_scheduler,
+            self.rank,
+            self.world_size,
+        )
 
 
 class RewardModelWorker(Worker):
@@ -399,8 +460,9 @@ class RewardModelWorker(Worker):
     def init_model(self) -> None:
         import_external_lib(self.config.model.external_lib)
         fsdp_config = self.config.model.fsdp_config
-        self.reward_model = load_reward_model(self.config, self.device,
-                                              shard=sharder(self.world_size, self.device, fsdp_config))
+        self.reward_model = load_reward_model(
+            self.config, self.device, shard=sharder(self.world_size, self.device, fsdp_config)
+        )
 
     def _micro_batch_size(self, n_rows: int) -> int:
         """``micro_batch_size_per_gpu``, else the deprecated global ``micro_batch_size`` / workers,
@@ -418,5 +480,6 @@ class RewardModelWorker(Worker):
         ``meta_info["metrics"]`` (GiB, :func:`~hybridrl.workers.memory.memory_metrics`; the driver pops it)."""
         data = data.to(self.device)
         scores = self.reward_model.compute_rm_score(data, self._micro_batch_size(len(data)))
-        return DataProto.from_dict(tensors={"rm_scores": scores},
-                                   meta_info={"metrics": memory_metrics(self.device)}).to("cpu")
+        return DataProto.from_dict(
+            tensors={"rm_scores": scores}, meta_info={"metrics": memory_metrics(self.device)}
+        ).to("cpu")

@@ -30,10 +30,20 @@ from hybridrl.models import load_causal_lm, load_tokenizer, resolve_model_path
 from hybridrl.models.loader import EMBEDDED_MODEL_NAMES
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.custom import RewardConfigError
-from hybridrl.rewards.judge import (JudgeParseError, JudgePromptError, JudgeSettings, load_score_parser, parse_score,
-                                    render_template)
-from hybridrl.rewards.manager import (DEFAULT_RETRIES, DEFAULT_SCORE_TIMEOUT_S, NaiveRewardManager,
-                                      register_reward_manager)
+from hybridrl.rewards.judge import (
+    JudgeParseError,
+    JudgePromptError,
+    JudgeSettings,
+    load_score_parser,
+    parse_score,
+    render_template,
+)
+from hybridrl.rewards.manager import (
+    DEFAULT_RETRIES,
+    DEFAULT_SCORE_TIMEOUT_S,
+    NaiveRewardManager,
+    register_reward_manager,
+)
 from hybridrl.rewards.pool import ScoreTimeoutError, call_with_deadline
 from hybridrl.workers.config import EngineConfig
 from hybridrl.workers.rollout import RolloutEngineError, get_rollout_cls
@@ -42,12 +52,13 @@ __all__ = ["JudgeBusyError", "JudgeEngine", "JudgeRewardManager", "judge_engine_
 
 logger = logging.getLogger(__name__)
 
+
 class JudgeBusyError(ScoreTimeoutError):
     """The judge is still answering an earlier call that ran past its deadline."""
 
 
 _OUTCOME = "__judge_outcome__"  # extra_info key that carries a row's judgement to the per-row scorer
-_ENGINES: dict[tuple, "JudgeEngine"] = {}
+_ENGINES: dict[tuple, JudgeEngine] = {}
 
 
 class JudgeEngine:
@@ -95,9 +106,11 @@ class JudgeEngine:
         if not prompt_ids:
             return []
         if not self._busy.acquire(blocking=False):
-            raise JudgeBusyError("the judge is still generating an earlier batch that ran past its deadline "
-                                 "(reward_model.judge.timeout_s); raise the deadline or lower "
-                                 "reward_model.rollout.response_length")
+            raise JudgeBusyError(
+                "the judge is still generating an earlier batch that ran past its deadline "
+                "(reward_model.judge.timeout_s); raise the deadline or lower "
+                "reward_model.rollout.response_length"
+            )
         try:
             out = self.engine.generate_sequences(self._left_padded(prompt_ids))
         finally:
@@ -111,12 +124,13 @@ class JudgeEngine:
         input_ids = torch.full((len(prompt_ids), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)
         for i, ids in enumerate(prompt_ids):
-            input_ids[i, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-            attention_mask[i, width - len(ids):] = 1
+            input_ids[i, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[i, width - len(ids) :] = 1
         position_ids = (torch.cumsum(attention_mask, dim=1) - 1).clamp(min=0)
-        return DataProto.from_dict(tensors={"input_ids": input_ids, "attention_mask": attention_mask,
-                                            "position_ids": position_ids},
-                                   meta_info={"response_length": self.response_length})
+        return DataProto.from_dict(
+            tensors={"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids},
+            meta_info={"response_length": self.response_length},
+        )
 
 
 def judge_engine_config(rollout: Any) -> EngineConfig:
@@ -145,8 +159,9 @@ def shared_judge_engine(settings: JudgeSettings, device: str) -> JudgeEngine:
     return _ENGINES[key]
 
 
-def _judged_score(data_source: Any = None, solution_str: str = "", ground_truth: Any = None,
-                  extra_info: dict | None = None, **_: Any) -> dict:
+def _judged_score(
+    data_source: Any = None, solution_str: str = "", ground_truth: Any = None, extra_info: dict | None = None, **_: Any
+) -> dict:
     """The per-row scorer :class:`NaiveRewardManager` calls: hands over the row's judgement (made
     for the whole batch beforehand), or raises why there is none."""
     outcome = (extra_info or {}).get(_OUTCOME)
@@ -179,23 +194,41 @@ class JudgeRewardManager(NaiveRewardManager):
         RewardConfigError: bad judge settings (:meth:`JudgeSettings.from_config`).
     """
 
-    def __init__(self, tokenizer: Any, num_examine: int, compute_score=None, reward_fn_key: str = "data_source",
-                 on_error: str = "raise", timeout_s: float = DEFAULT_SCORE_TIMEOUT_S, retries: int = DEFAULT_RETRIES,
-                 config: Any = None, judge: Any = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        num_examine: int,
+        compute_score=None,
+        reward_fn_key: str = "data_source",
+        on_error: str = "raise",
+        timeout_s: float = DEFAULT_SCORE_TIMEOUT_S,
+        retries: int = DEFAULT_RETRIES,
+        config: Any = None,
+        judge: Any = None,
+    ) -> None:
         if compute_score is not None:
-            raise RewardConfigError("custom_reward_function is set, but reward_model.reward_manager=judge scores with "
-                                    "the judge; use reward_model.judge.score_parser to read its answer yourself")
+            raise RewardConfigError(
+                "custom_reward_function is set, but reward_model.reward_manager=judge scores with "
+                "the judge; use reward_model.judge.score_parser to read its answer yourself"
+            )
         super().__init__(tokenizer, num_examine, _judged_score, reward_fn_key, on_error, timeout_s, retries)
         if config is None:  # load_reward_manager hands it the run's config
-            raise RewardConfigError("reward_model.reward_manager=judge needs the run's config (its reward_model.judge "
-                                    "and reward_model.rollout sections); build it with load_reward_manager(config, ...)")
+            raise RewardConfigError(
+                "reward_model.reward_manager=judge needs the run's config (its reward_model.judge "
+                "and reward_model.rollout sections); build it with load_reward_manager(config, ...)"
+            )
         self.settings = JudgeSettings.from_config(config)
-        self.parser = load_score_parser(self.settings.parser_path, self.settings.parser_name) \
-            if self.settings.parser_path else None
+        self.parser = (
+            load_score_parser(self.settings.parser_path, self.settings.parser_name)
+            if self.settings.parser_path
+            else None
+        )
         self.judge = judge if judge is not None else shared_judge_engine(self.settings, _device(config))
         if self.settings.apply_chat_template and not getattr(self.judge.tokenizer, "chat_template", None):
-            raise RewardConfigError(f"reward_model.model.path={self.settings.model_path}: the judge's tokenizer has no "
-                                    "chat template; set reward_model.judge.apply_chat_template=false (plain text)")
+            raise RewardConfigError(
+                f"reward_model.model.path={self.settings.model_path}: the judge's tokenizer has no "
+                "chat template; set reward_model.judge.apply_chat_template=false (plain text)"
+            )
         self._outcomes: list | None = None
 
     @classmethod
@@ -208,9 +241,11 @@ class JudgeRewardManager(NaiveRewardManager):
         settings = JudgeSettings.from_config(config)
         path = settings.model_path
         if not (os.path.exists(os.path.expanduser(path)) or path.lower() in EMBEDDED_MODEL_NAMES):
-            raise RewardConfigError(f"reward_model.model.path={path!r} does not exist; with "
-                                    "reward_model.reward_manager=judge set it to the judge model (an HF folder, a .gguf"
-                                    " file, or HuggingFaceTB/SmolLM2-135M-Instruct for the bundled one)")
+            raise RewardConfigError(
+                f"reward_model.model.path={path!r} does not exist; with "
+                "reward_model.reward_manager=judge set it to the judge model (an HF folder, a .gguf"
+                " file, or HuggingFaceTB/SmolLM2-135M-Instruct for the bundled one)"
+            )
         engine = judge_engine_config(settings.rollout)
         try:
             get_rollout_cls(engine.name, engine.mode)
@@ -282,8 +317,10 @@ class JudgeRewardManager(NaiveRewardManager):
         except JudgeBusyError:
             raise
         except ScoreTimeoutError:
-            raise ScoreTimeoutError(f"the judge answered none of {len(prompt_ids)} prompts within "
-                                    f"reward_model.judge.timeout_s={timeout:g} s") from None
+            raise ScoreTimeoutError(
+                f"the judge answered none of {len(prompt_ids)} prompts within "
+                f"reward_model.judge.timeout_s={timeout:g} s"
+            ) from None
 
     def _template_values(self, data: Any, i: int) -> dict:
         """The values a template may read for row ``i`` (:func:`~hybridrl.rewards.judge.render_template`)."""
@@ -298,11 +335,16 @@ class JudgeRewardManager(NaiveRewardManager):
             users = [m for m in nt["raw_prompt"][i] if dict(m).get("role") == "user"]
             prompt = str(dict(users[-1])["content"]) if users else ""
         else:
-            prompt = self.tokenizer.decode(prompts[i, prompt_len - vp:], skip_special_tokens=True).strip()
+            prompt = self.tokenizer.decode(prompts[i, prompt_len - vp :], skip_special_tokens=True).strip()
         extra = dict(job["extra_info"] or {})
-        return dict(response=response, prompt=prompt,
-                    question=str(extra["question"]) if extra.get("question") is not None else None,
-                    ground_truth=job["ground_truth"], data_source=job["data_source"], extra_info=extra)
+        return dict(
+            response=response,
+            prompt=prompt,
+            question=str(extra["question"]) if extra.get("question") is not None else None,
+            ground_truth=job["ground_truth"],
+            data_source=job["data_source"],
+            extra_info=extra,
+        )
 
     def _prompt_ids(self, row: dict) -> list[int]:
         """The judge's prompt for a row, as token ids: the system prompt and the rendered template as a
@@ -310,7 +352,7 @@ class JudgeRewardManager(NaiveRewardManager):
         s, tokenizer = self.settings, self.judge.tokenizer
         text = render_template(s.template, **row)
         if s.apply_chat_template:
-            messages = ([{"role": "system", "content": s.system_prompt}] if s.system_prompt else [])
+            messages = [{"role": "system", "content": s.system_prompt}] if s.system_prompt else []
             messages.append({"role": "user", "content": text})
             prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             ids = tokenizer.encode(prompt + s.response_prefix, add_special_tokens=False)
@@ -318,8 +360,10 @@ class JudgeRewardManager(NaiveRewardManager):
             ids = tokenizer.encode((s.system_prompt + "\n\n" if s.system_prompt else "") + text + s.response_prefix)
         limit = int(self.settings.rollout["prompt_length"])
         if len(ids) > limit:
-            raise JudgePromptError(f"the judge's prompt has {len(ids)} tokens, over reward_model.rollout.prompt_length"
-                                   f"={limit}; raise it or shorten data.max_response_length")
+            raise JudgePromptError(
+                f"the judge's prompt has {len(ids)} tokens, over reward_model.rollout.prompt_length"
+                f"={limit}; raise it or shorten data.max_response_length"
+            )
         return ids
 
     def _parse(self, text: str, row: dict) -> dict | JudgeParseError:
@@ -331,8 +375,13 @@ class JudgeRewardManager(NaiveRewardManager):
                 return exc
             return {"score": score, "judge_score": number, "judge_text": text}
         try:
-            result = self.parser(text, data_source=row["data_source"], solution_str=row["response"],
-                                 ground_truth=row["ground_truth"], extra_info=row["extra_info"])
+            result = self.parser(
+                text,
+                data_source=row["data_source"],
+                solution_str=row["response"],
+                ground_truth=row["ground_truth"],
+                extra_info=row["extra_info"],
+            )
         except Exception as exc:  # noqa: BLE001 - the user's parser: a failure of this row
             return JudgeParseError(f"reward_model.judge.score_parser raised {type(exc).__name__}: {exc}")
         if result is None:
@@ -342,8 +391,10 @@ class JudgeRewardManager(NaiveRewardManager):
         try:
             return {"score": float(result), "judge_text": text}
         except (TypeError, ValueError):
-            return JudgeParseError(f"reward_model.judge.score_parser returned {type(result).__name__}; return a "
-                                   "float, a dict with 'score', or None")
+            return JudgeParseError(
+                f"reward_model.judge.score_parser returned {type(result).__name__}; return a "
+                "float, a dict with 'score', or None"
+            )
 
 
 def _device(config: Any) -> str:

@@ -71,5 +71,8 @@ def memory_metrics(device) -> dict[str, float]:
     else:  # the kernel's two counters may differ by a few pages: the peak is never below the current
         allocated = reserved = max(peak_rss_bytes(), current) / GIB
     cpu_used = current / GIB
-    return {"perf/max_memory_allocated_gb": allocated, "perf/max_memory_reserved_gb": reserved,
-            "perf/cpu_memory_used_gb": cpu_used}
+    return {
+        "perf/max_memory_allocated_gb": allocated,
+        "perf/max_memory_reserved_gb": reserved,
+        "perf/cpu_memory_used_gb": cpu_used,
+    }

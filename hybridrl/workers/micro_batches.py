@@ -48,7 +48,7 @@ def karmarkar_karp(sizes: Sequence[int], k: int, equal_size: bool = False) -> li
     order = sorted(range(n), key=lambda i: sizes[i])
     # A heap entry is one partial partition: k (sum, items) sets, kept sorted by sum descending;
     # it is keyed by its spread (largest - smallest sum), largest first.
-    groups = [order[i:i + k] for i in range(0, n, k)] if equal_size else [[i] for i in order]
+    groups = [order[i : i + k] for i in range(0, n, k)] if equal_size else [[i] for i in order]
     heap = []
     for tie, group in enumerate(groups):
         sets = [(sizes[i], [i]) for i in group] + [(0, []) for _ in range(k - len(group))]
@@ -76,8 +76,9 @@ def max_across_ranks(value: int, device: torch.device | str) -> int:
     return int(tensor.item())
 
 
-def token_budget_partitions(seqlens: Sequence[int], max_token_len: int, key: str,
-                            device: torch.device | str = "cpu") -> list[list[int]]:
+def token_budget_partitions(
+    seqlens: Sequence[int], max_token_len: int, key: str, device: torch.device | str = "cpu"
+) -> list[list[int]]:
     """Row indices of micro batches holding at most ``max_token_len`` tokens each.
 
     The fewest micro batches that the balanced partition fits in the budget; with several
@@ -98,8 +99,10 @@ def token_budget_partitions(seqlens: Sequence[int], max_token_len: int, key: str
         raise ConfigError(f"{key}={max_token_len!r} must be an integer >= 1 (tokens per micro batch on one worker)")
     longest = max(seqlens, default=0)
     if longest > max_token_len:
-        raise ConfigError(f"{key}={max_token_len} is smaller than a {longest}-token sequence of this batch; "
-                          f"raise it to at least data.max_prompt_length + data.max_response_length")
+        raise ConfigError(
+            f"{key}={max_token_len} is smaller than a {longest}-token sequence of this batch; "
+            f"raise it to at least data.max_prompt_length + data.max_response_length"
+        )
     n = len(seqlens)
     count = min(n, max(1, math.ceil(sum(seqlens) / max_token_len)))
     while count < n:
@@ -111,14 +114,20 @@ def token_budget_partitions(seqlens: Sequence[int], max_token_len: int, key: str
     parts = [p for p in karmarkar_karp(seqlens, count) if p] if n else []
     parts.sort(key=lambda p: -sum(seqlens[i] for i in p))
     if len(parts) < count:  # fewer rows than another rank's count: still match its forward count
-        raise ConfigError(f"{key}={max_token_len}: this worker has {n} rows but another needs {count} micro "
-                          "batches; raise the budget or give every worker more rows")
+        raise ConfigError(
+            f"{key}={max_token_len}: this worker has {n} rows but another needs {count} micro "
+            "batches; raise the budget or give every worker more rows"
+        )
     return parts
 
 
-def split_micro_batches(data: DataProto, micro_batch_size: int | None, use_dynamic_bsz: bool = False,
-                        max_token_len: int | None = None, key: str = "max_token_len",
-                        ) -> tuple[list[DataProto], list[int] | None]:
+def split_micro_batches(
+    data: DataProto,
+    micro_batch_size: int | None,
+    use_dynamic_bsz: bool = False,
+    max_token_len: int | None = None,
+    key: str = "max_token_len",
+) -> tuple[list[DataProto], list[int] | None]:
     """Micro batches of ``data``: ``micro_batch_size`` rows each, or by token budget.
 
     Args:

@@ -104,8 +104,13 @@ def response_layout(batch, options: ForwardOptions) -> tuple[dict, torch.Tensor,
         # Response tokens with a predecessor in their own sequence (all, unless the prompt is empty).
         slots = attention_mask[:, -response_length:].bool() & (rank >= 1)
         sp = options.sequence_parallel
-        packed = pack_sequences(batch["input_ids"], attention_mask, batch["position_ids"], options.max_row_tokens,
-                                row_multiple=sp.size if sp is not None else 1)
+        packed = pack_sequences(
+            batch["input_ids"],
+            attention_mask,
+            batch["position_ids"],
+            options.max_row_tokens,
+            row_multiple=sp.size if sp is not None else 1,
+        )
         positions = packed.token_index[:, -response_length:][slots] - 1  # the previous token of the sequence
         return packed.model_inputs(), positions, slots
     columns = torch.arange(seqlen - response_length - 1, seqlen - 1, device=attention_mask.device)
@@ -130,9 +135,16 @@ def autocast(module: torch.nn.Module, compute_dtype: torch.dtype):
     return torch.autocast(device_type, dtype=compute_dtype, enabled=compute_dtype != torch.float32)
 
 
-def forward_response(module, micro_batch: DataProto, temperature: float, compute_dtype: torch.dtype,
-                     options: ForwardOptions, calculate_entropy: bool = False,
-                     return_logits: bool = False, entropy_grad: bool = True) -> ResponseOutput:
+def forward_response(
+    module,
+    micro_batch: DataProto,
+    temperature: float,
+    compute_dtype: torch.dtype,
+    options: ForwardOptions,
+    calculate_entropy: bool = False,
+    return_logits: bool = False,
+    entropy_grad: bool = True,
+) -> ResponseOutput:
     """Log-probs (and entropies, logits) of ``micro_batch.batch["responses"]`` under a causal LM.
 
     Args:
@@ -170,13 +182,15 @@ def forward_response(module, micro_batch: DataProto, temperature: float, compute
         elif options.use_remove_padding:  # the head on the response positions only: (1, n, vocab)
             with output_head_on(module, positions, lambda hidden, head: head(hidden)):
                 logits = module(**inputs, use_cache=False).logits[0]
-            log_probs, entropy, logits = _stats_from_logits(logits, labels, temperature, calculate_entropy, options,
-                                                            entropy_grad)
+            log_probs, entropy, logits = _stats_from_logits(
+                logits, labels, temperature, calculate_entropy, options, entropy_grad
+            )
         else:  # padded: the model's own head on the last response_length + 1 positions only
             response_length = batch["responses"].shape[-1]
             logits = module(**inputs, use_cache=False, logits_to_keep=response_length + 1).logits[:, :-1]
-            log_probs, entropy, logits = _stats_from_logits(logits, batch["responses"], temperature,
-                                                            calculate_entropy, options, entropy_grad)
+            log_probs, entropy, logits = _stats_from_logits(
+                logits, batch["responses"], temperature, calculate_entropy, options, entropy_grad
+            )
     if part is not None:
         log_probs, entropy, logits = part.gather(module, log_probs, entropy, logits if return_logits else None)
     return ResponseOutput(
@@ -187,9 +201,14 @@ def forward_response(module, micro_batch: DataProto, temperature: float, compute
     )
 
 
-def _stats_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperature: float, calculate_entropy: bool,
-                       options: ForwardOptions, entropy_grad: bool = True,
-                       ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+def _stats_from_logits(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float,
+    calculate_entropy: bool,
+    options: ForwardOptions,
+    entropy_grad: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """``(log_probs, entropy or None, fp32 logits / temperature)`` of ``(..., vocab)`` logits and
     ``(...)`` labels; a 3-D view is not copied into 2-D (the helpers walk it in row chunks)."""
     logits = logits.float()
@@ -200,13 +219,15 @@ def _stats_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperature: 
             entropy = entropy_from_logits(logits.detach())
     elif calculate_entropy:
         recompute = options.entropy_checkpointing and torch.is_grad_enabled() and logits.requires_grad
-        entropy = checkpoint(entropy_from_logits, logits, use_reentrant=False) if recompute \
-            else entropy_from_logits(logits)
+        entropy = (
+            checkpoint(entropy_from_logits, logits, use_reentrant=False) if recompute else entropy_from_logits(logits)
+        )
     return logprobs_from_logits(logits, labels), entropy, logits
 
 
-def forward_response_values(module, micro_batch: DataProto, compute_dtype: torch.dtype,
-                            options: ForwardOptions) -> torch.Tensor:
+def forward_response_values(
+    module, micro_batch: DataProto, compute_dtype: torch.dtype, options: ForwardOptions
+) -> torch.Tensor:
     """Values of the states before each response token, ``(bs, response_length)`` fp32, 0 where
     there is no response token.
 
@@ -237,12 +258,17 @@ class _SequenceSlice:
 
     def __init__(self, inputs: dict, positions: torch.Tensor, sp: UlyssesGroup) -> None:
         input_ids, position_ids, self.positions, self.owner = split_packed(
-            inputs["input_ids"], inputs["position_ids"], positions, sp.rank, sp.size)
+            inputs["input_ids"], inputs["position_ids"], positions, sp.rank, sp.size
+        )
         self.mine = self.owner == sp.rank
         self.sp = sp
         self.attention = UlyssesAttention(sp, packed_causal_mask(inputs["position_ids"]))
-        self.inputs = {"input_ids": input_ids, "position_ids": position_ids, "attention_mask": None,
-                       ULYSSES_KWARG: self.attention}
+        self.inputs = {
+            "input_ids": input_ids,
+            "position_ids": position_ids,
+            "attention_mask": None,
+            ULYSSES_KWARG: self.attention,
+        }
 
     def gather(self, module, *values: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         """``(n_local, ...)`` outputs of this rank -> ``(n, ...)`` on every rank (None stays None).

@@ -53,8 +53,7 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg, total_traini
     raise ConfigError(f"optim.warmup_style={style!r} is not one of constant, cosine")
 
 
-def optimizer_step(module: torch.nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float,
-                   role: str) -> float:
+def optimizer_step(module: torch.nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float, role: str) -> float:
     """Clips the gradient to ``max_grad_norm`` and steps; a non-finite gradient norm skips the
     update (with a warning naming ``role``) instead of writing NaN into the weights. One
     implementation for every trained model (actor, critic, SFT, reward model), plain or FSDP2.

@@ -34,8 +34,13 @@ def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
     return (positions * attention_mask.bool()).argmax(-1)
 
 
-def forward_sequence_scores(module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                            position_ids: torch.Tensor, compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def forward_sequence_scores(
+    module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    compute_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
     """Scalar score of each sequence, ``(bs,)`` fp32: the head's output at the last attended token.
 
     Args:
@@ -44,8 +49,9 @@ def forward_sequence_scores(module, input_ids: torch.Tensor, attention_mask: tor
         compute_dtype: autocast dtype of the forward pass (fp32: none).
     """
     with autocast(module, compute_dtype):
-        logits = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                        use_cache=False).logits
+        logits = module(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).logits
     index = last_token_index(attention_mask)
     return logits[torch.arange(len(index), device=index.device), index, 0].float()
 
@@ -97,8 +103,14 @@ class RewardModel:
         compute_dtype: autocast dtype of the forward passes.
     """
 
-    def __init__(self, reward_module, tokenizer, input_tokenizer=None, max_length: int | None = None,
-                 compute_dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        reward_module,
+        tokenizer,
+        input_tokenizer=None,
+        max_length: int | None = None,
+        compute_dtype: torch.dtype = torch.float32,
+    ) -> None:
         self.reward_module = reward_module
         self.tokenizer = tokenizer
         self.input_tokenizer = input_tokenizer
@@ -123,11 +135,16 @@ class RewardModel:
         device = next(self.reward_module.parameters()).device
         inputs = {k: v.to(device) for k, v in inputs.items()}
         n = inputs["input_ids"].shape[0]
-        scores = torch.cat([
-            forward_sequence_scores(self.reward_module, *(inputs[k][i : i + micro_batch_size]
-                                    for k in ("input_ids", "attention_mask", "position_ids")), self.compute_dtype)
-            for i in range(0, n, micro_batch_size)
-        ])
+        scores = torch.cat(
+            [
+                forward_sequence_scores(
+                    self.reward_module,
+                    *(inputs[k][i : i + micro_batch_size] for k in ("input_ids", "attention_mask", "position_ids")),
+                    self.compute_dtype,
+                )
+                for i in range(0, n, micro_batch_size)
+            ]
+        )
         response_length = data.batch["responses"].shape[-1]
         return expand_to_token_level(scores, data.batch["attention_mask"][:, -response_length:].to(device))
 
@@ -136,9 +153,10 @@ class RewardModel:
         if "raw_prompt" not in data.non_tensor_batch:
             raise ConfigError(
                 "reward_model.model.input_tokenizer: the reward model's tokenizer differs from the policy's, so "
-                "each chat is re-templated for it, which needs the chat messages; set data.return_raw_chat=True")
+                "each chat is re-templated for it, which needs the chat messages; set data.return_raw_chat=True"
+            )
         responses = data.batch["responses"]
-        lengths = data.batch["attention_mask"][:, -responses.shape[-1]:].sum(-1).tolist()
+        lengths = data.batch["attention_mask"][:, -responses.shape[-1] :].sum(-1).tolist()
         src = self.input_tokenizer
         stop_ids = set(src.all_special_ids)  # a response that ends on one stopped (EOS, <|im_end|>, ...)
         texts, ended = [], []
@@ -149,7 +167,7 @@ class RewardModel:
         chats = [[dict(m) for m in chat] for chat in data.non_tensor_batch["raw_prompt"]]
         ids = encode_rm_inputs(self.tokenizer, chats, texts, ended)
         if self.max_length:
-            ids = [seq[-self.max_length:] for seq in ids]
+            ids = [seq[-self.max_length :] for seq in ids]
         return right_pad(ids, self.tokenizer.pad_token_id)
 
 
@@ -173,7 +191,8 @@ def load_reward_model(config, device: str, shard=None) -> RewardModel:
     if head_is_untrained(module):
         raise ConfigError(
             f"reward_model.model.path={model_cfg.path}: the model has no trained reward head (it looks like a plain "
-            "causal LM); train one with `hybridrl rm` and pass its checkpoint folder")
+            "causal LM); train one with `hybridrl rm` and pass its checkpoint folder"
+        )
     module.requires_grad_(False).eval()
     tokenizer = load_tokenizer(path, trust_remote_code=trust, padding_side="right")
     input_tokenizer = None
@@ -185,6 +204,7 @@ def load_reward_model(config, device: str, shard=None) -> RewardModel:
         if same_tokenizer(input_tokenizer, tokenizer):
             input_tokenizer = None
         else:
-            logger.warning("reward model: its tokenizer differs from %s; rows are re-templated for it",
-                           model_cfg.input_tokenizer)
+            logger.warning(
+                "reward model: its tokenizer differs from %s; rows are re-templated for it", model_cfg.input_tokenizer
+            )
     return RewardModel(module, tokenizer, input_tokenizer, config.max_length, compute_dtype_of(fsdp_config))

@@ -42,8 +42,9 @@ class RolloutWorker(StreamingMethods, Worker):
         path = resolve_model_path(model_cfg.path, config_key="actor_rollout_ref.model.path")
         trust = model_cfg.trust_remote_code
         tokenizer = load_tokenizer(path, trust_remote_code=trust, chat_template=model_cfg.custom_chat_template)
-        module = load_causal_lm(path, dtype="fp32", trust_remote_code=trust,
-                                override_config=model_cfg.override_config).to(self.device)
+        module = load_causal_lm(
+            path, dtype="fp32", trust_remote_code=trust, override_config=model_cfg.override_config
+        ).to(self.device)
         engine_cls = get_rollout_cls(self.config.rollout.name, "async")
         self.rollout = engine_cls(module, self.config.rollout, tokenizer, getattr(module, "generation_config", None))
 

@@ -79,8 +79,10 @@ def gather_rows(data: DataProto, sp: UlyssesGroup | None) -> DataProto:
     counts = [torch.zeros_like(n) for _ in range(sp.size)]
     dist.all_gather(counts, n, group=sp.group)
     if any(int(c) != len(data) for c in counts):
-        raise RuntimeError(f"sequence parallelism: the ranks of a group hold {[int(c) for c in counts]} rows; "
-                           "they must hold the same number")
+        raise RuntimeError(
+            f"sequence parallelism: the ranks of a group hold {[int(c) for c in counts]} rows; "
+            "they must hold the same number"
+        )
     tensors = {}
     for key, value in data.batch.items():
         parts = [torch.empty_like(value) for _ in range(sp.size)]
@@ -94,7 +96,7 @@ def own_rows(values: torch.Tensor, sp: UlyssesGroup | None) -> torch.Tensor:
     if sp is None:
         return values
     n = values.shape[0] // sp.size
-    return values[sp.rank * n:(sp.rank + 1) * n]
+    return values[sp.rank * n : (sp.rank + 1) * n]
 
 
 def _device(data: DataProto) -> torch.device:
@@ -117,26 +119,39 @@ def check_sequence_parallel(config, world_size: int, uses_critic: bool) -> list[
     actor, ref = config.actor_rollout_ref.actor, config.actor_rollout_ref.ref
     key = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
     if ref.ulysses_sequence_parallel_size != actor.ulysses_sequence_parallel_size:
-        raise ConfigError(f"actor_rollout_ref.ref.ulysses_sequence_parallel_size={ref.ulysses_sequence_parallel_size} "
-                          f"must equal {key}={actor.ulysses_sequence_parallel_size}: the reference runs in the "
-                          "actor's workers, on the same groups; remove the ref's key")
+        raise ConfigError(
+            f"actor_rollout_ref.ref.ulysses_sequence_parallel_size={ref.ulysses_sequence_parallel_size} "
+            f"must equal {key}={actor.ulysses_sequence_parallel_size}: the reference runs in the "
+            "actor's workers, on the same groups; remove the ref's key"
+        )
     roles = [(key, actor.ulysses_sequence_parallel_size, "actor_rollout_ref.model", config.actor_rollout_ref.model)]
     if uses_critic:
-        roles.append(("critic.ulysses_sequence_parallel_size", config.critic.ulysses_sequence_parallel_size,
-                      "critic.model", config.critic.model))
+        roles.append(
+            (
+                "critic.ulysses_sequence_parallel_size",
+                config.critic.ulysses_sequence_parallel_size,
+                "critic.model",
+                config.critic.model,
+            )
+        )
     notes = []
     for key, size, model_key, model in roles:
         if size == 1:
             continue
         if world_size % size:
-            raise ConfigError(f"{key}={size} must divide the number of workers ({world_size}: trainer.nnodes x "
-                              "trainer.n_gpus_per_node); pick a divisor or change the worker count")
+            raise ConfigError(
+                f"{key}={size} must divide the number of workers ({world_size}: trainer.nnodes x "
+                "trainer.n_gpus_per_node); pick a divisor or change the worker count"
+            )
         if not model.use_remove_padding:
             raise ConfigError(f"{key}={size} splits packed sequences: it needs {model_key}.use_remove_padding=true")
         problem = model_config_problem(model.path, size)
         if problem:
-            raise ConfigError(f"{key}={size}: {problem} ({model_key}.path={model.path}); "
-                              f"set a size that does, or {key}=1")
-        notes.append(f"{key}={size}: Ulysses sequence parallelism on; {world_size} workers form "
-                     f"{world_size // size} group(s) of {size}, each splitting every packed sequence over its workers")
+            raise ConfigError(
+                f"{key}={size}: {problem} ({model_key}.path={model.path}); set a size that does, or {key}=1"
+            )
+        notes.append(
+            f"{key}={size}: Ulysses sequence parallelism on; {world_size} workers form "
+            f"{world_size // size} group(s) of {size}, each splitting every packed sequence over its workers"
+        )
     return notes

@@ -49,9 +49,17 @@ def _decoder_layers(module: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in module.modules() if type(m).__name__ in names]
 
 
-def apply_fsdp2(module: torch.nn.Module, device_type: str, *, fsdp_size: int = -1, reshard_after_forward: bool = True,
-                param_offload: bool = False, param_dtype="fp32", reduce_dtype="fp32",
-                world_size: int | None = None) -> torch.nn.Module:
+def apply_fsdp2(
+    module: torch.nn.Module,
+    device_type: str,
+    *,
+    fsdp_size: int = -1,
+    reshard_after_forward: bool = True,
+    param_offload: bool = False,
+    param_dtype="fp32",
+    reduce_dtype="fp32",
+    world_size: int | None = None,
+) -> torch.nn.Module:
     """Shards ``module`` in place with FSDP2: every decoder block, then the root.
 
     Args:
@@ -76,12 +84,14 @@ def apply_fsdp2(module: torch.nn.Module, device_type: str, *, fsdp_size: int = -
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     if not dist.is_initialized():  # one worker (CPU offload on CUDA): FSDP2 over a group of one
-        dist.init_process_group("nccl" if device_type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
-                                world_size=1)
+        dist.init_process_group(
+            "nccl" if device_type == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1
+        )
     world_size = world_size or dist.get_world_size()
     mesh = build_device_mesh(world_size, fsdp_size, device_type)
-    policy = MixedPrecisionPolicy(param_dtype=to_torch_dtype(param_dtype), reduce_dtype=to_torch_dtype(reduce_dtype),
-                                  cast_forward_inputs=True)
+    policy = MixedPrecisionPolicy(
+        param_dtype=to_torch_dtype(param_dtype), reduce_dtype=to_torch_dtype(reduce_dtype), cast_forward_inputs=True
+    )
     kwargs = {"mesh": mesh, "mp_policy": policy, "reshard_after_forward": reshard_after_forward}
     if param_offload and device_type == "cuda":
         kwargs["offload_policy"] = CPUOffloadPolicy()
@@ -145,8 +155,12 @@ def loss_normalizers(mini_batch_response_mask: torch.Tensor, loss_scale_factor=N
     world //= sp_size
     # a mini batch whose every token was rejected (rollout correction) has a zero loss, not an error
     tokens, sequences = max(tokens, 1.0), max(sequences, 1.0)
-    return {"dp_size": world, "batch_num_tokens": tokens, "global_batch_size": sequences,
-            "loss_scale_factor": loss_scale_factor}
+    return {
+        "dp_size": world,
+        "batch_num_tokens": tokens,
+        "global_batch_size": sequences,
+        "loss_scale_factor": loss_scale_factor,
+    }
 
 
 @contextlib.contextmanager

@@ -56,15 +56,25 @@ def sft_row_losses(model, batch: dict, compute_dtype: torch.dtype = torch.float3
         ``(loss_sum, n_tokens)``: fp32 ``(bs,)``; ``loss_sum`` in nats.
     """
     with autocast(model, compute_dtype):
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                       position_ids=batch["position_ids"], use_cache=False).logits
+        logits = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+            use_cache=False,
+        ).logits
     mask = batch["loss_mask"][:, 1:].to(torch.float32)
     log_probs = logprobs_from_logits(logits[:, :-1], batch["input_ids"][:, 1:])
     return -(log_probs * mask).sum(-1), mask.sum(-1)
 
 
-def accumulate_gradients(model, batch: dict, micro_batch_size: int, compute_dtype: torch.dtype = torch.float32,
-                         batch_tokens: float | None = None, dp_size: int = 1) -> float:
+def accumulate_gradients(
+    model,
+    batch: dict,
+    micro_batch_size: int,
+    compute_dtype: torch.dtype = torch.float32,
+    batch_tokens: float | None = None,
+    dp_size: int = 1,
+) -> float:
     """Add to ``.grad`` this worker's share of the gradient of the batch's mean token loss, one
     micro batch at a time.
 
@@ -127,8 +137,12 @@ class SupervisedWorker(Worker):
         model_cfg = self.config.model
         import_external_lib(model_cfg.external_lib)
         path = resolve_model_path(self._model_path(), config_key=self.model_key)
-        self.tokenizer = load_tokenizer(path, trust_remote_code=model_cfg.trust_remote_code,
-                                        padding_side=self.padding_side, chat_template=self.config.data.chat_template)
+        self.tokenizer = load_tokenizer(
+            path,
+            trust_remote_code=model_cfg.trust_remote_code,
+            padding_side=self.padding_side,
+            chat_template=self.config.data.chat_template,
+        )
         module = self._adapt(self._load_module(path).to(self.device))
         if self.world_size > 1:
             # SFT/RM shard over all workers, resharding after forward, without offload (the defaults)
@@ -137,8 +151,12 @@ class SupervisedWorker(Worker):
         self.compute_dtype = to_torch_dtype(model_cfg.fsdp_config.mixed_precision.param_dtype)
         optim = self.config.optim
         self.optimizer = build_optimizer(module, optim)
-        schedule = OptimConfig(lr=optim.lr, lr_warmup_steps_ratio=optim.warmup_steps_ratio,
-                               warmup_style=optim.lr_scheduler, min_lr_ratio=0.0)  # PPO's schedule keys
+        schedule = OptimConfig(
+            lr=optim.lr,
+            lr_warmup_steps_ratio=optim.warmup_steps_ratio,
+            warmup_style=optim.lr_scheduler,
+            min_lr_ratio=0.0,
+        )  # PPO's schedule keys
         self.lr_scheduler = build_lr_scheduler(self.optimizer, schedule, self.total_training_steps)
 
     def _model_path(self) -> str:
@@ -164,8 +182,15 @@ class SupervisedWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path: str, global_step: int) -> None:
         """This rank's part of ``local_path`` (a collective when sharded); see :mod:`.checkpoint_io`."""
-        save_worker_state(local_path, self.module, self.optimizer, self.lr_scheduler, self.rank, self.world_size,
-                          tokenizer=self.tokenizer)
+        save_worker_state(
+            local_path,
+            self.module,
+            self.optimizer,
+            self.lr_scheduler,
+            self.rank,
+            self.world_size,
+            tokenizer=self.tokenizer,
+        )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str) -> None:
@@ -192,14 +217,23 @@ class SFTWorker(SupervisedWorker):
         if model_cfg.lora_rank == 0:
             return module
         targets = model_cfg.target_modules
-        return apply_lora(module, model_cfg.lora_rank, model_cfg.lora_alpha,
-                          targets if isinstance(targets, str) else list(targets), config_key="model",
-                          seed=self.config.trainer.seed)
+        return apply_lora(
+            module,
+            model_cfg.lora_rank,
+            model_cfg.lora_alpha,
+            targets if isinstance(targets, str) else list(targets),
+            config_key="model",
+            seed=self.config.trainer.seed,
+        )
 
     def _load_module(self, path: str) -> torch.nn.Module:
         model_cfg = self.config.model
-        return load_causal_lm(path, dtype=model_cfg.fsdp_config.model_dtype, trust_remote_code=model_cfg.trust_remote_code,
-                              enable_gradient_checkpointing=model_cfg.enable_gradient_checkpointing)
+        return load_causal_lm(
+            path,
+            dtype=model_cfg.fsdp_config.model_dtype,
+            trust_remote_code=model_cfg.trust_remote_code,
+            enable_gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
+        )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def train_batch(self, data: DataProto) -> DataProto:
@@ -212,8 +246,14 @@ class SFTWorker(SupervisedWorker):
         tokens = data_parallel_sum(float(batch["loss_mask"][:, 1:].sum().item()), self.device)
         self.module.train()
         self.optimizer.zero_grad(set_to_none=True)
-        loss = accumulate_gradients(self.module, batch, int(self.config.data.micro_batch_size_per_gpu),
-                                    self.compute_dtype, tokens, self.world_size)
+        loss = accumulate_gradients(
+            self.module,
+            batch,
+            int(self.config.data.micro_batch_size_per_gpu),
+            self.compute_dtype,
+            tokens,
+            self.world_size,
+        )
         metrics = {"train/loss": data_parallel_sum(loss, self.device), "train/loss_tokens": tokens, **self._step()}
         return DataProto(meta_info={"metrics": metrics})
 
@@ -224,10 +264,18 @@ class SFTWorker(SupervisedWorker):
         self.module.eval()
         batch = {k: v.to(self.device) for k, v in data.batch.items() if k in SFT_KEYS}
         micro = int(self.config.data.micro_batch_size_per_gpu)
-        parts = [sft_row_losses(self.module, trim_padding({k: v[i : i + micro] for k, v in batch.items()}),
-                                self.compute_dtype) for i in range(0, len(data), micro)]
-        return DataProto.from_dict(tensors={"loss_sum": torch.cat([p[0] for p in parts]).cpu(),
-                                            "loss_tokens": torch.cat([p[1] for p in parts]).cpu()})
+        parts = [
+            sft_row_losses(
+                self.module, trim_padding({k: v[i : i + micro] for k, v in batch.items()}), self.compute_dtype
+            )
+            for i in range(0, len(data), micro)
+        ]
+        return DataProto.from_dict(
+            tensors={
+                "loss_sum": torch.cat([p[0] for p in parts]).cpu(),
+                "loss_tokens": torch.cat([p[1] for p in parts]).cpu(),
+            }
+        )
 
 
 class RewardModelTrainingWorker(SupervisedWorker):
@@ -244,9 +292,13 @@ class RewardModelTrainingWorker(SupervisedWorker):
 
     def _load_module(self, path: str) -> torch.nn.Module:
         model_cfg = self.config.model
-        model = load_value_model(path, dtype=model_cfg.fsdp_config.model_dtype,
-                                 trust_remote_code=model_cfg.trust_remote_code, override_config=model_cfg.override_config,
-                                 enable_gradient_checkpointing=model_cfg.enable_gradient_checkpointing)
+        model = load_value_model(
+            path,
+            dtype=model_cfg.fsdp_config.model_dtype,
+            trust_remote_code=model_cfg.trust_remote_code,
+            override_config=model_cfg.override_config,
+            enable_gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
+        )
         prefix = model.base_model_prefix + "."
         for name, param in model.named_parameters():
             if not name.startswith(prefix) and name.endswith("bias"):
@@ -257,13 +309,21 @@ class RewardModelTrainingWorker(SupervisedWorker):
         """Per micro batch of ``data.micro_batch_size_per_gpu`` pairs, in one forward each:
         ``(rows, chosen (B,), rejected (B,), tokens)`` with ``rows`` the micro batch's slice."""
         micro = int(self.config.data.micro_batch_size_per_gpu)
-        chosen_ids, rejected_ids = data.non_tensor_batch["chosen_input_ids"], data.non_tensor_batch["rejected_input_ids"]
+        chosen_ids, rejected_ids = (
+            data.non_tensor_batch["chosen_input_ids"],
+            data.non_tensor_batch["rejected_input_ids"],
+        )
         for i in range(0, len(data), micro):
             rows = slice(i, i + micro)
-            batch = {k: v.to(self.device) for k, v in pad_pairs(list(chosen_ids[rows]), list(rejected_ids[rows]),
-                                                                 self.tokenizer.pad_token_id).items()}
-            scores = forward_sequence_scores(self.module, batch["input_ids"], batch["attention_mask"],
-                                             batch["position_ids"], self.compute_dtype)
+            batch = {
+                k: v.to(self.device)
+                for k, v in pad_pairs(
+                    list(chosen_ids[rows]), list(rejected_ids[rows]), self.tokenizer.pad_token_id
+                ).items()
+            }
+            scores = forward_sequence_scores(
+                self.module, batch["input_ids"], batch["attention_mask"], batch["position_ids"], self.compute_dtype
+            )
             n = len(scores) // 2
             yield rows, scores[:n], scores[n:], int(batch["attention_mask"].sum())
 
@@ -288,11 +348,15 @@ class RewardModelTrainingWorker(SupervisedWorker):
             chosen_all.append(chosen.detach())
             rejected_all.append(rejected.detach())
             tokens += n_tokens
-        metrics = {"train/loss": data_parallel_sum(loss_total, self.device),
-                   "train/tokens": data_parallel_sum(float(tokens), self.device), **self._step()}
-        return DataProto.from_dict(tensors={"chosen_scores": torch.cat(chosen_all).cpu(),
-                                            "rejected_scores": torch.cat(rejected_all).cpu()},
-                                   meta_info={"metrics": metrics})
+        metrics = {
+            "train/loss": data_parallel_sum(loss_total, self.device),
+            "train/tokens": data_parallel_sum(float(tokens), self.device),
+            **self._step(),
+        }
+        return DataProto.from_dict(
+            tensors={"chosen_scores": torch.cat(chosen_all).cpu(), "rejected_scores": torch.cat(rejected_all).cpu()},
+            meta_info={"metrics": metrics},
+        )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @torch.no_grad()
@@ -300,11 +364,17 @@ class RewardModelTrainingWorker(SupervisedWorker):
         """``chosen_scores`` / ``rejected_scores`` ``(B,)`` fp32 of this worker's pairs."""
         self.module.eval()
         parts = [(chosen, rejected) for _, chosen, rejected, _ in self._micro_batch_scores(data)]
-        return DataProto.from_dict(tensors={"chosen_scores": torch.cat([c for c, _ in parts]).cpu(),
-                                            "rejected_scores": torch.cat([r for _, r in parts]).cpu()})
+        return DataProto.from_dict(
+            tensors={
+                "chosen_scores": torch.cat([c for c, _ in parts]).cpu(),
+                "rejected_scores": torch.cat([r for _, r in parts]).cpu(),
+            }
+        )
 
 
 def pairs_to_proto(chosen: list, rejected: list, margins) -> DataProto:
     """Preference pairs (id lists and margins) as the rows the reward-model worker takes."""
-    return DataProto.from_dict(tensors={"margin": torch.tensor([float(m) for m in margins], dtype=torch.float32)},
-                               non_tensors={"chosen_input_ids": list(chosen), "rejected_input_ids": list(rejected)})
+    return DataProto.from_dict(
+        tensors={"margin": torch.tensor([float(m) for m in margins], dtype=torch.float32)},
+        non_tensors={"chosen_input_ids": list(chosen), "rejected_input_ids": list(rejected)},
+    )

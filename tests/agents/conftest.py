@@ -38,9 +38,11 @@ def scripted():
 @pytest.fixture
 def turn(tokenizer):
     """``turn(text, eos=True)``: ids of a model turn, plus EOS when the turn ended with it."""
+
     def make(text, eos=True):
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         return ids + [tokenizer.eos_token_id] if eos else ids
+
     return make
 
 
@@ -60,11 +62,19 @@ def bm25_retriever(corpus_file):
 
 @pytest.fixture
 def make_context(tokenizer):
-    def make(engine, response_length=200, tools=None, interactions=None, retriever_impl=None, retriever=None,
-             **multi_turn):
+    def make(
+        engine, response_length=200, tools=None, interactions=None, retriever_impl=None, retriever=None, **multi_turn
+    ):
         # the multi_turn section as the run has it: these knobs, the top-level `retriever`, the rest defaults
         section = ppo_section("actor_rollout_ref.rollout.multi_turn", multi_turn, others={"retriever": retriever or {}})
-        return AgentContext(engine=engine, tokenizer=tokenizer, response_length=response_length,
-                            multi_turn=section, tools=tools or {}, interactions=interactions or {},
-                            get_retriever=(lambda: retriever_impl))
+        return AgentContext(
+            engine=engine,
+            tokenizer=tokenizer,
+            response_length=response_length,
+            multi_turn=section,
+            tools=tools or {},
+            interactions=interactions or {},
+            get_retriever=(lambda: retriever_impl),
+        )
+
     return make

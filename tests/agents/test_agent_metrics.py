@@ -17,8 +17,12 @@ def test_agent_metrics_by_hand():
     scores[0, 2], scores[1, 0], scores[2, 3] = 1.0, 0.0, 0.5
     batch = DataProto.from_dict(
         tensors={"token_level_scores": scores},
-        non_tensors={"__num_turns__": [6, 2, 4], "__agent_name__": ["search_agent", "search_agent", "tool_agent"],
-                     "__agent_metrics__": per_row})
+        non_tensors={
+            "__num_turns__": [6, 2, 4],
+            "__agent_name__": ["search_agent", "search_agent", "tool_agent"],
+            "__agent_metrics__": per_row,
+        },
+    )
     m = compute_agent_metrics(batch)
     assert m["num_turns/mean"] == pytest.approx(4.0) and m["num_turns/max"] == 6 and m["num_turns/min"] == 2
     assert m["tool_calls/mean"] == pytest.approx(5 / 3) and m["tool_calls/max"] == 3

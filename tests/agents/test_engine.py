@@ -54,13 +54,20 @@ def test_different_sampling_or_stop_strings_go_in_separate_calls():
 
     async def main():
         engine = AsyncBatchEngine(rollout)
-        await asyncio.gather(_loop(engine, [1], 2, {"temperature": 0.5}), _loop(engine, [2], 2, {"temperature": 0.5}),
-                             _loop(engine, [3], 2, {"do_sample": False}), _loop(engine, [4], 2, stop=["</s>"]))
+        await asyncio.gather(
+            _loop(engine, [1], 2, {"temperature": 0.5}),
+            _loop(engine, [2], 2, {"temperature": 0.5}),
+            _loop(engine, [3], 2, {"do_sample": False}),
+            _loop(engine, [4], 2, stop=["</s>"]),
+        )
         engine.close()
 
     asyncio.run(main())
     assert sorted((b[0], tuple(b[2].items()), tuple(b[3] or ())) for b in rollout.batches) == [
-        (1, (), ("</s>",)), (1, (("do_sample", False),), ()), (2, (("temperature", 0.5),), ())]
+        (1, (), ("</s>",)),
+        (1, (("do_sample", False),), ()),
+        (2, (("temperature", 0.5),), ()),
+    ]
 
 
 def test_a_loop_busy_with_a_tool_joins_the_next_batch_instead_of_stalling_this_one():
@@ -92,6 +99,7 @@ def test_errors_reach_every_waiting_loop_and_zero_tokens_need_no_call():
 
 # ---------------------------------------------------------------- HFRollout.generate_token_ids
 
+
 def test_trim_cuts_at_the_first_eos_or_the_token_completing_a_stop_string(tokenizer):
     eos = tokenizer.eos_token_id
     head = tokenizer("<search> capital of France </search>", add_special_tokens=False)["input_ids"]
@@ -116,9 +124,18 @@ def rollout(tiny_model_dir, tokenizer):
                 p.add_(0.3 * torch.randn(p.shape, generator=gen))
     from tests.tiny_models import ppo_section
 
-    cfg = ppo_section("actor_rollout_ref.rollout", {  # the engine reads the section as the run has it
-        "dtype": "fp32", "response_length": 8, "do_sample": False, "temperature": 1.0, "top_p": 1.0, "top_k": -1,
-        "micro_batch_size": 2})
+    cfg = ppo_section(
+        "actor_rollout_ref.rollout",
+        {  # the engine reads the section as the run has it
+            "dtype": "fp32",
+            "response_length": 8,
+            "do_sample": False,
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "top_k": -1,
+            "micro_batch_size": 2,
+        },
+    )
     return HFRollout(model, cfg, tokenizer)
 
 
@@ -133,4 +150,4 @@ def test_generate_token_ids_matches_greedy_decoding_one_sequence_at_a_time(rollo
             for _ in range(len(ids)):
                 logits = rollout.module(torch.tensor([ids_])).logits[0, -1]
                 ids_.append(int(logits.argmax()))
-        assert ids_[len(prompt):] == ids
+        assert ids_[len(prompt) :] == ids

@@ -12,8 +12,10 @@ PAD = 0
 
 
 def test_pad_trajectories_layout_by_hand():
-    outputs = [AgentLoopOutput([11, 12], [21, 22, 90, 91, 23], [1, 1, 0, 0, 1]),
-               AgentLoopOutput([13, 14, 15], [24], [1])]
+    outputs = [
+        AgentLoopOutput([11, 12], [21, 22, 90, 91, 23], [1, 1, 0, 0, 1]),
+        AgentLoopOutput([13, 14, 15], [24], [1]),
+    ]
     t = pad_trajectories(outputs, PAD, response_length=6)
     assert t["prompts"].tolist() == [[0, 11, 12], [13, 14, 15]]
     assert t["responses"].tolist() == [[21, 22, 90, 91, 23, 0], [24, 0, 0, 0, 0, 0]]
@@ -44,16 +46,24 @@ def test_mixed_agents_in_one_batch(tokenizer, bm25_retriever):
 
     search_turns = [ids("<search> capital of France </search>"), ids("<answer> Paris </answer>")]
     rollout = ScriptedRollout({1: [ids("Hello there", eos=True)], 2: search_turns, 3: [ids("no action", eos=True)] * 4})
-    cfg = ppo_section("actor_rollout_ref.rollout",
-                      {"response_length": 160, "multi_turn": {"search": {"max_turns": 1, "max_obs_length": 64}},
-                       "agent": {"default_agent_loop": "search_agent"}},
-                      others={"retriever": {"topk": 1, "timeout": 5}})
+    cfg = ppo_section(
+        "actor_rollout_ref.rollout",
+        {
+            "response_length": 160,
+            "multi_turn": {"search": {"max_turns": 1, "max_obs_length": 64}},
+            "agent": {"default_agent_loop": "search_agent"},
+        },
+        others={"retriever": {"topk": 1, "timeout": 5}},
+    )
     manager = AgentLoopManager(rollout, tokenizer, cfg)
     manager._retriever = bm25_retriever
     prompts = DataProto.from_dict(
-        tensors={"input_ids": torch.tensor([[0, 1, 5], [2, 6, 7], [3, 8, 9]]),
-                 "attention_mask": torch.tensor([[0, 1, 1], [1, 1, 1], [1, 1, 1]])},
-        non_tensors={"agent_name": ["single_turn_agent", "search_agent", None]})
+        tensors={
+            "input_ids": torch.tensor([[0, 1, 5], [2, 6, 7], [3, 8, 9]]),
+            "attention_mask": torch.tensor([[0, 1, 1], [1, 1, 1], [1, 1, 1]]),
+        },
+        non_tensors={"agent_name": ["single_turn_agent", "search_agent", None]},
+    )
     out = manager.generate_sequences(prompts)
     # turn 1: one call per stop-string set (single turn: none; search: </search>, </answer>), then turn 2
     assert rollout.batch_sizes == [1, 2, 2]
@@ -63,8 +73,8 @@ def test_mixed_agents_in_one_batch(tokenizer, bm25_retriever):
     mask, attn = out.batch["response_mask"], out.batch["attention_mask"][:, 3:]
     first = search_turns[0]
     n_obs = int((attn[1] - mask[1]).sum())
-    assert n_obs > 0 and mask[1, :len(first)].all() and not mask[1, len(first):len(first) + n_obs].any()
-    assert "<information>Doc 1(Title: \"Paris\")" in tokenizer.decode(out.batch["responses"][1])
+    assert n_obs > 0 and mask[1, : len(first)].all() and not mask[1, len(first) : len(first) + n_obs].any()
+    assert '<information>Doc 1(Title: "Paris")' in tokenizer.decode(out.batch["responses"][1])
     assert out.batch["responses"][0, :3].tolist() == ids("Hello there", eos=True)
     assert int(mask[0].sum()) == int(attn[0].sum()) == 3
     metrics = out.non_tensor_batch["__agent_metrics__"]
@@ -75,16 +85,28 @@ def test_the_real_engine_generates_within_the_budget(tiny_model_dir, tokenizer):
     from hybridrl.models import load_causal_lm
     from hybridrl.workers.rollout.hf import HFRollout
 
-    cfg = ppo_section("actor_rollout_ref.rollout", {  # the engine reads the section as the run has it
-        "dtype": "fp32", "response_length": 24, "do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": -1,
-        "multi_turn": {"max_tokens_per_turn": 6}, "agent": {"default_agent_loop": "tool_agent"}})
+    cfg = ppo_section(
+        "actor_rollout_ref.rollout",
+        {  # the engine reads the section as the run has it
+            "dtype": "fp32",
+            "response_length": 24,
+            "do_sample": True,
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "top_k": -1,
+            "multi_turn": {"max_tokens_per_turn": 6},
+            "agent": {"default_agent_loop": "tool_agent"},
+        },
+    )
     rollout = HFRollout(load_causal_lm(tiny_model_dir), cfg, tokenizer)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True,
-                                           tokenize=False)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False
+    )
     ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    prompts = DataProto.from_dict(tensors={"input_ids": torch.tensor([ids, ids]),
-                                           "attention_mask": torch.ones(2, len(ids), dtype=torch.long)},
-                                  non_tensors={"raw_prompt_ids": [ids, ids]})
+    prompts = DataProto.from_dict(
+        tensors={"input_ids": torch.tensor([ids, ids]), "attention_mask": torch.ones(2, len(ids), dtype=torch.long)},
+        non_tensors={"raw_prompt_ids": [ids, ids]},
+    )
     out = AgentLoopManager(rollout, tokenizer, cfg).generate_sequences(prompts)
     assert out.batch["responses"].shape == (2, 24) and out.batch["input_ids"].shape == (2, len(ids) + 24)
     assert (out.batch["response_mask"].sum(-1) <= 6).all()  # one turn of at most 6 tokens, no tools

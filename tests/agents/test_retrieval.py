@@ -26,10 +26,13 @@ WIKI_CORPUS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared"
 
 DOCS = [
     {"id": "p0", "contents": '"Paris"\nParis is the capital and most populous city of France.'},
-    {"id": "p1", "contents": "\"Moon\"\nThe Moon is Earth's only natural satellite."},
-    {"id": "p2", "contents": '"Python (programming language)"\nPython is a high-level programming language '
-                             "created by Guido van Rossum."},
-    {"id": "p3", "contents": "\"Mount Everest\"\nMount Everest is Earth's highest mountain above sea level."},
+    {"id": "p1", "contents": '"Moon"\nThe Moon is Earth\'s only natural satellite.'},
+    {
+        "id": "p2",
+        "contents": '"Python (programming language)"\nPython is a high-level programming language '
+        "created by Guido van Rossum.",
+    },
+    {"id": "p3", "contents": '"Mount Everest"\nMount Everest is Earth\'s highest mountain above sea level.'},
     {"id": "p4", "contents": '"Jupiter"\nJupiter is the largest planet in the Solar System.'},
 ]
 
@@ -56,8 +59,15 @@ def _ids(hits):
 
 
 def test_bm25_ranks_the_passage_with_the_query_words_first(index):
-    results = index.search(["who created the Python programming language",
-                            "highest mountain on Earth", "largest planet", "quantum chromodynamics"], topk=3)
+    results = index.search(
+        [
+            "who created the Python programming language",
+            "highest mountain on Earth",
+            "largest planet",
+            "quantum chromodynamics",
+        ],
+        topk=3,
+    )
     assert _ids(results[0])[0] == "p2"
     assert _ids(results[1])[0] == "p3"
     assert _ids(results[2]) == ["p4"]  # no other passage shares a word with "largest planet"
@@ -85,8 +95,13 @@ def test_save_load_round_trip_on_the_real_wiki_corpus(tmp_path):
     assert len(built) == 12324
     built.save(str(tmp_path / "wiki_bm25"))
     loaded = BM25Index.load(str(tmp_path / "wiki_bm25"))
-    queries = ["when was the last time anyone was on the moon", "who wrote hamlet",
-               "capital of france", "largest planet in the solar system", "photosynthesis chlorophyll"]
+    queries = [
+        "when was the last time anyone was on the moon",
+        "who wrote hamlet",
+        "capital of france",
+        "largest planet in the solar system",
+        "photosynthesis chlorophyll",
+    ]
     assert loaded.search(queries, topk=5) == built.search(queries, topk=5)
     top = built.search(["moon landing apollo"], topk=3)[0]
     assert "moon landing" in top[0]["document"]["contents"].lower()
@@ -117,11 +132,12 @@ def test_load_or_build_reuses_the_index_and_rebuilds_for_another_corpus(tmp_path
 
 
 def test_format_passages_exact_string():
-    hits = [{"document": {"id": "1", "contents": '"Moon"\nThe Moon orbits Earth.\nIt has phases.'}, "score": 2.5},
-            {"document": {"id": "2", "contents": "No title line"}, "score": 1.0}]
+    hits = [
+        {"document": {"id": "1", "contents": '"Moon"\nThe Moon orbits Earth.\nIt has phases.'}, "score": 2.5},
+        {"document": {"id": "2", "contents": "No title line"}, "score": 1.0},
+    ]
     assert format_passages(hits) == (
-        'Doc 1(Title: "Moon") The Moon orbits Earth.\nIt has phases.\n'
-        "Doc 2(Title: No title line) \n"
+        'Doc 1(Title: "Moon") The Moon orbits Earth.\nIt has phases.\nDoc 2(Title: No title line) \n'
     )
     assert format_passages([]) == ""
 
@@ -141,7 +157,9 @@ def test_bad_corpus_and_index_files(tmp_path):
         BM25Index.build(str(tmp_path / "missing.jsonl"))
     with pytest.raises(DataError, match="no BM25 index there"):
         BM25Index.load(str(tmp_path))
-    assert read_corpus(write_corpus(tmp_path / "ids.jsonl", [{"id": 7, "contents": "x"}])) == [{"id": "7", "contents": "x"}]
+    assert read_corpus(write_corpus(tmp_path / "ids.jsonl", [{"id": 7, "contents": "x"}])) == [
+        {"id": "7", "contents": "x"}
+    ]
 
 
 def test_make_retriever_choices(corpus_path, tmp_path):
@@ -172,12 +190,13 @@ def test_http_retriever_nothing_listening():
 class _Handler(http.server.BaseHTTPRequestHandler):
     """Misbehaving servers, one per path."""
 
-    def do_POST(self):  # noqa: N802 (http.server's name)
+    def do_POST(self):  # http.server's name
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         if self.path == "/slow":
             time.sleep(1.5)
-        status, body = {"/error": (500, b"boom"), "/garbage": (200, b"<html>"),
-                        "/short": (200, b'{"result": []}')}.get(self.path, (200, b'{"result": [[]]}'))
+        status, body = {"/error": (500, b"boom"), "/garbage": (200, b"<html>"), "/short": (200, b'{"result": []}')}.get(
+            self.path, (200, b'{"result": [[]]}')
+        )
         try:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -208,8 +227,9 @@ def test_http_retriever_times_out(bad_server):
         HttpRetriever(bad_server + "/slow", timeout_s=0.3).retrieve(["moon"], 3)
 
 
-@pytest.mark.parametrize("path, message", [("/error", "answered HTTP 500"), ("/garbage", "malformed answer"),
-                                           ("/short", "malformed answer")])
+@pytest.mark.parametrize(
+    "path, message", [("/error", "answered HTTP 500"), ("/garbage", "malformed answer"), ("/short", "malformed answer")]
+)
 def test_http_retriever_bad_answers(bad_server, path, message):
     with pytest.raises(RetrieverError, match=message) as info:
         HttpRetriever(bad_server + path, timeout_s=5.0).retrieve(["moon"], 3)

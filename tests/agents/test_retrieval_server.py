@@ -18,7 +18,7 @@ DOCS = [
     {"id": "a", "contents": '"Paris"\nParis is the capital and most populous city of France.'},
     {"id": "b", "contents": '"Lyon"\nLyon is a big city of France, on the Rhone.'},
     {"id": "c", "contents": '"Jupiter"\nJupiter is the largest planet in the Solar System.'},
-    {"id": "d", "contents": "\"Moon\"\nThe Moon is Earth's only natural satellite."},
+    {"id": "d", "contents": '"Moon"\nThe Moon is Earth\'s only natural satellite.'},
 ]
 
 
@@ -61,8 +61,9 @@ def _post(url, payload):
 
 
 def test_wire_format_with_scores(server_url, index):
-    status, body = _post(server_url, {"queries": ["capital of France", "largest planet"], "topk": 2,
-                                      "return_scores": True})
+    status, body = _post(
+        server_url, {"queries": ["capital of France", "largest planet"], "topk": 2, "return_scores": True}
+    )
     assert status == 200 and list(body) == ["result"]
     result = body["result"]
     assert [[hit["document"]["id"] for hit in hits] for hits in result] == [["a", "b"], ["c"]]
@@ -86,8 +87,11 @@ def test_bad_requests_are_rejected(server_url):
     assert requests.post(server_url + "/retrieve", json={"queries": ["x"], "topk": 0}, timeout=10).status_code == 422
     assert requests.post(server_url + "/retrieve", json={"topk": 2}, timeout=10).status_code == 422
     # caps: the answer's size and the search's CPU time are bounded before any search runs
-    for body in ({"queries": ["x"], "topk": MAX_TOPK + 1}, {"queries": ["x"] * (MAX_QUERIES + 1)},
-                 {"queries": ["word " * MAX_QUERY_CHARS]}):
+    for body in (
+        {"queries": ["x"], "topk": MAX_TOPK + 1},
+        {"queries": ["x"] * (MAX_QUERIES + 1)},
+        {"queries": ["word " * MAX_QUERY_CHARS]},
+    ):
         assert requests.post(server_url + "/retrieve", json=body, timeout=10).status_code == 422
     at_caps = {"queries": ["x" * MAX_QUERY_CHARS] * MAX_QUERIES, "topk": MAX_TOPK}
     assert requests.post(server_url + "/retrieve", json=at_caps, timeout=30).status_code == 200
@@ -108,14 +112,29 @@ def test_cli_index_then_serve(tmp_path, corpus_path, capsys):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    cmd = [sys.executable, "-m", "hybridrl.cli", "retriever", "serve", "--index_dir", index_dir,
-           "--host", "127.0.0.1", "--port", str(port), "--topk", "2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "hybridrl.cli",
+        "retriever",
+        "serve",
+        "--index_dir",
+        index_dir,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--topk",
+        "2",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         body = None
         for _ in range(300):  # at most ~30 s for the interpreter to start and bind
             try:
-                body = requests.post(f"http://127.0.0.1:{port}/retrieve", json={"queries": ["France"]}, timeout=5).json()
+                body = requests.post(
+                    f"http://127.0.0.1:{port}/retrieve", json={"queries": ["France"]}, timeout=5
+                ).json()
                 break
             except requests.ConnectionError:
                 assert proc.poll() is None, proc.stdout.read()

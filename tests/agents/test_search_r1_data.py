@@ -59,9 +59,13 @@ def test_answer_finder_matches_whole_normalised_words():
 def test_answerable_only_on_the_nq_slice(nq_slice, small_corpus, tmp_path):
     written = prep.convert(nq_slice, None, str(tmp_path), corpus=small_corpus, answerable_only=True, test_size=1)
     train, test = pd.read_parquet(written["train"]), pd.read_parquet(written["test"])
-    questions = list(train["extra_info"].map(lambda e: e["question"])) + list(test["extra_info"].map(lambda e: e["question"]))
-    assert sorted(questions) == ["when was the last time anyone was on the moon?",
-                                 "which state is located in the centre of india?"]
+    questions = list(train["extra_info"].map(lambda e: e["question"])) + list(
+        test["extra_info"].map(lambda e: e["question"])
+    )
+    assert sorted(questions) == [
+        "when was the last time anyone was on the moon?",
+        "which state is located in the centre of india?",
+    ]
 
 
 def test_rows_follow_the_verl_format_and_score(nq_slice, tmp_path):
@@ -90,7 +94,9 @@ def test_rows_follow_the_verl_format_and_score(nq_slice, tmp_path):
             answer = source[question][-1]
             assert default_compute_score("nq", f"<think>x</think><answer> {answer} </answer>", gt) == 1.0
             assert default_compute_score("nq", "<answer>surely wrong</answer>", gt) == 0.0
-    assert not set(train["extra_info"].map(lambda e: e["question"])) & set(test["extra_info"].map(lambda e: e["question"]))
+    assert not set(train["extra_info"].map(lambda e: e["question"])) & set(
+        test["extra_info"].map(lambda e: e["question"])
+    )
 
 
 def test_the_demonstration_is_what_the_search_agent_produces():
@@ -106,11 +112,13 @@ def test_the_demonstration_is_what_the_search_agent_produces():
         first = text[: text.index(STOP[0]) + len(STOP[0])]
         assert parse_action(first) == ("search", query)
         # then the observation exactly as the agent appends it for these passages
-        hits = [{"document": {"id": str(i), "contents": f'"{title}"\n{body}'}} for i, (title, body) in enumerate(passages)]
+        hits = [
+            {"document": {"id": str(i), "contents": f'"{title}"\n{body}'}} for i, (title, body) in enumerate(passages)
+        ]
         observation = INFO_OPEN + format_passages(hits).strip() + INFO_CLOSE
-        assert text[len(first):].startswith(observation)
+        assert text[len(first) :].startswith(observation)
         # then a turn that reasons and answers with the example's answer
-        last = text[len(first) + len(observation):]
+        last = text[len(first) + len(observation) :]
         assert last.startswith("<think>") and "</think>" in last and parse_action(last) == ("answer", answer)
         assert normalize_answer(answer) in normalize_answer(" ".join(body for _, body in passages))
 
@@ -163,13 +171,18 @@ def test_split_is_seeded(nq_slice, tmp_path):
 def test_input_dir_with_train_and_dev_files(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
-    (src / "train.jsonl").write_text('{"question": "q1", "golden_answers": ["a1"]}\n{"question": "q2?", "answer": "a2"}\n')
+    (src / "train.jsonl").write_text(
+        '{"question": "q1", "golden_answers": ["a1"]}\n{"question": "q2?", "answer": "a2"}\n'
+    )
     (src / "dev.jsonl").write_text('{"question": "q3", "answer": ["a3", "b3"]}\n')
     written = prep.convert(None, str(src), str(tmp_path / "out"), data_source="hotpotqa")
     train, test = pd.read_parquet(written["train"]), pd.read_parquet(written["test"])
     assert list(train["extra_info"].map(lambda e: e["question"])) == ["q1?", "q2?"]
     assert [list(gt["target"]) for gt in train["reward_model"].map(lambda r: r["ground_truth"])] == [["a1"], ["a2"]]
-    assert list(test["data_source"]) == ["hotpotqa"] and list(test["reward_model"][0]["ground_truth"]["target"]) == ["a3", "b3"]
+    assert list(test["data_source"]) == ["hotpotqa"] and list(test["reward_model"][0]["ground_truth"]["target"]) == [
+        "a3",
+        "b3",
+    ]
 
 
 def test_answerable_filter_on_the_real_corpus_agrees_with_brute_force():
@@ -179,8 +192,11 @@ def test_answerable_filter_on_the_real_corpus_agrees_with_brute_force():
     kept = prep.filter_answerable(examples, prep.answer_finder(WIKI))
     with open(WIKI, encoding="utf-8") as f:
         haystack = "\n".join(f" {normalize_answer(json.loads(line)['contents'])} " for line in f)
-    expected = [ex for ex in examples
-                if any(normalize_answer(a) and f" {normalize_answer(a)} " in haystack for a in ex["answers"])]
+    expected = [
+        ex
+        for ex in examples
+        if any(normalize_answer(a) and f" {normalize_answer(a)} " in haystack for a in ex["answers"])
+    ]
     assert kept == expected and 0 < len(kept) < len(examples)
 
 

@@ -32,8 +32,12 @@ def test_malformed_json_is_an_error_not_a_call():
 
 
 def test_wrong_shapes_are_errors():
-    bodies = ['["search"]', '{"arguments": {}}', '{"name": "search", "arguments": [1, 2]}',
-              '{"name": "search", "arguments": "not json"}']
+    bodies = [
+        '["search"]',
+        '{"arguments": {}}',
+        '{"name": "search", "arguments": [1, 2]}',
+        '{"name": "search", "arguments": "not json"}',
+    ]
     for body in bodies:
         parsed = parse_hermes_tool_calls(f"<tool_call>{body}</tool_call>", TOOLS)
         assert parsed.calls == [] and len(parsed.errors) == 1, body
@@ -48,16 +52,19 @@ def test_unknown_tool_is_an_error_naming_the_available_ones():
 
 
 def test_calls_over_the_limit_are_dropped_with_one_error():
-    text = "".join(f'<tool_call>{{"name": "search", "arguments": {{"query_list": ["q{i}"]}}}}</tool_call>'
-                   for i in range(3))
+    text = "".join(
+        f'<tool_call>{{"name": "search", "arguments": {{"query_list": ["q{i}"]}}}}</tool_call>' for i in range(3)
+    )
     parsed = parse_hermes_tool_calls(text, TOOLS, max_calls=2)
     assert [c.arguments["query_list"] for c in parsed.calls] == [["q0"], ["q1"]]
     assert parsed.errors == ["at most 2 tool call(s) run per turn; the last 1 were not run"]
 
 
 def test_good_and_bad_blocks_in_one_turn_and_an_unclosed_tag():
-    text = ('<tool_call>{"name": "search", "arguments": {"query_list": ["a"]}}</tool_call>'
-            '<tool_call>{oops}</tool_call> and <tool_call>{"name": "search"')
+    text = (
+        '<tool_call>{"name": "search", "arguments": {"query_list": ["a"]}}</tool_call>'
+        '<tool_call>{oops}</tool_call> and <tool_call>{"name": "search"'
+    )
     parsed = parse_hermes_tool_calls(text, TOOLS)
     assert [c.name for c in parsed.calls] == ["search"]
     assert len(parsed.errors) == 2

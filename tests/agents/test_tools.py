@@ -19,6 +19,7 @@ from hybridrl.agents.tools.search import SearchTool
 def run(coro):
     return asyncio.run(coro)
 
+
 VERL_GSM8K_CONFIG = """
 tools:
   - class_name: "verl.tools.gsm8k_tool.Gsm8kTool"
@@ -52,16 +53,21 @@ def test_a_verl_tool_config_loads_unchanged(tmp_path):
     assert tools["calculator"].get_openai_tool_schema().function.name == "calculator"  # the class default
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("tools: [", "not valid YAML"),
-    ("something: []", "expected a top-level 'tools:' list"),
-    ("tools:\n  - config: {}", "each entry needs a class_name"),
-    ("tools:\n  - class_name: no.such.Tool", "is not a BaseTool subclass"),
-    ("tools:\n  - class_name: collections.OrderedDict", "is not a BaseTool subclass"),
-    ("tools:\n  - class_name: calculator\n  - class_name: calculator", "a second tool named 'calculator'"),
-    ("tools:\n  - class_name: calculator\n    tool_schema: {type: function, function: {description: x}}",
-     "bad tool_schema at function.name"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("tools: [", "not valid YAML"),
+        ("something: []", "expected a top-level 'tools:' list"),
+        ("tools:\n  - config: {}", "each entry needs a class_name"),
+        ("tools:\n  - class_name: no.such.Tool", "is not a BaseTool subclass"),
+        ("tools:\n  - class_name: collections.OrderedDict", "is not a BaseTool subclass"),
+        ("tools:\n  - class_name: calculator\n  - class_name: calculator", "a second tool named 'calculator'"),
+        (
+            "tools:\n  - class_name: calculator\n    tool_schema: {type: function, function: {description: x}}",
+            "bad tool_schema at function.name",
+        ),
+    ],
+)
 def test_bad_tool_configs_are_one_line_errors_naming_the_key(tmp_path, text, expected):
     with pytest.raises(AgentConfigError) as err:
         load_tools(write(tmp_path, text))
@@ -93,15 +99,34 @@ def test_gsm8k_tool_scores_the_last_answer_and_penalises_no_progress():
     assert reward == 1.0 and tool._instances == {}
 
 
-@pytest.mark.parametrize("expression, expected", [
-    ("(48 + 24) / 2", "36"), ("7 / 2", "3.5"), ("2 ** 10 - 24", "1000"), ("10 // 3 + 10 % 3", "4"),
-])
+@pytest.mark.parametrize(
+    "expression, expected",
+    [
+        ("(48 + 24) / 2", "36"),
+        ("7 / 2", "3.5"),
+        ("2 ** 10 - 24", "1000"),
+        ("10 // 3 + 10 % 3", "4"),
+    ],
+)
 def test_calculator_evaluates_arithmetic(expression, expected):
     assert run(CalculatorTool().execute("x", {"expression": expression}))[0] == expected
 
 
-@pytest.mark.parametrize("expression", ["__import__('os').getcwd()", "x + 1", "1 / 0", "9 ** 9 ** 9", "'a' * 3", "1 +",
-                                        "10**4000000 * 10**4000000", "2 ** 4097", "1 < 2", "1 << 99999999"])
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "__import__('os').getcwd()",
+        "x + 1",
+        "1 / 0",
+        "9 ** 9 ** 9",
+        "'a' * 3",
+        "1 +",
+        "10**4000000 * 10**4000000",
+        "2 ** 4097",
+        "1 < 2",
+        "1 << 99999999",
+    ],
+)
 def test_calculator_refuses_what_is_not_safe_arithmetic(expression):
     """Including work that would hold the event loop: integers are bounded before they are computed."""
     started = time.process_time()
@@ -111,7 +136,7 @@ def test_calculator_refuses_what_is_not_safe_arithmetic(expression):
 
 
 def test_calculator_computes_up_to_its_bound():
-    assert run(CalculatorTool().execute("x", {"expression": "2 ** 4096"}))[0] == str(2 ** 4096)
+    assert run(CalculatorTool().execute("x", {"expression": "2 ** 4096"}))[0] == str(2**4096)
 
 
 class FailingRetriever:
@@ -131,8 +156,10 @@ def test_search_tool_formats_passages_search_r1_style(bm25_retriever):
     tool = SearchTool(config={"topk": 1})
     tool.set_default_retriever(lambda: bm25_retriever)
     text, _, metrics = run(tool.execute("x", {"query_list": ["capital of France", "highest mountain"]}))
-    assert text.splitlines() == ['Doc 1(Title: "Paris") Paris is the capital and largest city of France.',
-                                 'Doc 1(Title: "Mount Everest") Mount Everest is the highest mountain above sea level.']
+    assert text.splitlines() == [
+        'Doc 1(Title: "Paris") Paris is the capital and largest city of France.',
+        'Doc 1(Title: "Mount Everest") Mount Everest is the highest mountain above sea level.',
+    ]
     assert metrics == {}
 
 
@@ -157,20 +184,26 @@ def test_search_tool_failures_are_error_responses(corpus_file):
 
 # ---------------------------------------------------------------- interactions
 
+
 def test_interaction_config_and_the_gsm8k_teacher(tmp_path):
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         interaction:
           - name: teacher
             class_name: verl.interactions.gsm8k_interaction.Gsm8kInteraction
             config: {}
-        """, "interaction.yaml")
+        """,
+        "interaction.yaml",
+    )
     teacher = load_interactions(path)["teacher"]
     assert teacher.name == "teacher"
 
     async def episode():
         iid = await teacher.start_interaction(ground_truth="72", query="...")
-        wrong = await teacher.generate_response(iid, [{"role": "user", "content": "q"},
-                                                      {"role": "assistant", "content": "It is #### 70"}])
+        wrong = await teacher.generate_response(
+            iid, [{"role": "user", "content": "q"}, {"role": "assistant", "content": "It is #### 70"}]
+        )
         right = await teacher.generate_response(iid, [{"role": "assistant", "content": "So #### 72"}])
         score = await teacher.calculate_score(iid)
         await teacher.finalize_interaction(iid)

@@ -15,8 +15,17 @@ from hybridrl.algorithms import (
     register_adv_est,
 )
 
-BUILTIN = {"gae", "grpo", "grpo_passk", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
-           "remax", "opo", "gpg"}
+BUILTIN = {
+    "gae",
+    "grpo",
+    "grpo_passk",
+    "rloo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "remax",
+    "opo",
+    "gpg",
+}
 # the built-in estimators that compare the responses to one prompt (ReMax is not one: its
 # baseline is a separate greedy response)
 GROUP_ESTIMATORS = {"grpo", "grpo_passk", "rloo", "reinforce_plus_plus_baseline", "opo", "gpg"}
@@ -112,9 +121,16 @@ def test_grpo_index_errors():
 
 
 def test_registry_driver_call_with_extra_kwargs():
-    kwargs = dict(token_level_rewards=REWARDS, response_mask=MASK, values=VALUES,
-                  index=np.array(["x"]), gamma=1.0, lam=1.0, norm_adv_by_std_in_grpo=True,
-                  epsilon=1e-6)
+    kwargs = dict(
+        token_level_rewards=REWARDS,
+        response_mask=MASK,
+        values=VALUES,
+        index=np.array(["x"]),
+        gamma=1.0,
+        lam=1.0,
+        norm_adv_by_std_in_grpo=True,
+        epsilon=1e-6,
+    )
     adv, ret = get_adv_estimator_fn("gae")(**kwargs)
     assert torch.allclose(ret, torch.ones(1, 3))
     adv, ret = get_adv_estimator_fn("grpo")(**kwargs)
@@ -185,7 +201,8 @@ def test_reinforce_plus_plus_masks_by_hand():
     # An observation token inside the response: its reward 7 is ignored and no discount step is
     # taken there: G_2 = 2, G_0 = 1 + 0.5 * 2 = 2.
     _, ret = compute_reinforce_plus_plus_outcome_advantage(
-        torch.tensor([[1.0, 7.0, 2.0]]), torch.tensor([[1.0, 0.0, 1.0]]), gamma=0.5)
+        torch.tensor([[1.0, 7.0, 2.0]]), torch.tensor([[1.0, 0.0, 1.0]]), gamma=0.5
+    )
     assert torch.equal(ret, torch.tensor([[2.0, 0.0, 2.0]]))
 
 
@@ -238,10 +255,18 @@ def test_remax_baseline_errors():
 def _driver_kwargs(rewards, mask, requires_grad=False):
     bs = rewards.shape[0]
     values = torch.randn(rewards.shape, requires_grad=requires_grad)
-    return dict(token_level_rewards=rewards, response_mask=mask, values=values,
-                index=np.array([f"p{i // 4}" for i in range(bs)], dtype=object),
-                reward_baselines=torch.rand(bs), gamma=0.99, lam=0.95, norm_adv_by_std_in_grpo=True,
-                epsilon=1e-6, config=None)
+    return dict(
+        token_level_rewards=rewards,
+        response_mask=mask,
+        values=values,
+        index=np.array([f"p{i // 4}" for i in range(bs)], dtype=object),
+        reward_baselines=torch.rand(bs),
+        gamma=0.99,
+        lam=0.95,
+        norm_adv_by_std_in_grpo=True,
+        epsilon=1e-6,
+        config=None,
+    )
 
 
 @pytest.mark.parametrize("name", sorted(BUILTIN))
@@ -289,8 +314,13 @@ def test_verl_enum_members_and_vectorized_names_select_estimators():
     from enum import Enum
     from types import SimpleNamespace
 
-    from hybridrl.algorithms import (ADV_ESTIMATOR_NEEDS_GROUP, compute_grpo_outcome_advantage,
-                                     compute_rloo_outcome_advantage, get_adv_estimator_fn, register_adv_est)
+    from hybridrl.algorithms import (
+        ADV_ESTIMATOR_NEEDS_GROUP,
+        compute_grpo_outcome_advantage,
+        compute_rloo_outcome_advantage,
+        get_adv_estimator_fn,
+        register_adv_est,
+    )
 
     class AdvantageEstimator(str, Enum):  # as verl's
         GRPO = "grpo"

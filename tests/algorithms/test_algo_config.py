@@ -42,31 +42,56 @@ def test_yaml_defaults_equal_the_dataclass_defaults():
 
 
 def test_overrides_reach_the_typed_fields():
-    algo = algo_config(load_config(["algorithm.gamma=0.9", "algorithm.kl_ctrl.type=adaptive",
-                                    "algorithm.rollout_correction.rollout_is=token", "algorithm.gdpo_reward_keys=[a,b]"]))
+    algo = algo_config(
+        load_config(
+            [
+                "algorithm.gamma=0.9",
+                "algorithm.kl_ctrl.type=adaptive",
+                "algorithm.rollout_correction.rollout_is=token",
+                "algorithm.gdpo_reward_keys=[a,b]",
+            ]
+        )
+    )
     assert (algo.gamma, algo.kl_ctrl.type, algo.rollout_correction.rollout_is) == (0.9, "adaptive", "token")
     assert algo.gdpo_reward_keys == ["a", "b"] and algo.rollout_correction.corrects
 
 
-@pytest.mark.parametrize("section, message", [
-    ({"gamma": "high"}, "algorithm.gamma: Value 'high' of type 'str' could not be converted to Float"),
-    ({"kl_ctrl": {"kl_coeff": 0.1}}, "algorithm.kl_ctrl.kl_coeff is not a key of algorithm"),
-    ({"filter_groups": {"max_num_gen_batches": "ten"}}, "algorithm.filter_groups.max_num_gen_batches:"),
-])
+@pytest.mark.parametrize(
+    "section, message",
+    [
+        ({"gamma": "high"}, "algorithm.gamma: Value 'high' of type 'str' could not be converted to Float"),
+        ({"kl_ctrl": {"kl_coeff": 0.1}}, "algorithm.kl_ctrl.kl_coeff is not a key of algorithm"),
+        ({"filter_groups": {"max_num_gen_batches": "ten"}}, "algorithm.filter_groups.max_num_gen_batches:"),
+    ],
+)
 def test_a_wrong_key_or_type_is_one_config_error_line(section, message):
     with pytest.raises(ConfigError) as err:
         to_dataclass(AlgoConfig, OmegaConf.create(section), "algorithm")
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("section, error, message", [
-    ({"gamma": 1.5}, AlgorithmConfigError, "algorithm.gamma=1.5 must be in [0, 1]"),
-    ({"lam": -0.1}, AlgorithmConfigError, "algorithm.lam=-0.1 must be in [0, 1]"),
-    ({"kl_ctrl": {"type": "pid"}}, AlgorithmConfigError, "algorithm.kl_ctrl.type='pid' is not one of fixed, adaptive"),
-    ({"use_kl_in_reward": True, "kl_ctrl": {"type": "adaptive", "target_kl": 0}}, AlgorithmConfigError,
-     "target_kl"),
-    ({"rollout_correction": {"loss_type": "dpo"}}, UnknownAlgorithmError, "unknown algorithm.rollout_correction.loss_type"),
-])
+@pytest.mark.parametrize(
+    "section, error, message",
+    [
+        ({"gamma": 1.5}, AlgorithmConfigError, "algorithm.gamma=1.5 must be in [0, 1]"),
+        ({"lam": -0.1}, AlgorithmConfigError, "algorithm.lam=-0.1 must be in [0, 1]"),
+        (
+            {"kl_ctrl": {"type": "pid"}},
+            AlgorithmConfigError,
+            "algorithm.kl_ctrl.type='pid' is not one of fixed, adaptive",
+        ),
+        (
+            {"use_kl_in_reward": True, "kl_ctrl": {"type": "adaptive", "target_kl": 0}},
+            AlgorithmConfigError,
+            "target_kl",
+        ),
+        (
+            {"rollout_correction": {"loss_type": "dpo"}},
+            UnknownAlgorithmError,
+            "unknown algorithm.rollout_correction.loss_type",
+        ),
+    ],
+)
 def test_the_section_rules(section, error, message):
     with pytest.raises(error, match=message.replace("[", r"\[").replace("]", r"\]")):
         algo_config(OmegaConf.create({"algorithm": section}))

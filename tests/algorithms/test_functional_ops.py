@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from hybridrl.algorithms import functional as F
 from hybridrl.algorithms import AlgorithmInputError
+from hybridrl.algorithms import functional as F
 
 
 def test_masked_sum_and_mean_hand_values():

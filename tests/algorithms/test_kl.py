@@ -18,13 +18,16 @@ LOGP = torch.tensor([[-1.0, -2.0]])
 REF = torch.tensor([[-2.0, -1.5]])  # x = logp - ref = [1.0, -0.5]
 
 
-@pytest.mark.parametrize("names, expected", [
-    (("kl", "k1"), [1.0, -0.5]),
-    (("abs",), [1.0, 0.5]),
-    (("mse", "k2"), [0.5, 0.125]),
-    # k3 = exp(-x) + x - 1
-    (("low_var_kl", "k3"), [math.exp(-1.0), math.exp(0.5) - 1.5]),
-])
+@pytest.mark.parametrize(
+    "names, expected",
+    [
+        (("kl", "k1"), [1.0, -0.5]),
+        (("abs",), [1.0, 0.5]),
+        (("mse", "k2"), [0.5, 0.125]),
+        # k3 = exp(-x) + x - 1
+        (("low_var_kl", "k3"), [math.exp(-1.0), math.exp(0.5) - 1.5]),
+    ],
+)
 def test_kl_forms_by_hand(names, expected):
     for name in names:
         assert torch.allclose(kl_penalty(LOGP, REF, name), torch.tensor([expected]), atol=1e-6)
@@ -45,13 +48,13 @@ def test_kl_unknown_name():
 
 def test_adaptive_controller_moves_towards_target():
     ctl = AdaptiveKLController(init_kl_coef=0.1, target_kl=1.0, horizon=100)
-    ctl.update(current_kl=2.0, n_steps=10)   # error clipped to +0.2 -> x1.02
+    ctl.update(current_kl=2.0, n_steps=10)  # error clipped to +0.2 -> x1.02
     assert ctl.value == pytest.approx(0.102)
     ctl = AdaptiveKLController(0.1, 1.0, 100)
-    ctl.update(current_kl=0.5, n_steps=10)   # error -0.5 clipped to -0.2 -> x0.98
+    ctl.update(current_kl=0.5, n_steps=10)  # error -0.5 clipped to -0.2 -> x0.98
     assert ctl.value == pytest.approx(0.098)
     ctl = AdaptiveKLController(0.1, 1.0, 100)
-    ctl.update(current_kl=1.1, n_steps=10)   # error 0.1 -> x1.01
+    ctl.update(current_kl=1.1, n_steps=10)  # error 0.1 -> x1.01
     assert ctl.value == pytest.approx(0.101)
 
 

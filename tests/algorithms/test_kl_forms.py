@@ -41,8 +41,9 @@ def test_full_kl_equals_sum_of_p_log_p_over_q():
     torch.testing.assert_close(kl_full_from_logits(logits, ref_logits), by_hand)
     torch.testing.assert_close(kl_full_from_logits(logits, ref_logits, chunk_rows=4), by_hand)
     # An independent implementation: torch.distributions.
-    dist = torch.distributions.kl_divergence(torch.distributions.Categorical(logits=logits),
-                                             torch.distributions.Categorical(logits=ref_logits))
+    dist = torch.distributions.kl_divergence(
+        torch.distributions.Categorical(logits=logits), torch.distributions.Categorical(logits=ref_logits)
+    )
     torch.testing.assert_close(kl_full_from_logits(logits, ref_logits), dist)
     assert (by_hand >= 0).all()
     assert kl_full_from_logits(logits, logits).abs().max() < 1e-6

@@ -57,8 +57,9 @@ def test_dual_clip_bounds_negative_advantage_losses():
     logp = torch.randn(1, 50) * 3
     cfg = PolicyLossConfig(clip_ratio_c=2.5)
     for i in range(50):
-        loss, _ = compute_policy_loss_vanilla(torch.zeros(1, 1), logp[:, i : i + 1], adv[:, i : i + 1],
-                                              torch.ones(1, 1), config=cfg)
+        loss, _ = compute_policy_loss_vanilla(
+            torch.zeros(1, 1), logp[:, i : i + 1], adv[:, i : i + 1], torch.ones(1, 1), config=cfg
+        )
         assert loss.item() <= -adv[0, i].item() * 2.5 + 1e-6
 
 
@@ -69,10 +70,13 @@ def test_log_ratio_is_clamped_before_exp():
     assert math.isfinite(loss.item()) and loss.item() == pytest.approx(3.0)
 
 
-@pytest.mark.parametrize("kwargs, key", [
-    (dict(clip_ratio_c=1.0), "clip_ratio_c"),
-    (dict(clip_ratio_low=-0.1), "clip_ratio_low"),
-])
+@pytest.mark.parametrize(
+    "kwargs, key",
+    [
+        (dict(clip_ratio_c=1.0), "clip_ratio_c"),
+        (dict(clip_ratio_low=-0.1), "clip_ratio_low"),
+    ],
+)
 def test_policy_loss_config_errors(kwargs, key):
     with pytest.raises(AlgorithmConfigError, match=f"actor_rollout_ref.actor.{key}"):
         PolicyLossConfig(**kwargs)
@@ -94,13 +98,16 @@ LOSS = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
 MASK = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]])
 
 
-@pytest.mark.parametrize("mode, expected", [
-    ("token-mean", 7.0 / 3.0),                  # (1 + 2 + 4) / 3 tokens
-    ("seq-mean-token-sum", (3.0 + 4.0) / 2),     # empty third row is not counted
-    ("seq-mean-token-mean", (1.5 + 4.0) / 2),
-    ("seq-mean-token-sum-norm", (3.0 / 3 + 4.0 / 3) / 2),
-    ("token-sum", 1.0 + 2.0 + 4.0),
-])
+@pytest.mark.parametrize(
+    "mode, expected",
+    [
+        ("token-mean", 7.0 / 3.0),  # (1 + 2 + 4) / 3 tokens
+        ("seq-mean-token-sum", (3.0 + 4.0) / 2),  # empty third row is not counted
+        ("seq-mean-token-mean", (1.5 + 4.0) / 2),
+        ("seq-mean-token-sum-norm", (3.0 / 3 + 4.0 / 3) / 2),
+        ("token-sum", 1.0 + 2.0 + 4.0),
+    ],
+)
 def test_agg_loss_hand_values(mode, expected):
     assert agg_loss(LOSS, MASK, mode).item() == pytest.approx(expected)
 
@@ -125,8 +132,9 @@ def test_data_parallel_ranks_average_to_the_one_worker_loss(mode):
     x, mask = torch.randn(8, 4), (torch.rand(8, 4) > 0.3).float()
     mask[:, 0] = 1
     counts = {"batch_num_tokens": mask.sum(), "global_batch_size": 8}
-    ranks = [agg_loss(x[r], mask[r], mode, dp_size=4, **counts) for r in (slice(0, 2), slice(2, 4), slice(4, 6),
-                                                                              slice(6, 8))]
+    ranks = [
+        agg_loss(x[r], mask[r], mode, dp_size=4, **counts) for r in (slice(0, 2), slice(2, 4), slice(4, 6), slice(6, 8))
+    ]
     assert torch.stack(ranks).mean().item() == pytest.approx(agg_loss(x, mask, mode).item(), rel=1e-5)
 
 

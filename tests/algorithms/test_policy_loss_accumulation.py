@@ -68,8 +68,9 @@ def test_covariance_losses_accumulate_when_micro_batches_select_alike(name):
     x, old_noise, adv, mask = _inputs(3, 6, seed=2)
     x, old_noise, adv, mask = (torch.cat([t, t]) for t in (x, old_noise, adv, mask))
     n_half = mask[:3].sum().item()
-    cfg = PolicyLossConfig(clip_cov_ratio=1.0, clip_cov_lb=0.0, clip_cov_ub=100.0,
-                           kl_cov_ratio=2.25 / n_half, ppo_kl_coef=0.7)
+    cfg = PolicyLossConfig(
+        clip_cov_ratio=1.0, clip_cov_lb=0.0, clip_cov_ub=100.0, kl_cov_ratio=2.25 / n_half, ppo_kl_coef=0.7
+    )
     full, g_full, total, g_acc, metrics = _accumulate(name, cfg, x, old_noise, adv, mask, (slice(0, 3), slice(3, 6)))
     assert metrics[f"actor/{name}_frac"] > 0  # the selection is not empty
     assert total == pytest.approx(full.item(), rel=1e-5)
@@ -84,13 +85,16 @@ def test_unknown_loss_mode_lists_every_registered_name():
         assert name in str(e.value)
 
 
-@pytest.mark.parametrize("kwargs, key", [
-    (dict(clip_cov_ratio=0.0), "actor_rollout_ref.actor.policy_loss.clip_cov_ratio"),
-    (dict(kl_cov_ratio=1.5), "actor_rollout_ref.actor.policy_loss.kl_cov_ratio"),
-    (dict(clip_cov_lb=5.0, clip_cov_ub=1.0), "actor_rollout_ref.actor.policy_loss.clip_cov_lb"),
-    (dict(ppo_kl_coef=-0.1), "actor_rollout_ref.actor.policy_loss.ppo_kl_coef"),
-    (dict(clip_ratio_high="0.2"), "actor_rollout_ref.actor.clip_ratio_high='0.2' is not a number"),
-])
+@pytest.mark.parametrize(
+    "kwargs, key",
+    [
+        (dict(clip_cov_ratio=0.0), "actor_rollout_ref.actor.policy_loss.clip_cov_ratio"),
+        (dict(kl_cov_ratio=1.5), "actor_rollout_ref.actor.policy_loss.kl_cov_ratio"),
+        (dict(clip_cov_lb=5.0, clip_cov_ub=1.0), "actor_rollout_ref.actor.policy_loss.clip_cov_lb"),
+        (dict(ppo_kl_coef=-0.1), "actor_rollout_ref.actor.policy_loss.ppo_kl_coef"),
+        (dict(clip_ratio_high="0.2"), "actor_rollout_ref.actor.clip_ratio_high='0.2' is not a number"),
+    ],
+)
 def test_policy_loss_config_errors_name_the_full_key(kwargs, key):
     with pytest.raises(AlgorithmConfigError, match=key.replace(".", r"\.")):
         PolicyLossConfig(**kwargs)
@@ -105,14 +109,18 @@ def test_unknown_loss_agg_mode_is_refused_by_fixed_aggregation_losses():
 
 def test_actor_builds_the_policy_loss_config_from_its_section():
     from hybridrl.workers.actor import PPOActor
-
     from tests.tiny_models import ppo_section
 
     module = torch.nn.Linear(2, 2)
-    section = {"clip_ratio": 0.2, "clip_ratio_low": 0.1, "clip_ratio_high": None,
-               "policy_loss": {"loss_mode": "kl_cov", "kl_cov_ratio": 0.01, "ppo_kl_coef": 1.0, "dro_beta": None}}
-    actor = PPOActor(ppo_section("actor_rollout_ref.actor", section), module,
-                     torch.optim.SGD(module.parameters(), lr=0.1))
+    section = {
+        "clip_ratio": 0.2,
+        "clip_ratio_low": 0.1,
+        "clip_ratio_high": None,
+        "policy_loss": {"loss_mode": "kl_cov", "kl_cov_ratio": 0.01, "ppo_kl_coef": 1.0, "dro_beta": None},
+    }
+    actor = PPOActor(
+        ppo_section("actor_rollout_ref.actor", section), module, torch.optim.SGD(module.parameters(), lr=0.1)
+    )
     cfg = actor.policy_loss_config
     assert actor.policy_loss_fn is get_policy_loss_fn("kl_cov")
     assert (cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.kl_cov_ratio, cfg.ppo_kl_coef) == (0.1, 0.2, 0.01, 1.0)

@@ -61,7 +61,7 @@ def test_gspo_hand_values_sequence_ratio_and_gradient():
 def test_gspo_with_equal_token_ratios_equals_vanilla_seq_mean_token_mean(caplog, monkeypatch):
     monkeypatch.setattr(policy_loss.base, "_LOGGED_FIXED_AGG", set())  # the note is logged once per process
     torch.manual_seed(0)
-    seq_log_ratio = (torch.rand(5, 1) - 0.5) * 0.6          # ratios in [e^-0.3, e^0.3]: no dual clip
+    seq_log_ratio = (torch.rand(5, 1) - 0.5) * 0.6  # ratios in [e^-0.3, e^0.3]: no dual clip
     old = torch.randn(5, 7) - 2.0
     mask = (torch.rand(5, 7) > 0.3).float()
     mask[:, 0] = 1

@@ -55,12 +55,15 @@ def test_accuracy_counts_ties_as_half():
     assert compute_preference_accuracy(zeros, zeros).item() == 0.5  # an untrained zero head: chance
 
 
-@pytest.mark.parametrize("chosen, rejected, margin", [
-    (torch.zeros(3), torch.zeros(2), None),
-    (torch.zeros(2, 1), torch.zeros(2, 1), None),
-    (torch.zeros(0), torch.zeros(0), None),
-    (torch.zeros(3), torch.zeros(3), torch.zeros(2)),
-])
+@pytest.mark.parametrize(
+    "chosen, rejected, margin",
+    [
+        (torch.zeros(3), torch.zeros(2), None),
+        (torch.zeros(2, 1), torch.zeros(2, 1), None),
+        (torch.zeros(0), torch.zeros(0), None),
+        (torch.zeros(3), torch.zeros(3), torch.zeros(2)),
+    ],
+)
 def test_bad_shapes_are_refused(chosen, rejected, margin):
     with pytest.raises(AlgorithmInputError, match="num_pairs|0 pairs"):
         compute_bradley_terry_loss(chosen, rejected, margin)

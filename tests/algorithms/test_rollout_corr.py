@@ -48,8 +48,11 @@ def test_padding_and_empty_rows_are_left_out():
     old, mask = _batch(2)
     rollout = old - 0.2
     rollout_padded = torch.where(mask.bool(), rollout, torch.full_like(rollout, -50.0))  # garbage under padding
-    with_empty = compute_offpolicy_metrics(torch.cat([old, old[:1]]), torch.cat([rollout_padded, rollout[:1] - 9]),
-                                           torch.cat([mask, torch.zeros_like(mask[:1])]))
+    with_empty = compute_offpolicy_metrics(
+        torch.cat([old, old[:1]]),
+        torch.cat([rollout_padded, rollout[:1] - 9]),
+        torch.cat([mask, torch.zeros_like(mask[:1])]),
+    )
     assert with_empty == pytest.approx(compute_offpolicy_metrics(old, rollout, mask))
     assert compute_offpolicy_metrics(old, rollout, torch.zeros_like(mask)) == {}
 

@@ -75,7 +75,7 @@ def test_one_k1_threshold_means_its_inverse_below():
 
 
 def test_sequence_options_reject_whole_rows():
-    k2_max = [0.5 * 0.9 ** 2, 0.5 * 0.05 ** 2, 0.5 * 1.5 ** 2]  # worst token per row
+    k2_max = [0.5 * 0.9**2, 0.5 * 0.05**2, 0.5 * 1.5**2]  # worst token per row
     mask, m = compute_rollout_rejection_mask(LOG_RATIO, MASK, "seq_max_k2", 1.0)
     assert torch.equal(mask, MASK * torch.tensor([[1], [1], [0]]))
     assert m["rollout_rs_seq_max_k2_max"] == pytest.approx(max(k2_max))
@@ -108,7 +108,8 @@ def test_padding_values_never_matter(option):
 def test_the_combined_call_prefixes_metrics_and_keeps_the_mask_for_diagnostics():
     old = -torch.rand(3, 4)
     weights, mask, m = compute_rollout_correction_and_rejection_mask(
-        old, old - LOG_RATIO, MASK, rollout_is="token", rollout_rs="token_k1", rollout_rs_threshold=2.0)
+        old, old - LOG_RATIO, MASK, rollout_is="token", rollout_rs="token_k1", rollout_rs_threshold=2.0
+    )
     assert torch.allclose(weights, torch.exp(LOG_RATIO).clamp(max=2.0) * MASK, atol=1e-6)
     assert torch.equal(mask, compute_rollout_rejection_mask(LOG_RATIO, MASK, "token_k1", 2.0)[0])
     assert all(key.startswith("rollout_corr/") for key in m)
@@ -117,18 +118,30 @@ def test_the_combined_call_prefixes_metrics_and_keeps_the_mask_for_diagnostics()
     assert none is None and torch.equal(same, MASK)
 
 
-@pytest.mark.parametrize("section, message", [
-    ({"rollout_is": "tokens"}, r"unknown algorithm.rollout_correction.rollout_is='tokens'; valid: token, sequence"),
-    ({"rollout_rs": "geometric", "rollout_rs_threshold": 2}, r"unknown .*rollout_rs option 'geometric'; valid: token_k1"),
-    ({"rollout_rs": "token_k2"}, r"rollout_rs_threshold=None: rollout_rs=token_k2 needs a threshold"),
-    ({"rollout_rs": "token_k2", "rollout_rs_threshold": "0.5_2"}, r"only k1 options take 'lower_upper'"),
-    ({"rollout_rs": "token_k1,seq_max_k2", "rollout_rs_threshold": "1,2,3"}, r"one per option \(2: token_k1"),
-    ({"rollout_rs": "token_k1", "rollout_rs_threshold": "abc"}, r"'abc' for token_k1 is not a number"),
-    ({"rollout_rs": "token_k1", "rollout_rs_threshold": "2_0.5"}, r"the lower bound exceeds the upper one"),
-    ({"rollout_is_threshold": 0}, r"rollout_is_threshold=0 must be a number > 0"),
-    ({"loss_type": "reinforce++"}, r"unknown algorithm.rollout_correction.loss_type='reinforce\+\+'; valid: ppo_clip"),
-    ({"bypass_mode": True, "rollout_is": "token", "rollout_is_batch_normalize": True}, r"does not work with bypass"),
-])
+@pytest.mark.parametrize(
+    "section, message",
+    [
+        ({"rollout_is": "tokens"}, r"unknown algorithm.rollout_correction.rollout_is='tokens'; valid: token, sequence"),
+        (
+            {"rollout_rs": "geometric", "rollout_rs_threshold": 2},
+            r"unknown .*rollout_rs option 'geometric'; valid: token_k1",
+        ),
+        ({"rollout_rs": "token_k2"}, r"rollout_rs_threshold=None: rollout_rs=token_k2 needs a threshold"),
+        ({"rollout_rs": "token_k2", "rollout_rs_threshold": "0.5_2"}, r"only k1 options take 'lower_upper'"),
+        ({"rollout_rs": "token_k1,seq_max_k2", "rollout_rs_threshold": "1,2,3"}, r"one per option \(2: token_k1"),
+        ({"rollout_rs": "token_k1", "rollout_rs_threshold": "abc"}, r"'abc' for token_k1 is not a number"),
+        ({"rollout_rs": "token_k1", "rollout_rs_threshold": "2_0.5"}, r"the lower bound exceeds the upper one"),
+        ({"rollout_is_threshold": 0}, r"rollout_is_threshold=0 must be a number > 0"),
+        (
+            {"loss_type": "reinforce++"},
+            r"unknown algorithm.rollout_correction.loss_type='reinforce\+\+'; valid: ppo_clip",
+        ),
+        (
+            {"bypass_mode": True, "rollout_is": "token", "rollout_is_batch_normalize": True},
+            r"does not work with bypass",
+        ),
+    ],
+)
 def test_bad_settings_are_one_line_naming_the_key(section, message):
     with pytest.raises((UnknownAlgorithmError, AlgorithmConfigError), match=message) as err:
         RolloutCorrectionConfig.from_section(section)
@@ -136,6 +149,7 @@ def test_bad_settings_are_one_line_naming_the_key(section, message):
 
 
 # ---- the weights in the losses
+
 
 def _inputs(rows=6, cols=5, seed=0):
     gen = torch.Generator().manual_seed(seed)
@@ -167,18 +181,34 @@ def _grad_of(name, cfg, x, noise, adv, mask, rows, weights=None, **norm):
     log_prob = -F.softplus(x[rows] * w)
     rollout = log_prob.detach() + noise[rows]
     weights = None if weights is None else weights[rows]
-    loss, metrics = get_policy_loss_fn(name)(rollout, log_prob, adv[rows], mask[rows], "token-mean", cfg,
-                                             rollout_is_weights=weights, **norm)
+    loss, metrics = get_policy_loss_fn(name)(
+        rollout, log_prob, adv[rows], mask[rows], "token-mean", cfg, rollout_is_weights=weights, **norm
+    )
     return loss.item(), torch.autograd.grad(loss, w)[0], metrics
 
 
-@pytest.mark.parametrize("name, corr", [
-    ("vanilla", None),  # decoupled: weights from the driver, one tensor for the whole batch
-    ("bypass_mode", RolloutCorrectionConfig(bypass_mode=True, rollout_is="token", rollout_rs="token_k1",
-                                            rollout_rs_threshold="0.7_1.3", loss_type="reinforce")),
-    ("bypass_mode", RolloutCorrectionConfig(bypass_mode=True, rollout_is="sequence", rollout_rs="seq_max_k2",
-                                            rollout_rs_threshold=0.05)),
-])
+@pytest.mark.parametrize(
+    "name, corr",
+    [
+        ("vanilla", None),  # decoupled: weights from the driver, one tensor for the whole batch
+        (
+            "bypass_mode",
+            RolloutCorrectionConfig(
+                bypass_mode=True,
+                rollout_is="token",
+                rollout_rs="token_k1",
+                rollout_rs_threshold="0.7_1.3",
+                loss_type="reinforce",
+            ),
+        ),
+        (
+            "bypass_mode",
+            RolloutCorrectionConfig(
+                bypass_mode=True, rollout_is="sequence", rollout_rs="seq_max_k2", rollout_rs_threshold=0.05
+            ),
+        ),
+    ],
+)
 def test_micro_batches_add_up_to_one_pass_with_correction(name, corr):
     x, noise, adv, mask = _inputs(7, 6, seed=3)
     cfg = PolicyLossConfig(rollout_correction=corr)
@@ -187,8 +217,10 @@ def test_micro_batches_add_up_to_one_pass_with_correction(name, corr):
         weights, _ = compute_rollout_correction_weights(noise, mask, "token", 1.2)
     norm = {"batch_num_tokens": mask.sum(), "global_batch_size": x.shape[0]}  # as the actor passes them
     full, g_full, metrics = _grad_of(name, cfg, x, noise, adv, mask, slice(None), weights, **norm)
-    micro = [_grad_of(name, cfg, x, noise, adv, mask, rows, weights, **norm)
-             for rows in (slice(0, 2), slice(2, 3), slice(3, 7))]
+    micro = [
+        _grad_of(name, cfg, x, noise, adv, mask, rows, weights, **norm)
+        for rows in (slice(0, 2), slice(2, 3), slice(3, 7))
+    ]
     assert sum(m[0] for m in micro) == pytest.approx(full, rel=1e-5)
     assert torch.allclose(sum(m[1] for m in micro), g_full, rtol=1e-5, atol=1e-6)
     if corr is not None:
@@ -200,9 +232,12 @@ def test_bypass_reinforce_is_the_weighted_policy_gradient():
     x, noise, adv, mask = _inputs(seed=4)
     log_prob = (-F.softplus(x)).requires_grad_(True)
     rollout = log_prob.detach() + noise
-    corr = RolloutCorrectionConfig(bypass_mode=True, rollout_is="token", rollout_is_threshold=1.1, loss_type="reinforce")
-    loss, metrics = get_policy_loss_fn("bypass_mode")(rollout, log_prob, adv, mask, "token-mean",
-                                                      PolicyLossConfig(rollout_correction=corr))
+    corr = RolloutCorrectionConfig(
+        bypass_mode=True, rollout_is="token", rollout_is_threshold=1.1, loss_type="reinforce"
+    )
+    loss, metrics = get_policy_loss_fn("bypass_mode")(
+        rollout, log_prob, adv, mask, "token-mean", PolicyLossConfig(rollout_correction=corr)
+    )
     (grad,) = torch.autograd.grad(loss, log_prob)
     w = torch.exp(log_prob.detach() - rollout).clamp(max=1.1)
     assert torch.allclose(grad, -w * adv * mask / mask.sum(), atol=1e-7)
@@ -214,8 +249,9 @@ def test_bypass_ppo_clip_is_vanilla_against_the_rollout_policy():
     log_prob = -F.softplus(x)
     rollout = log_prob + noise
     corr = RolloutCorrectionConfig(bypass_mode=True, rollout_is="token")  # weights logged, not applied
-    bypass, metrics = get_policy_loss_fn("bypass_mode")(rollout, log_prob, adv, mask, "token-mean",
-                                                        PolicyLossConfig(rollout_correction=corr))
+    bypass, metrics = get_policy_loss_fn("bypass_mode")(
+        rollout, log_prob, adv, mask, "token-mean", PolicyLossConfig(rollout_correction=corr)
+    )
     vanilla, _ = get_policy_loss_fn("vanilla")(rollout, log_prob, adv, mask, "token-mean", PolicyLossConfig())
     assert bypass.item() == pytest.approx(vanilla.item())
     assert "rollout_corr/rollout_is_mean" in metrics

@@ -72,7 +72,7 @@ def test_dro_is_the_policy_gradient_minus_a_quadratic_pull_back():
     cfg = PolicyLossConfig(dro_beta=0.5)
     loss, grad, _ = _run("dro", cfg)
     log_ratio = torch.log(P_NEW / P_OLD)
-    assert loss == pytest.approx(float(-(torch.log(P_NEW) * ADV - 0.25 * log_ratio ** 2).mean()), rel=1e-5)
+    assert loss == pytest.approx(float(-(torch.log(P_NEW) * ADV - 0.25 * log_ratio**2).mean()), rel=1e-5)
     assert torch.allclose(grad, -(ADV - 0.5 * log_ratio) / 4, atol=1e-6)
 
 
@@ -94,8 +94,12 @@ def test_sapo_temperatures_must_be_positive(tau):
 
 
 def test_masked_tokens_change_nothing():
-    for name, cfg in (("sapo", PolicyLossConfig()), ("dppo_tv", PolicyLossConfig()), ("dppo_kl", PolicyLossConfig()),
-                      ("dro", PolicyLossConfig(dro_beta=0.5))):
+    for name, cfg in (
+        ("sapo", PolicyLossConfig()),
+        ("dppo_tv", PolicyLossConfig()),
+        ("dppo_kl", PolicyLossConfig()),
+        ("dro", PolicyLossConfig(dro_beta=0.5)),
+    ):
         mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
         garbage = P_NEW.clone()
         garbage[0, 3] = 0.001

@@ -21,10 +21,9 @@ def test_clipped_value_loss_by_hand():
 
 def test_value_loss_seq_mode_and_error():
     vpreds = torch.tensor([[2.0, 2.0], [3.0, 0.0]])
-    loss, _ = compute_value_loss(vpreds, torch.zeros(2, 2), vpreds, torch.tensor([[1, 1], [1, 0]]),
-                                 0.5, loss_agg_mode="seq-mean-token-sum")
+    loss, _ = compute_value_loss(
+        vpreds, torch.zeros(2, 2), vpreds, torch.tensor([[1, 1], [1, 0]]), 0.5, loss_agg_mode="seq-mean-token-sum"
+    )
     assert loss.item() == pytest.approx(0.5 * (8.0 + 9.0) / 2)
     with pytest.raises(AlgorithmConfigError, match="cliprange_value"):
         compute_value_loss(vpreds, vpreds, vpreds, torch.ones(2, 2), -1.0)
-
-

@@ -16,8 +16,13 @@ from hybridrl.trainer.ppo_config import typed_ppo_config
 
 A = "actor_rollout_ref.actor"
 R = "actor_rollout_ref.rollout"
-BASE = ["algorithm.adv_estimator=grpo", "data.train_batch_size=8", f"{A}.ppo_mini_batch_size=4",
-        f"{A}.ppo_micro_batch_size_per_gpu=2", f"{R}.n=2"]
+BASE = [
+    "algorithm.adv_estimator=grpo",
+    "data.train_batch_size=8",
+    f"{A}.ppo_mini_batch_size=4",
+    f"{A}.ppo_micro_batch_size_per_gpu=2",
+    f"{R}.n=2",
+]
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +49,10 @@ def error_of(cfg) -> str:
 
 # ---------------------------------------------------------------- registered names
 
-@pytest.mark.parametrize("switch, key", [(f"{A}.use_kl_loss", f"{A}.kl_loss_type"),
-                                         ("algorithm.use_kl_in_reward", "algorithm.kl_penalty")])
+
+@pytest.mark.parametrize(
+    "switch, key", [(f"{A}.use_kl_loss", f"{A}.kl_loss_type"), ("algorithm.use_kl_in_reward", "algorithm.kl_penalty")]
+)
 def test_kl_type_is_checked_only_when_kl_is_on(base_cfg, switch, key):
     off = with_keys(base_cfg, {switch: False, key: "k9"})
     assert validate_ppo_config(off) == []  # not used, not checked
@@ -57,11 +64,14 @@ def test_kl_type_is_checked_only_when_kl_is_on(base_cfg, switch, key):
     validate_ppo_config(with_keys(base_cfg, {switch: True, key: "k3"}))  # an alias of low_var_kl
 
 
-@pytest.mark.parametrize("key, bad, known, register", [
-    (f"{A}.policy_loss.loss_mode", "vanila", "vanilla", "register_policy_loss"),
-    ("reward_model.reward_manager", "naiive", "naive", "register_reward_manager"),
-    (f"{R}.name", "vllmm", "sglang_async", "register_rollout"),
-])
+@pytest.mark.parametrize(
+    "key, bad, known, register",
+    [
+        (f"{A}.policy_loss.loss_mode", "vanila", "vanilla", "register_policy_loss"),
+        ("reward_model.reward_manager", "naiive", "naive", "register_reward_manager"),
+        (f"{R}.name", "vllmm", "sglang_async", "register_rollout"),
+    ],
+)
 def test_unregistered_names(base_cfg, key, bad, known, register):
     msg = error_of(with_keys(base_cfg, {key: bad}))
     assert f"{key}={bad!r} is unknown" in msg and known in msg and register in msg
@@ -99,11 +109,13 @@ def test_choices_come_from_the_modules_that_implement_them(base_cfg, monkeypatch
 
 def test_strategy_and_mode_choices(base_cfg):
     assert f"{A}.strategy='megatron' is not one of fsdp, fsdp2" in error_of(
-        with_keys(base_cfg, {f"{A}.strategy": "megatron"}))
+        with_keys(base_cfg, {f"{A}.strategy": "megatron"})
+    )
     assert f"{R}.mode='fast' is not one of sync, async" in error_of(with_keys(base_cfg, {f"{R}.mode": "fast"}))
 
 
 # ---------------------------------------------------------------- sampling temperature
+
 
 @pytest.mark.parametrize("bad", [0, 0.0, -0.5])
 def test_training_temperature_must_be_positive(base_cfg, bad):
@@ -124,6 +136,7 @@ def test_validation_may_be_greedy_but_not_negative(base_cfg):
 
 
 # ---------------------------------------------------------------- rollout engines
+
 
 @pytest.mark.parametrize("name, display", [("sglang", "SGLang"), ("sglang_async", "SGLang")])
 def test_optional_engine_note_even_when_the_package_is_installed(base_cfg, monkeypatch, name, display):
@@ -164,6 +177,7 @@ def test_registered_engine_gets_no_note(base_cfg, monkeypatch):
 
 # ---------------------------------------------------------------- ignored / not-yet-supported keys
 
+
 def _other_value(key, value):
     """A value different from ``value`` that passes the other checks and has the key's type."""
     if value is None:  # an Optional field: a value of its type
@@ -203,21 +217,29 @@ def test_every_not_yet_supported_key_is_an_error(base_cfg, key):
 
 def test_every_not_yet_supported_key_exists_in_the_packaged_yaml():
     defaults = packaged_defaults()
-    assert [k for k in schema.NOT_YET_SUPPORTED if OmegaConf.select(defaults, k, default="<absent>") == "<absent>"] == []
+    assert [
+        k for k in schema.NOT_YET_SUPPORTED if OmegaConf.select(defaults, k, default="<absent>") == "<absent>"
+    ] == []
 
 
 def test_no_key_is_both_ignored_and_refused():
     assert set(schema.IGNORED_KEYS) & set(schema.NOT_YET_SUPPORTED) == set()
 
 
-@pytest.mark.parametrize("key, value, reason", [
-    ("trainer.max_critic_ckpt_to_keep", 2, "trainer.max_actor_ckpt_to_keep governs both"),
-    ("trainer.del_local_ckpt_after_load", True, "the loaded checkpoint is kept"),
-    (f"{A}.checkpoint.save_contents", ["model", "optimizer", "extra", "hf_model"],
-     "always hold model, optimizer and extra state"),
-    ("critic.checkpoint.load_contents", ["model"], "always hold model, optimizer and extra state"),
-    ("data.return_raw_input_ids", True, "re-templates the chat messages"),
-])
+@pytest.mark.parametrize(
+    "key, value, reason",
+    [
+        ("trainer.max_critic_ckpt_to_keep", 2, "trainer.max_actor_ckpt_to_keep governs both"),
+        ("trainer.del_local_ckpt_after_load", True, "the loaded checkpoint is kept"),
+        (
+            f"{A}.checkpoint.save_contents",
+            ["model", "optimizer", "extra", "hf_model"],
+            "always hold model, optimizer and extra state",
+        ),
+        ("critic.checkpoint.load_contents", ["model"], "always hold model, optimizer and extra state"),
+        ("data.return_raw_input_ids", True, "re-templates the chat messages"),
+    ],
+)
 def test_notes_say_why(base_cfg, key, value, reason):
     notes = validate_ppo_config(with_keys(base_cfg, {key: value}))
     assert len(notes) == 1 and notes[0].startswith(f"{key}=") and reason in notes[0]
@@ -239,16 +261,22 @@ def test_a_key_copied_by_interpolation_is_noted_once():
     assert [n.split("=")[0] for n in validate_ppo_config(cfg)] == ["actor_rollout_ref.ref.use_torch_compile"]
 
 
-@pytest.mark.parametrize("key, value, expected", [
-    ("trainer.total_training_steps", -1, "trainer.total_training_steps=-1 must be an integer >= 1 or null"),
-    ("trainer.total_training_steps", "abc",
-     "trainer.total_training_steps: Value 'abc' of type 'str' could not be converted to Integer"),
-    ("trainer.total_epochs", 0, "trainer.total_epochs=0 must be an integer >= 1"),
-    ("trainer.save_freq", "abc", "trainer.save_freq: Value 'abc' of type 'str' could not be converted to Integer"),
-    ("trainer.test_freq", 1.5, "trainer.test_freq: Value '1.5' of type 'float' could not be converted to Integer"),
-    (f"{A}.optim.lr", "abc", f"{A}.optim.lr: Value 'abc' of type 'str' could not be converted to Float"),
-    (f"{A}.optim.lr", -1, f"{A}.optim.lr=-1.0 must be a number > 0"),
-])
+@pytest.mark.parametrize(
+    "key, value, expected",
+    [
+        ("trainer.total_training_steps", -1, "trainer.total_training_steps=-1 must be an integer >= 1 or null"),
+        (
+            "trainer.total_training_steps",
+            "abc",
+            "trainer.total_training_steps: Value 'abc' of type 'str' could not be converted to Integer",
+        ),
+        ("trainer.total_epochs", 0, "trainer.total_epochs=0 must be an integer >= 1"),
+        ("trainer.save_freq", "abc", "trainer.save_freq: Value 'abc' of type 'str' could not be converted to Integer"),
+        ("trainer.test_freq", 1.5, "trainer.test_freq: Value '1.5' of type 'float' could not be converted to Integer"),
+        (f"{A}.optim.lr", "abc", f"{A}.optim.lr: Value 'abc' of type 'str' could not be converted to Float"),
+        (f"{A}.optim.lr", -1, f"{A}.optim.lr=-1.0 must be a number > 0"),
+    ],
+)
 def test_run_length_and_learning_rate_are_checked_at_start_up(base_cfg, key, value, expected):
     """A run that would train nothing, or fail only after its first step, stops before loading a model."""
     msg = error_of(with_keys(base_cfg, {key: value}))

@@ -162,10 +162,14 @@ def test_verl_grpo_command_line_loads_and_validates():
     assert cfg.trainer.default_local_dir == "checkpoints/verl_grpo_example_gsm8k/qwen2_7b_function_rm"
 
     # vLLM with tensor parallelism inside the colocated engine is refused at start-up
-    with pytest.raises(ConfigError, match=r"rollout.tensor_model_parallel_size=2 with actor_rollout_ref.rollout.name=vllm"):
+    with pytest.raises(
+        ConfigError, match=r"rollout.tensor_model_parallel_size=2 with actor_rollout_ref.rollout.name=vllm"
+    ):
         validate_ppo_config(cfg, world_size=1)
     cfg.actor_rollout_ref.rollout.tensor_model_parallel_size = 1
-    with pytest.raises(ConfigError, match=r"rollout.name=vllm with 8 workers needs actor_rollout_ref.rollout.mode=async"):
+    with pytest.raises(
+        ConfigError, match=r"rollout.name=vllm with 8 workers needs actor_rollout_ref.rollout.mode=async"
+    ):
         validate_ppo_config(cfg, world_size=8)
     cfg.actor_rollout_ref.rollout.mode = "async"  # one engine process per worker
     validate_ppo_config(cfg, world_size=8)
@@ -192,29 +196,45 @@ def test_quoted_list_override_like_an_unquoted_shell():
 
 
 def test_interpolated_keys_follow_overrides():
-    cfg = load_config(["data.max_prompt_length=256", "actor_rollout_ref.actor.checkpoint.save_contents=[model]",
-                       "actor_rollout_ref.actor.ppo_mini_batch_size=32"])
+    cfg = load_config(
+        [
+            "data.max_prompt_length=256",
+            "actor_rollout_ref.actor.checkpoint.save_contents=[model]",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+        ]
+    )
     assert cfg.actor_rollout_ref.rollout.prompt_length == 256
     assert list(cfg.actor_rollout_ref.actor.checkpoint.load_contents) == ["model"]
     assert cfg.critic.ppo_mini_batch_size == 32
 
 
 def test_add_force_add_and_delete():
-    cfg = load_config(["+trainer.my_tag=abc", "++trainer.device=cpu", "~trainer.val_only",
-                       "+actor_rollout_ref.model.override_config.attention_dropout=0.1"])
+    cfg = load_config(
+        [
+            "+trainer.my_tag=abc",
+            "++trainer.device=cpu",
+            "~trainer.val_only",
+            "+actor_rollout_ref.model.override_config.attention_dropout=0.1",
+        ]
+    )
     assert cfg.trainer.my_tag == "abc"
     assert cfg.trainer.device == "cpu"
     assert "val_only" not in cfg.trainer
     assert cfg.actor_rollout_ref.model.override_config.attention_dropout == 0.1
 
 
-@pytest.mark.parametrize("override, expected", [
-    ("actor_rollout_ref.actor.ppo_mini_bach_size=3",
-     "unknown key 'actor_rollout_ref.actor.ppo_mini_bach_size'; "
-     "did you mean 'actor_rollout_ref.actor.ppo_mini_batch_size'?"),
-    ("actor_rollout_ref.actr.ppo_epochs=2", "did you mean 'actor_rollout_ref.actor.ppo_epochs'?"),
-    ("~trainer.n_gpu_per_node", "did you mean 'trainer.n_gpus_per_node'?"),
-])
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        (
+            "actor_rollout_ref.actor.ppo_mini_bach_size=3",
+            "unknown key 'actor_rollout_ref.actor.ppo_mini_bach_size'; "
+            "did you mean 'actor_rollout_ref.actor.ppo_mini_batch_size'?",
+        ),
+        ("actor_rollout_ref.actr.ppo_epochs=2", "did you mean 'actor_rollout_ref.actor.ppo_epochs'?"),
+        ("~trainer.n_gpu_per_node", "did you mean 'trainer.n_gpus_per_node'?"),
+    ],
+)
 def test_typo_gets_did_you_mean(override, expected):
     with pytest.raises(ConfigError) as err:
         load_config([override])
@@ -250,7 +270,8 @@ def test_user_config_dir_extends_the_packaged_config(tmp_path):
     (tmp_path / "my_grpo.yaml").write_text(
         "hydra:\n  searchpath:\n    - file://verl/trainer/config\n"
         "defaults:\n  - ppo_trainer\n  - _self_\n"
-        "data:\n  max_prompt_length: 64\nactor_rollout_ref:\n  rollout:\n    n: 4\n")
+        "data:\n  max_prompt_length: 64\nactor_rollout_ref:\n  rollout:\n    n: 4\n"
+    )
     cfg = load_config(["data.train_batch_size=8"], config_name="my_grpo", config_dir=str(tmp_path))
     assert cfg.data.max_prompt_length == 64 and cfg.actor_rollout_ref.rollout.prompt_length == 64
     assert cfg.critic.rollout_n == 4 and cfg.data.train_batch_size == 8
@@ -259,8 +280,10 @@ def test_user_config_dir_extends_the_packaged_config(tmp_path):
 
 
 def test_import_is_light():
-    code = ("import sys, hybridrl.config; "
-            "heavy = [m for m in sys.modules if m.split('.')[0] in ('hydra', 'omegaconf', 'torch', "
-            "'transformers', 'ray')]; print(heavy); assert not heavy")
+    code = (
+        "import sys, hybridrl.config; "
+        "heavy = [m for m in sys.modules if m.split('.')[0] in ('hydra', 'omegaconf', 'torch', "
+        "'transformers', 'ray')]; print(heavy); assert not heavy"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr

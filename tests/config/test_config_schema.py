@@ -17,9 +17,15 @@ R = "actor_rollout_ref.rollout"
 @pytest.fixture(scope="module")
 def base_cfg():
     """A small valid GRPO config: 8 prompts x 2 responses, mini batch 4, micro batch 2."""
-    return load_config(["algorithm.adv_estimator=grpo", "data.train_batch_size=8",
-                        f"{A}.ppo_mini_batch_size=4", f"{A}.ppo_micro_batch_size_per_gpu=2",
-                        f"{R}.n=2"])
+    return load_config(
+        [
+            "algorithm.adv_estimator=grpo",
+            "data.train_batch_size=8",
+            f"{A}.ppo_mini_batch_size=4",
+            f"{A}.ppo_micro_batch_size_per_gpu=2",
+            f"{R}.n=2",
+        ]
+    )
 
 
 def cfg_with(base, **changes):
@@ -55,16 +61,24 @@ def test_train_batch_smaller_than_mini_batch(base_cfg):
 
 def test_responses_must_split_over_workers(base_cfg):
     # 3 prompts x 1 response over 2 workers
-    cfg = cfg_with(base_cfg, data__train_batch_size=3, algorithm__adv_estimator="reinforce_plus_plus",
-                   **{f"{R}__n": 1, f"{A}__ppo_mini_batch_size": 2})
+    cfg = cfg_with(
+        base_cfg,
+        data__train_batch_size=3,
+        algorithm__adv_estimator="reinforce_plus_plus",
+        **{f"{R}__n": 1, f"{A}__ppo_mini_batch_size": 2},
+    )
     msg = error_of(cfg, world_size=2)
     assert "data.train_batch_size=3" in msg and f"{R}.n=1" in msg and "2 workers" in msg
 
 
 def test_mini_batch_times_n_must_split_over_workers(base_cfg):
     # train 6 x 1 = 6 splits over 2, but mini 3 x 1 = 3 does not
-    cfg = cfg_with(base_cfg, data__train_batch_size=6, algorithm__adv_estimator="reinforce_plus_plus",
-                   **{f"{R}__n": 1, f"{A}__ppo_mini_batch_size": 3, f"{A}__ppo_micro_batch_size_per_gpu": 1})
+    cfg = cfg_with(
+        base_cfg,
+        data__train_batch_size=6,
+        algorithm__adv_estimator="reinforce_plus_plus",
+        **{f"{R}__n": 1, f"{A}__ppo_mini_batch_size": 3, f"{A}__ppo_micro_batch_size_per_gpu": 1},
+    )
     msg = error_of(cfg, world_size=2)
     assert f"{A}.ppo_mini_batch_size=3" in msg and "= 3 responses" in msg and "2 workers" in msg
 
@@ -74,8 +88,7 @@ def test_micro_batch_must_divide_per_worker_mini_batch(base_cfg):
     msg = error_of(cfg_with(base_cfg, **{f"{A}__ppo_micro_batch_size_per_gpu": 3}))
     assert "= 8 responses per worker" in msg and f"{A}.ppo_micro_batch_size_per_gpu" in msg
     # dynamic batch sizes pack by tokens: the divisibility rule does not apply
-    validate_ppo_config(cfg_with(base_cfg, **{f"{A}__ppo_micro_batch_size_per_gpu": 3,
-                                              f"{A}__use_dynamic_bsz": True}))
+    validate_ppo_config(cfg_with(base_cfg, **{f"{A}__ppo_micro_batch_size_per_gpu": 3, f"{A}__use_dynamic_bsz": True}))
 
 
 def test_both_micro_batch_keys_set(base_cfg):
@@ -112,13 +125,13 @@ def test_log_prob_micro_batch_keys(base_cfg, prefix):
     p = prefix.replace(".", "__")
     msg = error_of(cfg_with(base_cfg, **{f"{p}__log_prob_micro_batch_size_per_gpu": 0}))
     assert f"{prefix}.log_prob_micro_batch_size_per_gpu=0" in msg
-    msg = error_of(cfg_with(base_cfg, **{f"{p}__log_prob_micro_batch_size_per_gpu": 2,
-                                         f"{p}__log_prob_micro_batch_size": 4}))
+    msg = error_of(
+        cfg_with(base_cfg, **{f"{p}__log_prob_micro_batch_size_per_gpu": 2, f"{p}__log_prob_micro_batch_size": 4})
+    )
     assert f"{prefix}.log_prob_micro_batch_size=4" in msg
 
 
-@pytest.mark.parametrize("key, value", [("algorithm__use_pf_ppo", True),
-                                        ("data__custom_cls__path", "my_dataset.py")])
+@pytest.mark.parametrize("key, value", [("algorithm__use_pf_ppo", True), ("data__custom_cls__path", "my_dataset.py")])
 def test_features_not_in_this_build_are_refused(base_cfg, key, value):
     msg = error_of(cfg_with(base_cfg, **{key: value}))
     assert key.replace("__", ".") in msg and "not in this build" in msg
@@ -151,21 +164,37 @@ def test_kl_forms_accepted_and_unknown_listed(base_cfg, key):
     assert f"{key}='k5' is unknown" in msg and "k3+" in msg and "full" in msg
 
 
-@pytest.mark.parametrize("key, bad", [
-    ("trainer.device", "tpu"), ("trainer.backend", "slurm"), ("algorithm.kl_ctrl.type", "pid"),
-    (f"{A}.loss_agg_mode", "token-total"), ("data.truncation", "cut"), ("trainer.resume_mode", "always"),
-    ("reward_model.on_error", "ignore"),
-])
+@pytest.mark.parametrize(
+    "key, bad",
+    [
+        ("trainer.device", "tpu"),
+        ("trainer.backend", "slurm"),
+        ("algorithm.kl_ctrl.type", "pid"),
+        (f"{A}.loss_agg_mode", "token-total"),
+        ("data.truncation", "cut"),
+        ("trainer.resume_mode", "always"),
+        ("reward_model.on_error", "ignore"),
+    ],
+)
 def test_choices(base_cfg, key, bad):
     msg = error_of(cfg_with(base_cfg, **{key.replace(".", "__"): bad}))
     assert f"{key}={bad!r} is not one of" in msg
 
 
-@pytest.mark.parametrize("key, bad", [
-    ("data.max_prompt_length", 0), ("data.max_response_length", -1), ("trainer.critic_warmup", -1),
-    (f"{A}.ppo_epochs", 0), (f"{A}.clip_ratio", 0), (f"{A}.clip_ratio_high", -0.1),
-    (f"{A}.clip_ratio_c", 1.0), (f"{R}.n", 0), ("data.train_batch_size", 0),
-])
+@pytest.mark.parametrize(
+    "key, bad",
+    [
+        ("data.max_prompt_length", 0),
+        ("data.max_response_length", -1),
+        ("trainer.critic_warmup", -1),
+        (f"{A}.ppo_epochs", 0),
+        (f"{A}.clip_ratio", 0),
+        (f"{A}.clip_ratio_high", -0.1),
+        (f"{A}.clip_ratio_c", 1.0),
+        (f"{R}.n", 0),
+        ("data.train_batch_size", 0),
+    ],
+)
 def test_value_ranges(base_cfg, key, bad):
     msg = error_of(cfg_with(base_cfg, **{key.replace(".", "__"): bad}))
     assert f"{key}={bad!r}" in msg
@@ -174,8 +203,9 @@ def test_value_ranges(base_cfg, key, bad):
 def test_resume_path_needs_a_path(base_cfg):
     msg = error_of(cfg_with(base_cfg, trainer__resume_mode="resume_path"))
     assert "trainer.resume_from_path" in msg
-    validate_ppo_config(cfg_with(base_cfg, trainer__resume_mode="resume_path",
-                                 trainer__resume_from_path="/ckpt/global_step_10"))
+    validate_ppo_config(
+        cfg_with(base_cfg, trainer__resume_mode="resume_path", trainer__resume_from_path="/ckpt/global_step_10")
+    )
 
 
 def test_cuda_requested_without_cuda(base_cfg):
@@ -193,8 +223,15 @@ def test_world_size_must_be_positive(base_cfg):
 
 
 def test_ignored_key_notes(base_cfg):
-    cfg = cfg_with(base_cfg, **{f"{R}__enforce_eager": False, f"{A}__use_torch_compile": False,
-                                f"{A}__fsdp_config__param_offload": True, f"{R}__name": "sglang"})
+    cfg = cfg_with(
+        base_cfg,
+        **{
+            f"{R}__enforce_eager": False,
+            f"{A}__use_torch_compile": False,
+            f"{A}__fsdp_config__param_offload": True,
+            f"{R}__name": "sglang",
+        },
+    )
     notes = validate_ppo_config(cfg, world_size=1)
     assert f"{R}.enforce_eager=False is ignored: the HF generate engine does not use it (no CUDA graphs)" in notes
     assert any(n.startswith(f"{A}.use_torch_compile=False is ignored") for n in notes)
@@ -221,8 +258,12 @@ def test_every_ignored_key_exists_in_the_packaged_yaml():
 
 
 def test_normalize_batch_sizes_like_verl_workers():
-    actor = {"ppo_mini_batch_size": 256, "ppo_micro_batch_size": None, "ppo_micro_batch_size_per_gpu": 16,
-             "use_dynamic_bsz": False}
+    actor = {
+        "ppo_mini_batch_size": 256,
+        "ppo_micro_batch_size": None,
+        "ppo_micro_batch_size_per_gpu": 16,
+        "use_dynamic_bsz": False,
+    }
     # 256 prompts x 5 responses / 8 workers = 160 responses per worker
     assert normalize_batch_sizes(actor, 5, 8) == {"ppo_mini_batch_size": 160, "ppo_micro_batch_size_per_gpu": 16}
     deprecated = dict(actor, ppo_micro_batch_size=64, ppo_micro_batch_size_per_gpu=None)
@@ -232,28 +273,43 @@ def test_normalize_batch_sizes_like_verl_workers():
 
 
 def test_normalize_batch_sizes_critic_forward_micro_batch():
-    critic = {"ppo_mini_batch_size": 4, "ppo_micro_batch_size": None, "ppo_micro_batch_size_per_gpu": 2,
-              "forward_micro_batch_size": None, "forward_micro_batch_size_per_gpu": 8,
-              "use_dynamic_bsz": False, "cliprange_value": 0.5}
+    critic = {
+        "ppo_mini_batch_size": 4,
+        "ppo_micro_batch_size": None,
+        "ppo_micro_batch_size_per_gpu": 2,
+        "forward_micro_batch_size": None,
+        "forward_micro_batch_size_per_gpu": 8,
+        "use_dynamic_bsz": False,
+        "cliprange_value": 0.5,
+    }
     out = normalize_batch_sizes(critic, 2, 1)
-    assert out == {"ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 2,
-                   "forward_micro_batch_size_per_gpu": 8}
+    assert out == {"ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 2, "forward_micro_batch_size_per_gpu": 8}
     critic["forward_micro_batch_size_per_gpu"] = None
     assert normalize_batch_sizes(critic, 2, 1)["forward_micro_batch_size_per_gpu"] == 2
     with pytest.raises(ConfigError, match=r"critic\.ppo_micro_batch_size_per_gpu is not set"):
         normalize_batch_sizes(dict(critic, ppo_micro_batch_size_per_gpu=None), 2, 1)
 
 
-@pytest.mark.parametrize("key, bad", [
-    (f"{A}__policy_loss__clip_cov_ratio", 0.0), (f"{A}__policy_loss__kl_cov_ratio", 2.0),
-    (f"{A}__policy_loss__ppo_kl_coef", -1.0),
-])
+@pytest.mark.parametrize(
+    "key, bad",
+    [
+        (f"{A}__policy_loss__clip_cov_ratio", 0.0),
+        (f"{A}__policy_loss__kl_cov_ratio", 2.0),
+        (f"{A}__policy_loss__ppo_kl_coef", -1.0),
+    ],
+)
 def test_policy_loss_knobs_checked_at_start_up(base_cfg, key, bad):
     msg = error_of(cfg_with(base_cfg, **{key: bad}))
     assert key.replace("__", ".") in msg
 
 
 def test_adaptive_kl_controller_checked_at_start_up(base_cfg):
-    msg = error_of(cfg_with(base_cfg, algorithm__use_kl_in_reward=True, algorithm__kl_ctrl__type="adaptive",
-                            algorithm__kl_ctrl__target_kl=0))
+    msg = error_of(
+        cfg_with(
+            base_cfg,
+            algorithm__use_kl_in_reward=True,
+            algorithm__kl_ctrl__type="adaptive",
+            algorithm__kl_ctrl__target_kl=0,
+        )
+    )
     assert "algorithm.kl_ctrl.target_kl=0" in msg

@@ -43,8 +43,10 @@ def test_the_yaml_and_the_dataclasses_agree_key_for_key_and_default_for_default(
 
 
 def test_the_typed_config_holds_the_composed_values():
-    composed = load_config(["data.max_prompt_length=64", "actor_rollout_ref.actor.ppo_epochs=3",
-                            "trainer.logger=console"], resolve_auto_dtypes=False)
+    composed = load_config(
+        ["data.max_prompt_length=64", "actor_rollout_ref.actor.ppo_epochs=3", "trainer.logger=console"],
+        resolve_auto_dtypes=False,
+    )
     typed = typed_ppo_config(composed)
     assert OmegaConf.to_container(typed) == OmegaConf.to_container(composed)
     assert typed.actor_rollout_ref.rollout.prompt_length == 64  # the interpolation, resolved
@@ -52,17 +54,24 @@ def test_the_typed_config_holds_the_composed_values():
     assert isinstance(ppo_config(composed).actor_rollout_ref.actor.optim.lr, float)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["+actor_rollout_ref.actor.clip_ratio_lo=0.1"],
-     "actor_rollout_ref.actor.clip_ratio_lo is not a key of this command's config; "
-     "did you mean 'actor_rollout_ref.actor.clip_ratio_low'?"),
-    (["+critic.optim.momentum=0.9"], "critic.optim.momentum is not a key of this command's config; remove it"),
-    (["+trainer.v1.extra=1"], "trainer.v1.extra is not a key"),
-    (["actor_rollout_ref.rollout.n=four"],
-     "actor_rollout_ref.rollout.n: Value 'four' of type 'str' could not be converted to Integer"),
-    (["critic.optim.lr=fast"], "critic.optim.lr: Value 'fast' of type 'str' could not be converted to Float"),
-    (["reward_model.enable=maybe"], "reward_model.enable: Value 'maybe' is not a valid bool"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["+actor_rollout_ref.actor.clip_ratio_lo=0.1"],
+            "actor_rollout_ref.actor.clip_ratio_lo is not a key of this command's config; "
+            "did you mean 'actor_rollout_ref.actor.clip_ratio_low'?",
+        ),
+        (["+critic.optim.momentum=0.9"], "critic.optim.momentum is not a key of this command's config; remove it"),
+        (["+trainer.v1.extra=1"], "trainer.v1.extra is not a key"),
+        (
+            ["actor_rollout_ref.rollout.n=four"],
+            "actor_rollout_ref.rollout.n: Value 'four' of type 'str' could not be converted to Integer",
+        ),
+        (["critic.optim.lr=fast"], "critic.optim.lr: Value 'fast' of type 'str' could not be converted to Float"),
+        (["reward_model.enable=maybe"], "reward_model.enable: Value 'maybe' is not a valid bool"),
+    ],
+)
 def test_a_bad_key_or_value_is_one_line_naming_it(overrides, message):
     config = load_config(overrides, resolve_auto_dtypes=False)
     for check in (ppo_config, validate_ppo_config):
@@ -72,8 +81,14 @@ def test_a_bad_key_or_value_is_one_line_naming_it(overrides, message):
 
 
 def test_free_form_sections_take_any_key():
-    config = load_config(["+ray_kwargs.ray_init.num_gpus=0", "+reward_model.reward_kwargs.max_resp_len=8",
-                          "+actor_rollout_ref.rollout.engine_kwargs.vllm.max_logprobs=5"], resolve_auto_dtypes=False)
+    config = load_config(
+        [
+            "+ray_kwargs.ray_init.num_gpus=0",
+            "+reward_model.reward_kwargs.max_resp_len=8",
+            "+actor_rollout_ref.rollout.engine_kwargs.vllm.max_logprobs=5",
+        ],
+        resolve_auto_dtypes=False,
+    )
     typed = typed_ppo_config(config)
     assert typed.ray_kwargs.ray_init.num_gpus == 0
     assert typed.actor_rollout_ref.rollout.engine_kwargs.vllm.max_logprobs == 5

@@ -16,8 +16,10 @@ def _never(*_):
     raise AssertionError("the probe must not run when the CPU flags are known")
 
 
-@pytest.mark.parametrize("flags, expected", [
-    (ZEN3_FLAGS, "fp32"), (SKYLAKE_X_FLAGS, "fp32"), (ZEN4_FLAGS, "bf16"), (SAPPHIRE_RAPIDS_FLAGS, "bf16")])
+@pytest.mark.parametrize(
+    "flags, expected",
+    [(ZEN3_FLAGS, "fp32"), (SKYLAKE_X_FLAGS, "fp32"), (ZEN4_FLAGS, "bf16"), (SAPPHIRE_RAPIDS_FLAGS, "bf16")],
+)
 def test_auto_is_bf16_only_with_native_bf16_instructions(flags, expected):
     dtype, reason = resolve_auto_dtype("cpu", flags=flags, probe=_never)
     assert dtype == expected
@@ -34,17 +36,21 @@ def test_the_timing_probe_decides_when_no_flags_can_be_read(monkeypatch, fast, e
 
 def test_cpu_flags_are_read_from_a_cpuinfo_file(tmp_path):
     info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512_bf16\n\nprocessor\t: 1\nflags\t\t: fpu avx2 avx512_bf16\n")
+    info.write_text(
+        "processor\t: 0\nflags\t\t: fpu avx2 avx512_bf16\n\nprocessor\t: 1\nflags\t\t: fpu avx2 avx512_bf16\n"
+    )
     assert read_cpu_flags(str(info)) == {"fpu", "avx2", "avx512_bf16"}
     assert read_cpu_flags(str(tmp_path / "missing")) is None
 
 
 def test_resolve_precision_replaces_only_auto_dtype_keys():
-    cfg = OmegaConf.create({
-        "actor": {"fsdp_config": {"mixed_precision": {"param_dtype": "auto", "reduce_dtype": "fp32"}}},
-        "rollout": {"dtype": "auto", "name": "auto"},
-        "critic": {"fsdp_config": {"mixed_precision": {"param_dtype": "fp32"}}},  # explicit: kept
-    })
+    cfg = OmegaConf.create(
+        {
+            "actor": {"fsdp_config": {"mixed_precision": {"param_dtype": "auto", "reduce_dtype": "fp32"}}},
+            "rollout": {"dtype": "auto", "name": "auto"},
+            "critic": {"fsdp_config": {"mixed_precision": {"param_dtype": "fp32"}}},  # explicit: kept
+        }
+    )
     line = resolve_precision(cfg, "cpu", flags=ZEN3_FLAGS)
     assert cfg.actor.fsdp_config.mixed_precision.param_dtype == "fp32"
     assert cfg.rollout.dtype == "fp32" and cfg.rollout.name == "auto"  # only dtype keys

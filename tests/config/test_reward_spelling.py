@@ -8,10 +8,17 @@ from hybridrl.trainer.config_check import ignored_key_notes
 
 
 def test_reward_section_values_reach_the_keys_hybridrl_reads():
-    cfg = load_config(["reward.reward_manager.name=dapo", "reward.custom_reward_function.path=/tmp/r.py",
-                       "reward.custom_reward_function.name=score", "+reward.reward_kwargs.max_resp_len=64",
-                       "reward.reward_model.enable=true", "reward.reward_model.model_path=/models/rm"],
-                      resolve_auto_dtypes=False)
+    cfg = load_config(
+        [
+            "reward.reward_manager.name=dapo",
+            "reward.custom_reward_function.path=/tmp/r.py",
+            "reward.custom_reward_function.name=score",
+            "+reward.reward_kwargs.max_resp_len=64",
+            "reward.reward_model.enable=true",
+            "reward.reward_model.model_path=/models/rm",
+        ],
+        resolve_auto_dtypes=False,
+    )
     assert cfg.reward_model.reward_manager == "dapo"
     assert (cfg.custom_reward_function.path, cfg.custom_reward_function.name) == ("/tmp/r.py", "score")
     assert cfg.reward_model.reward_kwargs == {"max_resp_len": 64}
@@ -21,14 +28,21 @@ def test_reward_section_values_reach_the_keys_hybridrl_reads():
 def test_the_old_spelling_alone_still_works_and_agreeing_values_are_fine():
     cfg = load_config(["reward_model.reward_manager=dapo"], resolve_auto_dtypes=False)
     assert cfg.reward_model.reward_manager == "dapo"
-    cfg = load_config(["reward_model.reward_manager=dapo", "reward.reward_manager.name=dapo"], resolve_auto_dtypes=False)
+    cfg = load_config(
+        ["reward_model.reward_manager=dapo", "reward.reward_manager.name=dapo"], resolve_auto_dtypes=False
+    )
     assert cfg.reward_model.reward_manager == "dapo"
 
 
 def test_the_same_setting_two_ways_differently_is_one_line():
-    with pytest.raises(ConfigError, match=r"^reward.reward_manager.name='dapo' and reward_model.reward_manager="
-                                          r"'naive2' set the same thing differently; keep one of them") as err:
-        load_config(["reward_model.reward_manager=naive2", "reward.reward_manager.name=dapo"], resolve_auto_dtypes=False)
+    with pytest.raises(
+        ConfigError,
+        match=r"^reward.reward_manager.name='dapo' and reward_model.reward_manager="
+        r"'naive2' set the same thing differently; keep one of them",
+    ) as err:
+        load_config(
+            ["reward_model.reward_manager=naive2", "reward.reward_manager.name=dapo"], resolve_auto_dtypes=False
+        )
     assert "\n" not in str(err.value)
 
 
@@ -42,9 +56,12 @@ def test_reward_keys_without_machinery_here_are_noted_or_refused():
         _check_not_yet_supported(cfg)
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("distillation.enabled", "true", "on-policy distillation"),
-])
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("distillation.enabled", "true", "on-policy distillation"),
+    ],
+)
 def test_verl_09_machinery_that_is_not_here_is_refused(key, value, message):
     from hybridrl.trainer.config_check import _check_not_yet_supported
 
@@ -53,7 +70,8 @@ def test_verl_09_machinery_that_is_not_here_is_refused(key, value, message):
 
 
 def test_verl_09_keys_that_change_nothing_here_are_noted():
-    notes = ignored_key_notes(load_config(["trainer.use_v1=false", "transfer_queue.enable=true"],
-                                          resolve_auto_dtypes=False))
+    notes = ignored_key_notes(
+        load_config(["trainer.use_v1=false", "transfer_queue.enable=true"], resolve_auto_dtypes=False)
+    )
     assert any(n.startswith("trainer.use_v1=False") for n in notes), notes
     assert any(n.startswith("transfer_queue.enable=True") for n in notes), notes

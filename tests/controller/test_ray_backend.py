@@ -15,7 +15,13 @@ from hybridrl.protocol import DataProto
 
 ray = pytest.importorskip("ray")
 from hybridrl.controller.ray import (  # noqa: E402
-    RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, ResourceError, WorkerError, create_colocated_worker_cls)
+    RayClassWithInitArgs,
+    RayResourcePool,
+    RayWorkerGroup,
+    ResourceError,
+    WorkerError,
+    create_colocated_worker_cls,
+)
 
 # Worker classes defined in this test file travel to the Ray processes by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -42,8 +48,9 @@ class ToyWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def double(self, data: DataProto) -> DataProto:
-        return DataProto.from_dict(tensors={"x": data.batch["x"] * 2 * self.scale,
-                                            "rank": torch.full((len(data),), self.rank)})
+        return DataProto.from_dict(
+            tensors={"x": data.batch["x"] * 2 * self.scale, "rank": torch.full((len(data),), self.rank)}
+        )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def add(self, a, b):
@@ -67,7 +74,6 @@ class ToyWorker(Worker):
         if self.rank == 1:
             os._exit(3)
         dist.barrier()  # rank 0 waits for a peer that is gone
-
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def stop_on_rank_one(self):
@@ -121,8 +127,12 @@ def test_worker_errors_name_rank_and_traceback(group):
 
 def test_colocated_roles_share_processes(ray_cluster):
     pool = RayResourcePool([2])
-    colocated = RayWorkerGroup(pool, create_colocated_worker_cls(
-        {"toy": RayClassWithInitArgs(ToyWorker), "other": RayClassWithInitArgs(OtherWorker)}))
+    colocated = RayWorkerGroup(
+        pool,
+        create_colocated_worker_cls(
+            {"toy": RayClassWithInitArgs(ToyWorker), "other": RayClassWithInitArgs(OtherWorker)}
+        ),
+    )
     try:
         groups = colocated.spawn({"toy", "other"})
         toy_pids = [e["pid"] for e in groups["toy"].env()]
@@ -142,7 +152,7 @@ def test_max_concurrency_runs_a_second_call_beside_a_running_one(group):
     try:
         for wg, overlaps in ((two_at_once, True), (group, False)):
             wg.env()  # started
-            slow = threading.Thread(target=lambda: wg.slow(3.0))
+            slow = threading.Thread(target=lambda wg=wg: wg.slow(3.0))
             slow.start()
             time.sleep(0.5)  # the slow call is running
             started = time.monotonic()
@@ -172,8 +182,11 @@ def test_a_stopped_worker_fails_the_call_within_the_deadline(ray_cluster, monkey
     wg = RayWorkerGroup(pool, RayClassWithInitArgs(ToyWorker))
     try:
         start = time.time()
-        with pytest.raises(WorkerError, match=r"ToyWorker.stop_on_rank_one: rank\(s\) \[1\] gave no answer within "
-                                              r"trainer.dist_timeout_s=3 s of the other ranks"):
+        with pytest.raises(
+            WorkerError,
+            match=r"ToyWorker.stop_on_rank_one: rank\(s\) \[1\] gave no answer within "
+            r"trainer.dist_timeout_s=3 s of the other ranks",
+        ):
             wg.stop_on_rank_one()
         assert time.time() - start < 30
     finally:
@@ -201,5 +214,7 @@ def test_a_user_error_inside_a_worker_stays_one_line(ray_cluster):
     with pytest.raises(WorkerUserError) as err:
         RayWorkerGroup(RayResourcePool([1]), RayClassWithInitArgs(BadConfigWorker))
     msg = str(err.value)
-    assert msg == "actor_rollout_ref.model.path=/nope does not exist; fix the path (in BadConfigWorker.__init__, rank 0)"
+    assert (
+        msg == "actor_rollout_ref.model.path=/nope does not exist; fix the path (in BadConfigWorker.__init__, rank 0)"
+    )
     assert isinstance(err.value, UserError)

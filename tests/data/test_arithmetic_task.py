@@ -19,8 +19,9 @@ def test_same_seed_same_files_other_seed_differs(tmp_path):
     c_train, _ = _write(tmp_path, "c", "--seed", "4")
     pd.testing.assert_frame_equal(a_train, b_train)
     pd.testing.assert_frame_equal(a_test, b_test)
-    assert list(a_train["extra_info"].map(lambda e: e["question"])) != \
-        list(c_train["extra_info"].map(lambda e: e["question"]))
+    assert list(a_train["extra_info"].map(lambda e: e["question"])) != list(
+        c_train["extra_info"].map(lambda e: e["question"])
+    )
 
 
 def test_test_split_does_not_depend_on_train_size(tmp_path):
@@ -71,37 +72,43 @@ def test_multiplication_uses_small_factors(tmp_path):
     assert max(factors) > 5 and max(factors) <= 30
 
 
-@pytest.mark.parametrize("argv, key", [
-    (["--max_value", "1", "--operators", "+-", "--test_size", "20"], "--test_size"),
-    (["--max_value", "1", "--operators", "+-", "--test_size", "8", "--train_size", "5"], "training"),
-    (["--min_terms", "1"], "--min_terms"),
-    (["--operators", "+/"], "--operators"),
-])
+@pytest.mark.parametrize(
+    "argv, key",
+    [
+        (["--max_value", "1", "--operators", "+-", "--test_size", "20"], "--test_size"),
+        (["--max_value", "1", "--operators", "+-", "--test_size", "8", "--train_size", "5"], "training"),
+        (["--min_terms", "1"], "--min_terms"),
+        (["--operators", "+/"], "--operators"),
+    ],
+)
 def test_bad_arguments_raise_one_clear_error(tmp_path, argv, key):
     with pytest.raises(prep.ArithmeticConfigError, match=key):
         prep.main(["--local_dir", str(tmp_path), *argv])
 
 
-@pytest.mark.parametrize("response, truth, score", [
-    ("Answer: 42", "42", 1.0),
-    ("12 + 30 = 42", "42", 1.0),
-    ("Answer: 41", "42", 0.0),
-    ("I think it is 40 or 41 or 42... Answer: 41", "42", 0.0),   # marked answer beats stray 42
-    ("40 41 42 43", "42", 0.0),                                   # only the last number counts
-    ("Answer: 42. (I checked 17 and 25.)", "42", 1.0),            # numbers after the mark ignored
-    ("**Answer:** 12 + 30 = 42", "42", 1.0),                      # after the last "=" on the line
-    ("The answer is 7.", "7", 1.0),
-    ("\\boxed{-3}", "-3", 1.0),
-    ("Answer: -15", "-15", 1.0),
-    ("Answer: −15", "-15", 1.0),                                  # unicode minus
-    ("50-65=-15", "-15", 1.0),
-    ("20-5", "-5", 0.0),                                          # subtraction, not a sign
-    ("Answer: 1,000", "1000", 1.0),
-    ("Answer: 1,000", "1", 0.0),
-    ("Answer: 7.0", "7", 1.0),
-    ("I don't know.", "7", 0.0),
-    ("", "7", 0.0),
-])
+@pytest.mark.parametrize(
+    "response, truth, score",
+    [
+        ("Answer: 42", "42", 1.0),
+        ("12 + 30 = 42", "42", 1.0),
+        ("Answer: 41", "42", 0.0),
+        ("I think it is 40 or 41 or 42... Answer: 41", "42", 0.0),  # marked answer beats stray 42
+        ("40 41 42 43", "42", 0.0),  # only the last number counts
+        ("Answer: 42. (I checked 17 and 25.)", "42", 1.0),  # numbers after the mark ignored
+        ("**Answer:** 12 + 30 = 42", "42", 1.0),  # after the last "=" on the line
+        ("The answer is 7.", "7", 1.0),
+        ("\\boxed{-3}", "-3", 1.0),
+        ("Answer: -15", "-15", 1.0),
+        ("Answer: −15", "-15", 1.0),  # unicode minus
+        ("50-65=-15", "-15", 1.0),
+        ("20-5", "-5", 0.0),  # subtraction, not a sign
+        ("Answer: 1,000", "1000", 1.0),
+        ("Answer: 1,000", "1", 0.0),
+        ("Answer: 7.0", "7", 1.0),
+        ("I don't know.", "7", 0.0),
+        ("", "7", 0.0),
+    ],
+)
 def test_compute_score(response, truth, score):
     assert compute_score(response, truth) == score
 
@@ -114,10 +121,10 @@ def test_format_score_only_when_an_answer_was_found():
 
 def test_extract_answer_rule():
     assert extract_answer("Answer: 3\nLater I saw 99") == "3"
-    assert extract_answer("\\boxed{4} but the answer is 5") == "5"     # the later mark wins
+    assert extract_answer("\\boxed{4} but the answer is 5") == "5"  # the later mark wins
     assert extract_answer("the answer is 5, \\boxed{4}") == "4"
     assert extract_answer("Answer: unclear, maybe 8 then 9") == "8"
-    assert extract_answer("Answer: none\n so 12") == "12"                 # no number after mark
+    assert extract_answer("Answer: none\n so 12") == "12"  # no number after mark
 
 
 def test_bad_ground_truth_raises():

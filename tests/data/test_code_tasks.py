@@ -14,13 +14,27 @@ from hybridrl.rewards import default_compute_score
 
 # Independent solutions: template name -> (parameters, body with {c}).
 SOLUTIONS = {
-    "add": ("x", "x + {c}"), "subtract": ("x", "x - {c}"), "multiply": ("x", "x * {c}"),
-    "divide": ("x", "x // {c}"), "remainder": ("x", "x % {c}"), "power": ("x", "x ** {c}"),
-    "greater_than": ("x", "x > {c}"), "square": ("x", "x * x"), "is_even": ("x", "x % 2 == 0"),
-    "absolute": ("x", "abs(x)"), "add_pair": ("a, b", "a + b"), "larger": ("a, b", "max(a, b)"),
-    "smaller": ("a, b", "min(a, b)"), "total": ("xs", "sum(xs)"), "count": ("xs", "len(xs)"),
-    "largest": ("xs", "max(xs)"), "count_value": ("xs", "xs.count({c})"), "contains": ("xs", "{c} in xs"),
-    "reverse": ("s", "s[::-1]"), "shout": ("s", "s.upper()"), "first_char": ("s", "s[0]"),
+    "add": ("x", "x + {c}"),
+    "subtract": ("x", "x - {c}"),
+    "multiply": ("x", "x * {c}"),
+    "divide": ("x", "x // {c}"),
+    "remainder": ("x", "x % {c}"),
+    "power": ("x", "x ** {c}"),
+    "greater_than": ("x", "x > {c}"),
+    "square": ("x", "x * x"),
+    "is_even": ("x", "x % 2 == 0"),
+    "absolute": ("x", "abs(x)"),
+    "add_pair": ("a, b", "a + b"),
+    "larger": ("a, b", "max(a, b)"),
+    "smaller": ("a, b", "min(a, b)"),
+    "total": ("xs", "sum(xs)"),
+    "count": ("xs", "len(xs)"),
+    "largest": ("xs", "max(xs)"),
+    "count_value": ("xs", "xs.count({c})"),
+    "contains": ("xs", "{c} in xs"),
+    "reverse": ("s", "s[::-1]"),
+    "shout": ("s", "s.upper()"),
+    "first_char": ("s", "s[0]"),
     "repeat": ("s", "s * {c}"),
 }
 
@@ -101,11 +115,14 @@ def test_registered_as_preprocess_task():
     assert TASKS["code_tasks"] == "hybridrl.data.preprocess.code_tasks"
 
 
-@pytest.mark.parametrize("argv, key", [
-    (["--test_size", str(prep.MAX_TEST_SIZE + 1)], "--test_size"),
-    (["--num_tests", "0"], "--num_tests"),
-    (["--train_size", "-1"], "--train_size"),
-])
+@pytest.mark.parametrize(
+    "argv, key",
+    [
+        (["--test_size", str(prep.MAX_TEST_SIZE + 1)], "--test_size"),
+        (["--num_tests", "0"], "--num_tests"),
+        (["--train_size", "-1"], "--train_size"),
+    ],
+)
 def test_bad_arguments_raise_one_clear_error(tmp_path, argv, key):
     with pytest.raises(DataError, match=key):
         prep.main(["--local_dir", str(tmp_path), *argv])

@@ -9,6 +9,7 @@ import pytest
 from hybridrl.data.errors import DataError
 from hybridrl.data.preprocess import gsm8k
 
+
 def test_extract_solution_removes_commas_and_keeps_sign():
     assert gsm8k.extract_solution("so 1000+200 = 1,200\n#### 1,200") == "1200"
     assert gsm8k.extract_solution("#### -3.5") == "-3.5"
@@ -16,8 +17,10 @@ def test_extract_solution_removes_commas_and_keeps_sign():
 
 
 def test_writes_verl_rows_from_real_jsonl(gsm8k_dir, tmp_path):
-    assert gsm8k.main(["--input_dir", gsm8k_dir, "--local_dir", str(tmp_path), "--train_size", "5",
-                       "--test_size", "3"]) is None
+    assert (
+        gsm8k.main(["--input_dir", gsm8k_dir, "--local_dir", str(tmp_path), "--train_size", "5", "--test_size", "3"])
+        is None
+    )
     train = pd.read_parquet(tmp_path / "train.parquet")
     test = pd.read_parquet(tmp_path / "test.parquet")
     assert len(train) == 5 and len(test) == 3
@@ -26,13 +29,19 @@ def test_writes_verl_rows_from_real_jsonl(gsm8k_dir, tmp_path):
     row = train.iloc[0]
     assert row["data_source"] == "openai/gsm8k"
     assert row["ability"] == "math"
-    assert list(row["prompt"]) == [{
-        "role": "user",
-        "content": first["question"] + ' Let\'s think step by step and output the final answer after "####".',
-    }]
+    assert list(row["prompt"]) == [
+        {
+            "role": "user",
+            "content": first["question"] + ' Let\'s think step by step and output the final answer after "####".',
+        }
+    ]
     assert dict(row["reward_model"]) == {"style": "rule", "ground_truth": "72"}  # "#### 72" in the file
-    assert dict(row["extra_info"]) == {"split": "train", "index": 0, "answer": first["answer"],
-                                       "question": first["question"]}
+    assert dict(row["extra_info"]) == {
+        "split": "train",
+        "index": 0,
+        "answer": first["answer"],
+        "question": first["question"],
+    }
     assert list(test["extra_info"].map(lambda e: e["index"])) == [0, 1, 2]
     assert set(test["extra_info"].map(lambda e: e["split"])) == {"test"}
 

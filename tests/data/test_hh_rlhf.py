@@ -27,8 +27,11 @@ def test_split_pair_cuts_at_the_last_assistant_turn():
     chosen = "\n\nHuman: Hi\n\nAssistant: Hello!\n\nHuman: Tell me a joke\n\nAssistant: Why did the chicken..."
     rejected = "\n\nHuman: Hi\n\nAssistant: Hello!\n\nHuman: Tell me a joke\n\nAssistant: No."
     messages, good, bad = hh_rlhf.split_pair(chosen, rejected)
-    assert messages == [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
-                        {"role": "user", "content": "Tell me a joke"}]
+    assert messages == [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "Tell me a joke"},
+    ]
     assert (good, bad) == ("Why did the chicken...", "No.")
     # different contexts or identical answers: no clean preference
     assert hh_rlhf.split_pair(chosen, "\n\nHuman: Bye\n\nAssistant: No.") is None
@@ -80,8 +83,10 @@ def test_encode_matches_the_policy_prompt_plus_response_plus_eos(tokenizer):
     chat = [{"role": "user", "content": "Is the sky blue?"}]
     ids = encode_rm_inputs(tokenizer, [chat], ["Yes."])[0]
     prompt = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
-    expected = [*tokenizer(prompt, add_special_tokens=False)["input_ids"],
-                *tokenizer("Yes.", add_special_tokens=False)["input_ids"]]
+    expected = [
+        *tokenizer(prompt, add_special_tokens=False)["input_ids"],
+        *tokenizer("Yes.", add_special_tokens=False)["input_ids"],
+    ]
     assert ids == expected + [tokenizer.eos_token_id]
     assert encode_rm_inputs(tokenizer, [chat], ["Yes."], ended=[False])[0] == expected  # cut off: no EOS
 
@@ -94,8 +99,12 @@ def test_dataset_reads_both_row_forms_the_same(hh_parquet, tokenizer, tmp_path):
     lines = []
     for _, row in test.iterrows():
         context = "".join(f"\n\n{speaker[m['role']]}: {m['content']}" for m in row["prompt"])
-        lines.append({"chosen": f"{context}\n\nAssistant: {row['chosen']}",
-                      "rejected": f"{context}\n\nAssistant: {row['rejected']}"})
+        lines.append(
+            {
+                "chosen": f"{context}\n\nAssistant: {row['chosen']}",
+                "rejected": f"{context}\n\nAssistant: {row['rejected']}",
+            }
+        )
     path = tmp_path / "whole.jsonl"
     path.write_text("\n".join(json.dumps(line) for line in lines))
     from_dialogues = PreferenceDataset(str(path), tokenizer, _data({"max_length": 4096}))

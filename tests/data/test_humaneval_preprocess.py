@@ -12,8 +12,9 @@ from hybridrl.data.errors import DataError
 from hybridrl.data.preprocess import TASKS, humaneval
 from hybridrl.rewards import default_compute_score
 
-HUMANEVAL = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "humaneval",
-                         "HumanEval.jsonl.gz")
+HUMANEVAL = os.path.join(
+    os.path.dirname(__file__), "..", "..", "..", "shared", "data", "humaneval", "HumanEval.jsonl.gz"
+)
 
 
 @pytest.fixture(scope="module")
@@ -41,15 +42,19 @@ def test_writes_verl_rows(rows, problems):
         assert "```python" in message["content"]
         assert row.reward_model["style"] == "rule"
         assert json.loads(row.reward_model["ground_truth"]) == {
-            "test_code": problem["test"], "entry_point": problem["entry_point"], "prefix": problem["prompt"]}
+            "test_code": problem["test"],
+            "entry_point": problem["entry_point"],
+            "prefix": problem["prompt"],
+        }
         extra = row.extra_info
         assert (extra["index"], extra["task_id"], extra["split"]) == (i, problem["task_id"], "test")
 
 
 def _score_all(rows, make_response):
     def score(row):
-        return default_compute_score(row["data_source"], make_response(row), row["reward_model"]["ground_truth"],
-                                     row["extra_info"])
+        return default_compute_score(
+            row["data_source"], make_response(row), row["reward_model"]["ground_truth"], row["extra_info"]
+        )
 
     with ThreadPoolExecutor(max_workers=4) as pool:  # the work is in sandbox subprocesses
         return list(pool.map(score, rows.to_dict("records")))
@@ -58,17 +63,26 @@ def _score_all(rows, make_response):
 def test_every_canonical_solution_scores_one(rows, problems):
     """prompt + canonical_solution as the response: 164 of 164 pass."""
     by_id = {p["task_id"]: p for p in problems}
-    results = _score_all(rows, lambda r: by_id[r["extra_info"]["task_id"]]["prompt"]
-                         + r["extra_info"]["canonical_solution"])
-    failed = [(r["extra_info"]["task_id"], res["reason"]) for r, res in zip(rows.to_dict("records"), results)
-              if res["score"] != 1.0]
+    results = _score_all(
+        rows, lambda r: by_id[r["extra_info"]["task_id"]]["prompt"] + r["extra_info"]["canonical_solution"]
+    )
+    failed = [
+        (r["extra_info"]["task_id"], res["reason"])
+        for r, res in zip(rows.to_dict("records"), results)
+        if res["score"] != 1.0
+    ]
     assert not failed
     assert all(res["passed"] == res["total"] == 1 for res in results)
 
 
 def test_wrong_and_empty_programs_score_zero(rows):
-    stub = _score_all(rows, lambda r: f"```python\ndef {json.loads(r['reward_model']['ground_truth'])['entry_point']}"
-                                        "(*args):\n    return None\n```")
+    stub = _score_all(
+        rows,
+        lambda r: (
+            f"```python\ndef {json.loads(r['reward_model']['ground_truth'])['entry_point']}"
+            "(*args):\n    return None\n```"
+        ),
+    )
     assert all(res["score"] == 0.0 and res["reason"] for res in stub)
     empty = _score_all(rows, lambda r: "")
     assert all(res["score"] == 0.0 and "empty" in res["reason"] for res in empty)
@@ -106,8 +120,9 @@ def test_eval_job_reports_pass_at_k_of_code_rows(rows, problems, tmp_path):
     right = [problems[i]["prompt"] + problems[i]["canonical_solution"] for i in range(6)]
     head["responses"] = [[ok, "```python\nprint('no')\n```"] if i % 3 else [ok, ok] for i, ok in enumerate(right)]
     head.to_parquet(tmp_path / "gen.parquet", index=False)
-    report = run_eval(load_config([f"data.path={tmp_path / 'gen.parquet'}", "metrics.bootstrap_samples=50"],
-                                  config_name="evaluation"))
+    report = run_eval(
+        load_config([f"data.path={tmp_path / 'gen.parquet'}", "metrics.bootstrap_samples=50"], config_name="evaluation")
+    )
     metrics = report["data_sources"]["humaneval"]["metrics"]
     correct = [2 if i % 3 == 0 else 1 for i in range(6)]  # per prompt, of 2
     assert metrics["pass@1"]["value"] == pytest.approx(sum(correct) / 12)

@@ -28,13 +28,20 @@ def test_writes_verl_rows_from_real_jsonl(math500_dir, tmp_path):
     assert len(df) == 12 and not os.path.exists(tmp_path / "test.parquet.tmp")
     row, first = df.iloc[0], source[0]
     assert row["data_source"] == "HuggingFaceH4/MATH-500" and row["ability"] == "math"
-    assert list(row["prompt"]) == [{
-        "role": "user",
-        "content": first["problem"] + " Let's think step by step and output the final answer within \\boxed{}.",
-    }]
+    assert list(row["prompt"]) == [
+        {
+            "role": "user",
+            "content": first["problem"] + " Let's think step by step and output the final answer within \\boxed{}.",
+        }
+    ]
     assert dict(row["reward_model"]) == {"style": "rule", "ground_truth": first["answer"]}
     extra = dict(row["extra_info"])
-    assert (extra["split"], extra["index"], extra["unique_id"], extra["level"]) == ("test", 0, first["unique_id"], first["level"])
+    assert (extra["split"], extra["index"], extra["unique_id"], extra["level"]) == (
+        "test",
+        0,
+        first["unique_id"],
+        first["level"],
+    )
     assert list(df["extra_info"].map(lambda e: e["index"])) == list(range(12))
     # the data source routes to the MATH scorer: each reference solution earns full marks
     for _, r in df.iterrows():

@@ -74,8 +74,12 @@ def test_overlong_prompt_with_truncation_error_names_row_length_and_fixes(tokeni
         RLHFDataset(train_file, tokenizer, {"max_prompt_length": 40})
     msg = str(exc.value)
     assert f"row 0 of {train_file} has a prompt of {lengths[0]} tokens" in msg
-    for part in ("data.train_files", "data.max_prompt_length=40", "data.truncation=left|right",
-                 "data.filter_overlong_prompts=True"):
+    for part in (
+        "data.train_files",
+        "data.max_prompt_length=40",
+        "data.truncation=left|right",
+        "data.filter_overlong_prompts=True",
+    ):
         assert part in msg
 
 
@@ -90,8 +94,12 @@ def test_filter_overlong_keeps_exactly_the_short_prompts(tokenizer, train_file, 
 
 def test_empty_after_filtering(tokenizer, train_file):
     with pytest.raises(DataError, match=r"data\.val_files: no rows left.*data\.max_prompt_length=10"):
-        RLHFDataset(train_file, tokenizer, {"max_prompt_length": 10, "filter_overlong_prompts": True},
-                    config_key="data.val_files")
+        RLHFDataset(
+            train_file,
+            tokenizer,
+            {"max_prompt_length": 10, "filter_overlong_prompts": True},
+            config_key="data.val_files",
+        )
 
 
 def test_missing_file_names_key_path_and_preprocess(tokenizer, tmp_path):
@@ -120,8 +128,11 @@ def test_prompt_that_is_not_a_chat_list(tokenizer, tmp_path):
 def test_a_message_without_content_is_one_line(tokenizer, tmp_path):
     path = tmp_path / "m.parquet"
     pd.DataFrame({"prompt": [[{"role": "user", "content": "hi"}], [{"role": "user"}]]}).to_parquet(path)
-    with pytest.raises(DataError, match=r"row 1 of .*message 0 of column 'prompt' is .*'role': 'user'.*; every "
-                                        r"message needs a 'role' and a 'content'") as err:
+    with pytest.raises(
+        DataError,
+        match=r"row 1 of .*message 0 of column 'prompt' is .*'role': 'user'.*; every "
+        r"message needs a 'role' and a 'content'",
+    ) as err:
         RLHFDataset(str(path), tokenizer, {})
     assert "\n" not in str(err.value)
 
@@ -147,11 +158,13 @@ def test_several_files_and_home_expansion(tokenizer, gsm8k_parquet, monkeypatch)
 
 def test_custom_columns_agent_name_kwargs_and_row_number_index(tokenizer, tmp_path):
     path = tmp_path / "agent.parquet"
-    pd.DataFrame({
-        "messages": [[{"role": "user", "content": "2+2?"}], [{"role": "user", "content": "3+3?"}]],
-        "agent_name": ["tool_agent", "single_turn_agent"],
-        "extra_info": [{"tools_kwargs": {"calc": {"create_kwargs": {"answer": "4"}}}}, {"tools_kwargs": None}],
-    }).to_parquet(path)
+    pd.DataFrame(
+        {
+            "messages": [[{"role": "user", "content": "2+2?"}], [{"role": "user", "content": "3+3?"}]],
+            "agent_name": ["tool_agent", "single_turn_agent"],
+            "extra_info": [{"tools_kwargs": {"calc": {"create_kwargs": {"answer": "4"}}}}, {"tools_kwargs": None}],
+        }
+    ).to_parquet(path)
     ds = RLHFDataset(str(path), tokenizer, {"prompt_key": "messages", "max_prompt_length": 64})
     first, second = ds[0], ds[1]
     assert first["agent_name"] == "tool_agent" and second["agent_name"] == "single_turn_agent"

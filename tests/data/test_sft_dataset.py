@@ -3,7 +3,6 @@
 import pandas as pd
 import pytest
 import torch
-
 from omegaconf import OmegaConf
 
 from hybridrl.config.typed import to_dataclass
@@ -39,24 +38,53 @@ def _unpadded(ds, i):
 
 def test_multiturn_mask_is_exactly_the_assistant_tokens(tokenizer, tmp_path):
     path = _parquet(tmp_path, [{"messages": CONVERSATION}])
-    ds = SFTDataset(path, tokenizer, _data({"multiturn": {"enable": True, "messages_key": "messages"},
-                                            "max_length": 64}))
+    ds = SFTDataset(
+        path, tokenizer, _data({"multiturn": {"enable": True, "messages_key": "messages"}, "max_length": 64})
+    )
     ids, mask = _unpadded(ds, 0)
     # SmolLM2's ChatML, tokenised by hand: role headers, system and user turns and the newline
     # after each <|im_end|> are 0; the assistant's words and its <|im_end|> are 1.
     expected = [
-        ("<|im_start|>", 0), ("system", 0), ("Ċ", 0), ("S", 0), ("<|im_end|>", 0), ("Ċ", 0),
-        ("<|im_start|>", 0), ("user", 0), ("Ċ", 0), ("Hi", 0), ("<|im_end|>", 0), ("Ċ", 0),
-        ("<|im_start|>", 0), ("ass", 0), ("istant", 0), ("Ċ", 0),
-        ("Hello", 1), ("Ġthere", 1), ("<|im_end|>", 1), ("Ċ", 0),
-        ("<|im_start|>", 0), ("user", 0), ("Ċ", 0), ("Q", 0), ("2", 0), ("<|im_end|>", 0), ("Ċ", 0),
-        ("<|im_start|>", 0), ("ass", 0), ("istant", 0), ("Ċ", 0),
-        ("A", 1), ("2", 1), ("<|im_end|>", 1), ("Ċ", 0),
+        ("<|im_start|>", 0),
+        ("system", 0),
+        ("Ċ", 0),
+        ("S", 0),
+        ("<|im_end|>", 0),
+        ("Ċ", 0),
+        ("<|im_start|>", 0),
+        ("user", 0),
+        ("Ċ", 0),
+        ("Hi", 0),
+        ("<|im_end|>", 0),
+        ("Ċ", 0),
+        ("<|im_start|>", 0),
+        ("ass", 0),
+        ("istant", 0),
+        ("Ċ", 0),
+        ("Hello", 1),
+        ("Ġthere", 1),
+        ("<|im_end|>", 1),
+        ("Ċ", 0),
+        ("<|im_start|>", 0),
+        ("user", 0),
+        ("Ċ", 0),
+        ("Q", 0),
+        ("2", 0),
+        ("<|im_end|>", 0),
+        ("Ċ", 0),
+        ("<|im_start|>", 0),
+        ("ass", 0),
+        ("istant", 0),
+        ("Ċ", 0),
+        ("A", 1),
+        ("2", 1),
+        ("<|im_end|>", 1),
+        ("Ċ", 0),
     ]
     assert list(zip(tokenizer.convert_ids_to_tokens(ids), mask)) == expected
     item = ds[0]
     assert item["input_ids"].shape == (64,) and item["attention_mask"].sum() == len(expected)
-    assert item["loss_mask"][len(expected):].sum() == 0  # padding is never a label
+    assert item["loss_mask"][len(expected) :].sum() == 0  # padding is never a label
     assert item["position_ids"][: len(expected)].tolist() == list(range(len(expected)))
 
 
@@ -64,8 +92,9 @@ def test_single_turn_is_the_prompt_template_then_response_and_eos(tokenizer, tmp
     path = _parquet(tmp_path, [{"question": "What is 2+3?", "answer": "It is 5."}])
     ds = SFTDataset(path, tokenizer, _data({"prompt_key": "question", "response_key": "answer", "max_length": 128}))
     ids, mask = _unpadded(ds, 0)
-    prompt_ids = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2+3?"}],
-                                               add_generation_prompt=True, tokenize=True, return_dict=False)
+    prompt_ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 2+3?"}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     response_ids = tokenizer("It is 5." + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
     n_p, n_r = len(prompt_ids), len(response_ids)
     assert ids[:n_p] == list(prompt_ids) and ids[n_p : n_p + n_r] == response_ids
@@ -75,16 +104,29 @@ def test_single_turn_is_the_prompt_template_then_response_and_eos(tokenizer, tmp
 
 def test_dict_columns_and_chat_list_prompts(tokenizer, tmp_path):
     """The GSM8K RL parquet layout: question/answer inside extra_info, the chat list in prompt."""
-    rows = [{"prompt": [{"role": "user", "content": "Q?"}],
-             "extra_info": {"question": "Q?", "answer": "A.", "index": 0}}]
+    rows = [
+        {"prompt": [{"role": "user", "content": "Q?"}], "extra_info": {"question": "Q?", "answer": "A.", "index": 0}}
+    ]
     path = _parquet(tmp_path, rows)
-    via_dict = SFTDataset(path, tokenizer, _data({"prompt_key": "extra_info", "response_key": "extra_info",
-                                                  "prompt_dict_keys": ["question"], "response_dict_keys": ["answer"]}))
-    via_chat = SFTDataset(path, tokenizer, _data({"prompt_key": "prompt", "response_key": "extra_info",
-                                                  "response_dict_keys": ["answer"]}))
+    via_dict = SFTDataset(
+        path,
+        tokenizer,
+        _data(
+            {
+                "prompt_key": "extra_info",
+                "response_key": "extra_info",
+                "prompt_dict_keys": ["question"],
+                "response_dict_keys": ["answer"],
+            }
+        ),
+    )
+    via_chat = SFTDataset(
+        path, tokenizer, _data({"prompt_key": "prompt", "response_key": "extra_info", "response_dict_keys": ["answer"]})
+    )
     conversation = [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": "A."}]
-    as_messages = SFTDataset(_parquet(tmp_path, [{"messages": conversation}], "m.parquet"), tokenizer,
-                             _data({"multiturn": {"enable": True}}))
+    as_messages = SFTDataset(
+        _parquet(tmp_path, [{"messages": conversation}], "m.parquet"), tokenizer, _data({"multiturn": {"enable": True}})
+    )
     assert _unpadded(via_dict, 0) == _unpadded(via_chat, 0) == _unpadded(as_messages, 0)
 
 
@@ -95,8 +137,11 @@ def test_truncation_keeps_the_end_or_the_start(tokenizer, tmp_path, mode):
     full = SFTDataset(path, tokenizer, _data({"prompt_key": "question", "response_key": "answer", "max_length": 512}))
     full_ids, full_mask = _unpadded(full, 0)
     limit = len(full_ids) - 7
-    ds = SFTDataset(path, tokenizer, _data({"prompt_key": "question", "response_key": "answer",
-                                            "max_length": limit, "truncation": mode}))
+    ds = SFTDataset(
+        path,
+        tokenizer,
+        _data({"prompt_key": "question", "response_key": "answer", "max_length": limit, "truncation": mode}),
+    )
     ids, mask = _unpadded(ds, 0)
     kept = slice(-limit, None) if mode == "left" else slice(0, limit)
     assert ids == full_ids[kept] and mask == full_mask[kept]
@@ -106,11 +151,20 @@ def test_truncation_keeps_the_end_or_the_start(tokenizer, tmp_path, mode):
 def test_too_long_row_with_truncation_error_names_file_row_length_and_limit(tokenizer, tmp_path):
     rows = [{"question": "short", "answer": "ok"}, {"question": "long " * 40, "answer": "ok"}]
     path = _parquet(tmp_path, rows)
-    long_len = len(tokenizer(assistant_char_spans(tokenizer, [
-        {"role": "user", "content": "long " * 40}, {"role": "assistant", "content": "ok"}])[0])["input_ids"])
+    long_len = len(
+        tokenizer(
+            assistant_char_spans(
+                tokenizer, [{"role": "user", "content": "long " * 40}, {"role": "assistant", "content": "ok"}]
+            )[0]
+        )["input_ids"]
+    )
     with pytest.raises(DataError) as err:
-        SFTDataset(path, tokenizer, _data({"prompt_key": "question", "response_key": "answer", "max_length": 40}),
-                   config_key="data.val_files")
+        SFTDataset(
+            path,
+            tokenizer,
+            _data({"prompt_key": "question", "response_key": "answer", "max_length": 40}),
+            config_key="data.val_files",
+        )
     message = str(err.value)
     for part in ("data.val_files", path, "row 1", f"{long_len} tokens", "data.max_length=40", "data.truncation"):
         assert part in message, part
@@ -128,8 +182,11 @@ def test_missing_columns_are_all_named(tokenizer, tmp_path):
 def test_bad_rows_get_clear_errors(tokenizer, tmp_path):
     path = _parquet(tmp_path, [{"extra_info": {"question": "x"}, "answer": "y"}])
     with pytest.raises(DataError, match=r"row 0 of .*no key 'problem'.*data.prompt_dict_keys"):
-        SFTDataset(path, tokenizer, _data({"prompt_key": "extra_info", "response_key": "answer",
-                                           "prompt_dict_keys": ["problem"]}))
+        SFTDataset(
+            path,
+            tokenizer,
+            _data({"prompt_key": "extra_info", "response_key": "answer", "prompt_dict_keys": ["problem"]}),
+        )
     no_assistant = _parquet(tmp_path, [{"messages": [{"role": "user", "content": "x"}]}], "n.parquet")
     with pytest.raises(DataError, match="no assistant message"):
         SFTDataset(no_assistant, tokenizer, _data({"multiturn": {"enable": True}}))
@@ -142,8 +199,10 @@ def test_bad_rows_get_clear_errors(tokenizer, tmp_path):
 def test_a_template_that_rewrites_earlier_turns_is_refused(tokenizer, tmp_path):
     """A template that renders the last assistant turn differently from earlier ones (as
     reasoning templates that drop old thinking do) cannot be split into turns by prefixes."""
-    template = ("{% for m in messages %}{% if m.role == 'assistant' and loop.last %}<final>{% endif %}"
-                "{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
+    template = (
+        "{% for m in messages %}{% if m.role == 'assistant' and loop.last %}<final>{% endif %}"
+        "{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}"
+    )
     tok = type(tokenizer).from_pretrained(tokenizer.name_or_path)
     tok.chat_template = template
     with pytest.raises(DataError, match="renders a prefix of the conversation differently"):

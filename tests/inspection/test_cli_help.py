@@ -12,7 +12,9 @@ def test_top_level_help_points_at_the_commands_the_main_job_and_the_docs(capsys)
     assert "bash examples/run_arithmetic_grpo.sh" in out and "docs/config.md" in out
 
 
-@pytest.mark.parametrize("command, config", [("train", "ppo_trainer"), ("sft", "sft_trainer"), ("generate", "generation")])
+@pytest.mark.parametrize(
+    "command, config", [("train", "ppo_trainer"), ("sft", "sft_trainer"), ("generate", "generation")]
+)
 def test_command_help_says_how_settings_are_given(capsys, command, config):
     assert cli([command, "--help"]) == 0
     out = capsys.readouterr().out
@@ -25,8 +27,10 @@ def test_command_help_answers_without_importing_the_command():
     import subprocess
     import sys
 
-    code = ("import sys; from hybridrl.cli import main; main(['train', '--help']); "
-            "print(sorted(m for m in ('torch', 'hybridrl.trainer.main_ppo') if m in sys.modules))")
+    code = (
+        "import sys; from hybridrl.cli import main; main(['train', '--help']); "
+        "print(sorted(m for m in ('torch', 'hybridrl.trainer.main_ppo') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().endswith("[]"), out
 

@@ -13,9 +13,11 @@ from hybridrl.inspection import diagnose
 
 
 def test_json_report_matches_this_machine_and_imports_nothing_heavy():
-    code = ("import json, sys; from hybridrl.inspection.diagnose import main; main(['--json']);"
-            "heavy = ('ray', 'wandb', 'mlflow', 'textual', 'matplotlib');"
-            "print(json.dumps(sorted(m for m in heavy if m in sys.modules)))")
+    code = (
+        "import json, sys; from hybridrl.inspection.diagnose import main; main(['--json']);"
+        "heavy = ('ray', 'wandb', 'mlflow', 'textual', 'matplotlib');"
+        "print(json.dumps(sorted(m for m in heavy if m in sys.modules)))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     report_text, imported = out.rsplit("\n", 2)[:2]
     report = json.loads(report_text)
@@ -48,8 +50,9 @@ def test_installed_version_looks_modules_up(monkeypatch):
 
 def test_optional_parts_say_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed
-    monkeypatch.setitem(sys.modules, "textual", types.SimpleNamespace(
-        __spec__=importlib.machinery.ModuleSpec("textual", None)))
+    monkeypatch.setitem(
+        sys.modules, "textual", types.SimpleNamespace(__spec__=importlib.machinery.ModuleSpec("textual", None))
+    )
     parts = diagnose.optional_parts()
     assert parts["trainer.logger=wandb"] == "no: pip install wandb"
     assert parts["hybridrl view (terminal UI)"].startswith("yes (textual ")

@@ -18,11 +18,27 @@ def _write_metrics(path, rows, tail=""):
 
 ROWS = [
     {"step": 0, VAL: 0.1},
-    {"step": 1, "critic/score/mean": 0.2, "critic/rewards/mean": 0.1, "actor/entropy": 2.0,
-     "response_length/mean": 10.0, "response_length/min": 4, "response_length/max": 16, "perf/throughput": 900.0},
-    {"step": 2, "critic/score/mean": 0.4, "critic/rewards/mean": None, "actor/entropy": 1.5,
-     "response_length/mean": 12.0, "response_length/min": 5, "response_length/max": 20, "perf/throughput": 950.0,
-     VAL: 0.3},
+    {
+        "step": 1,
+        "critic/score/mean": 0.2,
+        "critic/rewards/mean": 0.1,
+        "actor/entropy": 2.0,
+        "response_length/mean": 10.0,
+        "response_length/min": 4,
+        "response_length/max": 16,
+        "perf/throughput": 900.0,
+    },
+    {
+        "step": 2,
+        "critic/score/mean": 0.4,
+        "critic/rewards/mean": None,
+        "actor/entropy": 1.5,
+        "response_length/mean": 12.0,
+        "response_length/min": 5,
+        "response_length/max": 20,
+        "perf/throughput": 950.0,
+        VAL: 0.3,
+    },
 ]
 
 
@@ -39,8 +55,11 @@ def test_png_has_the_panels_and_the_data(tmp_path):
     titles = [ax.get_title() for ax in fig.axes]
     assert titles == ["reward", "KL (not logged)", "entropy", "response length", "throughput"]
     reward, _, entropy, length, throughput = fig.axes
-    assert _lines(reward) == {"score": ([1, 2], [0.2, 0.4]), "reward (score - KL penalty)": ([1], [0.1]),
-                              "val openai/gsm8k": ([0, 2], [0.1, 0.3])}
+    assert _lines(reward) == {
+        "score": ([1, 2], [0.2, 0.4]),
+        "reward (score - KL penalty)": ([1], [0.1]),
+        "val openai/gsm8k": ([0, 2], [0.1, 0.3]),
+    }
     assert _lines(entropy) == {"actor/entropy": ([1, 2], [2.0, 1.5])}
     assert _lines(throughput)["perf/throughput"][1] == [900.0, 950.0]
     assert len(length.collections) == 1  # the min-max band
@@ -49,8 +68,13 @@ def test_png_has_the_panels_and_the_data(tmp_path):
 
 
 def test_series_skips_nulls_and_keeps_the_last_of_a_repeated_step():
-    rows = [{"step": 1, "x": 1.0}, {"step": 2, "x": None}, {"step": 3, "x": 3.0}, {"step": 2, "x": 2.5},
-            {"step": 4, "x": True}]
+    rows = [
+        {"step": 1, "x": 1.0},
+        {"step": 2, "x": None},
+        {"step": 3, "x": 3.0},
+        {"step": 2, "x": 2.5},
+        {"step": 4, "x": True},
+    ]
     assert series(rows, "x") == ([1, 2, 3], [1.0, 2.5, 3.0])
 
 

@@ -30,15 +30,17 @@ def test_other_config_files(capsys):
     assert main(["--name", "nope"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert err.startswith("hybridrl config: error: --name nope: there is no nope.yaml in hybridrl/config; "
-                          "choose one of ")
+    assert err.startswith(
+        "hybridrl config: error: --name nope: there is no nope.yaml in hybridrl/config; choose one of "
+    )
     assert "ppo_trainer" in err and "sft_trainer" in err
 
 
 def test_user_errors_are_one_line(capsys):
     assert main(["trainer.total_epoch=3"]) == 2
-    assert capsys.readouterr().err == ("hybridrl config: error: unknown key 'trainer.total_epoch'; "
-                                       "did you mean 'trainer.total_epochs'?\n")
+    assert capsys.readouterr().err == (
+        "hybridrl config: error: unknown key 'trainer.total_epoch'; did you mean 'trainer.total_epochs'?\n"
+    )
     assert main(["--only", "trainer.logr"]) == 2
     assert "did you mean 'trainer.logger'?" in capsys.readouterr().err
     assert main(["--only", "nothing.like.this"]) == 2
@@ -49,9 +51,12 @@ def test_check_runs_the_start_up_checks(capsys):
     assert main(["--check", "--only", "data.train_batch_size", "data.train_batch_size=3"]) == 2
     err = capsys.readouterr().err
     assert "data.train_batch_size=3 is smaller than actor_rollout_ref.actor.ppo_mini_batch_size" in err
-    good = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
-            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=4"]
+    good = [
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+        "critic.ppo_micro_batch_size_per_gpu=4",
+    ]
     assert main(["--check", "--only", "trainer.total_epochs", *good, "trainer.del_local_ckpt_after_load=True"]) == 0
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("hybridrl: note: trainer.del_local_ckpt_after_load=True is ignored") and len(err) == 2

@@ -125,9 +125,12 @@ def test_errors_are_one_line(dumped_run, tmp_path, capsys):
     assert "has steps [1, 2]" in capsys.readouterr().err
 
 
-RECORDS = [{"input": "A", "output": "x", "score": 0.5}, {"input": "b", "output": "Yes", "score": None},
-           {"input": "c", "output": "z", "score": 1},
-           {"input": "d", "output": "w", "score": 0.5, "ground_truth": "yes"}]
+RECORDS = [
+    {"input": "A", "output": "x", "score": 0.5},
+    {"input": "b", "output": "Yes", "score": None},
+    {"input": "c", "output": "z", "score": 1},
+    {"input": "d", "output": "w", "score": 0.5, "ground_truth": "yes"},
+]
 
 
 def test_select_sorts_with_unscored_last_and_ties_in_file_order():
@@ -138,10 +141,20 @@ def test_select_sorts_with_unscored_last_and_ties_in_file_order():
         select(RECORDS, "-score")
 
 
-@pytest.mark.parametrize("text, kept", [
-    ("", [0, 1, 2, 3]), (">0.5", [2]), (">= 0.5", [0, 2, 3]), ("==1", [2]), ("=0.5", [0, 3]), ("!=0.5", [2]),
-    ("<1", [0, 3]), ("yes", [1, 3]), ("a", [0]),
-])
+@pytest.mark.parametrize(
+    "text, kept",
+    [
+        ("", [0, 1, 2, 3]),
+        (">0.5", [2]),
+        (">= 0.5", [0, 2, 3]),
+        ("==1", [2]),
+        ("=0.5", [0, 3]),
+        ("!=0.5", [2]),
+        ("<1", [0, 3]),
+        ("yes", [1, 3]),
+        ("a", [0]),
+    ],
+)
 def test_filters(text, kept):
     assert [i for i, _ in select(RECORDS, filter_text=text)] == kept
 

@@ -29,12 +29,18 @@ def _cut(path):
 CASES = {
     "not a gguf": (lambda tmp, tiny: _gguf(tmp, b"not gguf at all"), r"not a complete GGUF file"),
     "gguf header only": (lambda tmp, tiny: _gguf(tmp, b"GGUF\x03\x00\x00\x00"), r"not a complete GGUF file"),
-    "config.json not json": (lambda tmp, tiny: _folder(tmp, tiny, lambda f: (f / "config.json").write_text("{no")),
-                             r"config.json"),
-    "no weights": (lambda tmp, tiny: _folder(tmp, tiny, lambda f: os.remove(f / "model.safetensors")),
-                   r"no \*\.safetensors file"),
-    "truncated safetensors": (lambda tmp, tiny: _folder(tmp, tiny, lambda f: _cut(f / "model.safetensors")),
-                              r"SafetensorError"),
+    "config.json not json": (
+        lambda tmp, tiny: _folder(tmp, tiny, lambda f: (f / "config.json").write_text("{no")),
+        r"config.json",
+    ),
+    "no weights": (
+        lambda tmp, tiny: _folder(tmp, tiny, lambda f: os.remove(f / "model.safetensors")),
+        r"no \*\.safetensors file",
+    ),
+    "truncated safetensors": (
+        lambda tmp, tiny: _folder(tmp, tiny, lambda f: _cut(f / "model.safetensors")),
+        r"SafetensorError",
+    ),
 }
 
 

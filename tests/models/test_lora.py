@@ -10,9 +10,9 @@ from omegaconf import OmegaConf
 
 pytest.importorskip("peft")
 
-from hybridrl.config import ConfigError, load_config  # noqa: E402
-from hybridrl.models import load_causal_lm  # noqa: E402
-from hybridrl.models.lora import (  # noqa: E402
+from hybridrl.config import ConfigError, load_config
+from hybridrl.models import load_causal_lm
+from hybridrl.models.lora import (
     AdapterDisabled,
     apply_lora,
     is_lora_model,
@@ -22,7 +22,7 @@ from hybridrl.models.lora import (  # noqa: E402
     save_lora_adapter,
     saved_lora_rank,
 )
-from hybridrl.trainer.config_check import validate_ppo_config  # noqa: E402
+from hybridrl.trainer.config_check import validate_ppo_config
 
 RANK, ALPHA = 4, 8
 
@@ -111,10 +111,15 @@ def test_lora_settings_of_a_config_section():
     from tests.tiny_models import ppo_section
 
     assert lora_settings(ppo_section("actor_rollout_ref.model", {"lora_rank": 0})) is None
-    section = ppo_section("actor_rollout_ref.model", {"lora_rank": 8, "lora_alpha": 32,
-                                                      "target_modules": ["q_proj", "v_proj"]})
-    assert lora_settings(section) == {"lora_rank": 8, "lora_alpha": 32, "target_modules": ["q_proj", "v_proj"],
-                                      "exclude_modules": None}
+    section = ppo_section(
+        "actor_rollout_ref.model", {"lora_rank": 8, "lora_alpha": 32, "target_modules": ["q_proj", "v_proj"]}
+    )
+    assert lora_settings(section) == {
+        "lora_rank": 8,
+        "lora_alpha": 32,
+        "target_modules": ["q_proj", "v_proj"],
+        "exclude_modules": None,
+    }
 
 
 # ----------------------------------------------------------------------------- start-up checks
@@ -124,9 +129,15 @@ M = "actor_rollout_ref.model"
 
 @pytest.fixture(scope="module")
 def grpo_cfg():
-    return load_config(["algorithm.adv_estimator=grpo", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=2",
-                        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-                        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"])
+    return load_config(
+        [
+            "algorithm.adv_estimator=grpo",
+            "data.train_batch_size=8",
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        ]
+    )
 
 
 def _with(cfg, **changes):
@@ -140,13 +151,20 @@ def test_lora_keys_are_accepted(grpo_cfg):
     assert validate_ppo_config(_with(grpo_cfg, **{f"{M}.lora_rank": 8, f"{M}.target_modules": ["q_proj"]})) == []
 
 
-@pytest.mark.parametrize("key, value, expected", [
-    ("lora_rank", -1, "lora_rank=-1 must be 0"),
-    ("lora_rank", 2.5, "lora_rank: Value '2.5' of type 'float' could not be converted to Integer"),  # the typed config
-    ("lora_alpha", 0, "lora_alpha=0.0 must be a number > 0"),
-    ("target_modules", [], "target_modules=[] must be all-linear or a list"),
-    ("target_modules", [3], "target_modules=[3] must be all-linear or a list"),
-])
+@pytest.mark.parametrize(
+    "key, value, expected",
+    [
+        ("lora_rank", -1, "lora_rank=-1 must be 0"),
+        (
+            "lora_rank",
+            2.5,
+            "lora_rank: Value '2.5' of type 'float' could not be converted to Integer",
+        ),  # the typed config
+        ("lora_alpha", 0, "lora_alpha=0.0 must be a number > 0"),
+        ("target_modules", [], "target_modules=[] must be all-linear or a list"),
+        ("target_modules", [3], "target_modules=[3] must be all-linear or a list"),
+    ],
+)
 def test_bad_lora_keys_fail_at_start_up(grpo_cfg, key, value, expected):
     changes = {f"{M}.lora_rank": 8, f"{M}.{key}": value}
     with pytest.raises(ConfigError) as err:
@@ -158,5 +176,6 @@ def test_critic_lora_keys_checked_only_with_a_critic(grpo_cfg):
     bad = {"critic.model.lora_rank": 4, "critic.model.lora_alpha": -1}
     assert validate_ppo_config(_with(grpo_cfg, **bad)) == []  # GRPO has no critic
     with pytest.raises(ConfigError, match=r"critic\.model\.lora_alpha=-1"):
-        validate_ppo_config(_with(grpo_cfg, **bad, **{"algorithm.adv_estimator": "gae",
-                                                        "critic.ppo_micro_batch_size_per_gpu": 2}))
+        validate_ppo_config(
+            _with(grpo_cfg, **bad, **{"algorithm.adv_estimator": "gae", "critic.ppo_micro_batch_size_per_gpu": 2})
+        )

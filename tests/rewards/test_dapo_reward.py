@@ -36,19 +36,31 @@ def test_the_manager_adds_the_penalty_on_the_last_token_and_logs_it(tokenizer):
 
 
 def test_the_buffer_comes_from_the_config_keys(tokenizer):
-    config = ppo_config_with({"data": {"max_response_length": R},
-                               "reward_model": {"reward_manager": "dapo",
-                                                "overlong_buffer": {"enable": True, "len": 4, "penalty_factor": 2.0}}})
+    config = ppo_config_with(
+        {
+            "data": {"max_response_length": R},
+            "reward_model": {
+                "reward_manager": "dapo",
+                "overlong_buffer": {"enable": True, "len": 4, "penalty_factor": 2.0},
+            },
+        }
+    )
     manager = load_reward_manager(config, tokenizer)
     assert isinstance(manager, DAPORewardManager)
     assert (manager.max_resp_len, manager.buffer_len, manager.penalty_factor) == (R, 4, 2.0)
 
 
-@pytest.mark.parametrize("cfg, message", [
-    ({"enable": True, "len": 0}, r"overlong_buffer.len=0 must be a whole number of tokens in \(0, data.max_response"),
-    ({"enable": True, "len": R + 1}, r"overlong_buffer.len=17"),
-    ({"enable": True, "len": 4, "penalty_factor": -1}, r"penalty_factor=-1 must be a number >= 0"),
-])
+@pytest.mark.parametrize(
+    "cfg, message",
+    [
+        (
+            {"enable": True, "len": 0},
+            r"overlong_buffer.len=0 must be a whole number of tokens in \(0, data.max_response",
+        ),
+        ({"enable": True, "len": R + 1}, r"overlong_buffer.len=17"),
+        ({"enable": True, "len": 4, "penalty_factor": -1}, r"penalty_factor=-1 must be a number >= 0"),
+    ],
+)
 def test_bad_buffer_settings_are_one_line(tokenizer, cfg, message):
     with pytest.raises(RewardConfigError, match=message):
         DAPORewardManager(tokenizer, 0, max_resp_len=R, overlong_buffer_cfg=cfg)

@@ -31,22 +31,29 @@ def test_last_boxed_matches_nested_braces_and_takes_the_last():
     assert extract_boxed_answer(r"\boxed{ }") is None
 
 
-@pytest.mark.parametrize("pred,gold,equal", [
-    (r"\frac{1}{2}", "0.5", True),
-    (r"\dfrac12", r"\frac{1}{2}", True),
-    (r"(3, \frac{\pi}{2})", r"\left( 3, \frac{\pi}{2} \right)", True),
-    ("6-5i", "6 - 5i", True),
-    (r"2\sqrt{2}", r"\sqrt{8}", True),
-    ("(1, 2)", "(2, 1)", False),
-    ("3", "4", False),
-    (r"\frac{14}{3}", "4.6", False),
-])
+@pytest.mark.parametrize(
+    "pred,gold,equal",
+    [
+        (r"\frac{1}{2}", "0.5", True),
+        (r"\dfrac12", r"\frac{1}{2}", True),
+        (r"(3, \frac{\pi}{2})", r"\left( 3, \frac{\pi}{2} \right)", True),
+        ("6-5i", "6 - 5i", True),
+        (r"2\sqrt{2}", r"\sqrt{8}", True),
+        ("(1, 2)", "(2, 1)", False),
+        ("3", "4", False),
+        (r"\frac{14}{3}", "4.6", False),
+    ],
+)
 def test_is_equiv(pred, gold, equal):
     assert is_equiv(pred, gold) is equal
 
 
 def test_compute_score_result_and_missing_box():
-    assert compute_score(r"... so it is $\boxed{\frac{1}{2}}$", "0.5") == {"score": 1.0, "acc": True, "pred": r"\frac{1}{2}"}
+    assert compute_score(r"... so it is $\boxed{\frac{1}{2}}$", "0.5") == {
+        "score": 1.0,
+        "acc": True,
+        "pred": r"\frac{1}{2}",
+    }
     assert compute_score(r"$\boxed{3}$", "4") == {"score": 0.0, "acc": False, "pred": "3"}
     assert compute_score("the answer is 4", "4") == {"score": 0.0, "acc": False, "pred": None}
     assert compute_score(r"\boxed{42}", 42, incorrect_score=-1.0)["score"] == 1.0  # numeric ground truth
@@ -78,8 +85,13 @@ def test_reference_solutions_agree_with_answers_on_all_math500_rows(rows):
 
 def test_another_problems_answer_scores_zero(rows):
     # pair each solution with the next row's answer; identical answers (up to spaces) are skipped
-    different = [(a, b) for a, b in zip(rows, rows[1:] + rows[:1])
-                 if "".join(a["answer"].split()) != "".join(b["answer"].split())]
-    wrong = [(a["unique_id"], b["answer"]) for a, b in different if compute_score(a["solution"], b["answer"])["score"] != 0.0]
+    different = [
+        (a, b)
+        for a, b in zip(rows, rows[1:] + rows[:1])
+        if "".join(a["answer"].split()) != "".join(b["answer"].split())
+    ]
+    wrong = [
+        (a["unique_id"], b["answer"]) for a, b in different if compute_score(a["solution"], b["answer"])["score"] != 0.0
+    ]
     print(f"MATH-500: {len(wrong)}/{len(different)} other answers accepted: {wrong}")
     assert len(different) > 490 and len(wrong) <= 0.01 * len(different), wrong

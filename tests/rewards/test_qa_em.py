@@ -68,8 +68,13 @@ def test_format_score_and_score_values():
 
 def test_ground_truth_shapes():
     response = "<answer>December 1972</answer>"
-    for gt in ({"target": ["14 December 1972 UTC", "December 1972"]}, ["December 1972"], "December 1972",
-               {"target": np.array(["x", "December 1972"], dtype=object)}, ("december 1972",)):
+    for gt in (
+        {"target": ["14 December 1972 UTC", "December 1972"]},
+        ["December 1972"],
+        "December 1972",
+        {"target": np.array(["x", "December 1972"], dtype=object)},
+        ("december 1972",),
+    ):
         assert compute_score_em(response, gt) == 1.0, gt
     for bad in (None, {"answers": ["x"]}, 3):
         with pytest.raises(QAGroundTruthError, match="qa_em ground_truth"):

@@ -36,9 +36,9 @@ def make_batch(tokenizer, prompts, responses, sources, truths, extra_info=None, 
         p_ids = tokenizer.encode(p)
         r_ids = tokenizer.encode(r) + ([tokenizer.eos_token_id] if add_eos else [])
         assert len(p_ids) <= P and len(r_ids) <= R
-        prompt_ids[i, P - len(p_ids):] = torch.tensor(p_ids)
+        prompt_ids[i, P - len(p_ids) :] = torch.tensor(p_ids)
         response_ids[i, : len(r_ids)] = torch.tensor(r_ids)
-        mask[i, P - len(p_ids): P + len(r_ids)] = 1
+        mask[i, P - len(p_ids) : P + len(r_ids)] = 1
         lengths.append(len(r_ids))
     non_tensors = {"data_source": sources, "reward_model": [{"style": "rule", "ground_truth": t} for t in truths]}
     if extra_info is not None:
@@ -53,8 +53,11 @@ def make_batch(tokenizer, prompts, responses, sources, truths, extra_info=None, 
 def test_gsm8k_scores_land_on_last_valid_token(tokenizer):
     responses = ["#### 18", "The total is 3 + 4 so #### 7", "#### 5", "no idea"]
     data, lengths = make_batch(
-        tokenizer, ["Q1?", "Q2?", "Q3?", "Q4?"], responses,
-        ["openai/gsm8k"] * 4, ["18", "7", "6", "1"],
+        tokenizer,
+        ["Q1?", "Q2?", "Q3?", "Q4?"],
+        responses,
+        ["openai/gsm8k"] * 4,
+        ["18", "7", "6", "1"],
     )
     assert len(set(lengths)) >= 3  # really different response lengths
     out = NaiveRewardManager(tokenizer, num_examine=0)(data)
@@ -73,12 +76,20 @@ def test_scorer_sees_decoded_text_and_full_length_response(tokenizer):
         calls.append((data_source, solution_str, ground_truth, extra_info))
         return len(solution_str)
 
-    long_text = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen"
+    long_text = (
+        "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen "
+        "eighteen"
+    )
     long_ids = tokenizer.encode(long_text)[:R]  # exactly R tokens: no padding at all
     long_text = tokenizer.decode(long_ids)
     data, lengths = make_batch(
-        tokenizer, ["a", "b"], ["hi there", long_text], ["s1", "s2"], ["x", "y"],
-        extra_info=[{"index": 0}, {"index": 1}], add_eos=False,
+        tokenizer,
+        ["a", "b"],
+        ["hi there", long_text],
+        ["s1", "s2"],
+        ["x", "y"],
+        extra_info=[{"index": 0}, {"index": 1}],
+        add_eos=False,
     )
     assert lengths[1] == R
     out = NaiveRewardManager(tokenizer, 0, compute_score=scorer)(data)
@@ -111,8 +122,9 @@ def test_dict_results_fill_reward_extra_info(tokenizer):
 
 def test_rm_scores_add_to_rule_scores_only_where_a_rule_scorer_exists(tokenizer):
     # row 0: GSM8K (has a rule scorer, answer right); row 1: HH-RLHF (no rule scorer)
-    data, lengths = make_batch(tokenizer, ["q", "q"], ["#### 7", "sure"], ["openai/gsm8k", "Anthropic/hh-rlhf"],
-                               ["7", None])
+    data, lengths = make_batch(
+        tokenizer, ["q", "q"], ["#### 7", "sure"], ["openai/gsm8k", "Anthropic/hh-rlhf"], ["7", None]
+    )
     rm = torch.zeros(2, R)
     rm[0, lengths[0] - 1], rm[1, lengths[1] - 1] = 0.25, -1.5
     data.batch["rm_scores"] = rm
@@ -127,7 +139,9 @@ def test_rm_scores_add_to_rule_scores_only_where_a_rule_scorer_exists(tokenizer)
     assert torch.equal(custom, rm + 2.0 * (rm != 0))
     # without rm_scores an unknown data source is still an error (the rule path is unchanged)
     del data.batch["rm_scores"]
-    with pytest.raises(Exception, match="data_source='Anthropic/hh-rlhf' is not a known data_source with a reward scorer"):
+    with pytest.raises(
+        Exception, match="data_source='Anthropic/hh-rlhf' is not a known data_source with a reward scorer"
+    ):
         NaiveRewardManager(tokenizer, 0)(data)
 
 
@@ -167,8 +181,11 @@ def test_retry_calls_again_then_stops_with_the_count(tokenizer):
     out = NaiveRewardManager(tokenizer, 0, compute_score=scorer, on_error="retry", retries=2)(data, return_dict=True)
     assert out["reward_tensor"][1, lengths[1] - 1] == 1.0 and scorer.calls == 3
     assert "reward_error" not in out["reward_extra_info"]  # retry either scores or stops
-    with pytest.raises(RewardFunctionError, match=r"ConnectionError: judge unavailable after 2 attempts "
-                                                  r"\(reward_model.retries=1\)"):
+    with pytest.raises(
+        RewardFunctionError,
+        match=r"ConnectionError: judge unavailable after 2 attempts "
+        r"\(reward_model.retries=1\)",
+    ):
         NaiveRewardManager(tokenizer, 0, compute_score=Flaky(failures=5), on_error="retry", retries=1)(data)
 
 
@@ -216,7 +233,9 @@ def test_on_error_zero_scores_zero_and_warns_once(tokenizer, caplog):
 def test_on_error_zero_stops_when_every_sample_fails(tokenizer):
     """An unknown data source or a broken scorer fails every sample: all-zero rewards train nothing."""
     data, _ = make_batch(tokenizer, ["q"] * 2, ["boom", "boom"], ["a"] * 2, [""] * 2)
-    with pytest.raises(RewardFunctionError, match=r"failed on all 2 samples of this batch .*first: .*ZeroDivision") as err:
+    with pytest.raises(
+        RewardFunctionError, match=r"failed on all 2 samples of this batch .*first: .*ZeroDivision"
+    ) as err:
         NaiveRewardManager(tokenizer, 0, compute_score=_flaky, on_error="zero")(data)
     assert "\n" not in str(err.value)
 
@@ -230,8 +249,13 @@ def test_bad_return_value_is_a_reward_function_error(tokenizer):
 
 
 def test_num_examine_prints_per_data_source_each_call(tokenizer, capsys):
-    data, _ = make_batch(tokenizer, ["q1", "q2", "q3"], ["#### 1", "#### 2", "#### 3"],
-                         ["gsm8k", "gsm8k", "openai/gsm8k"], ["1", "2", "3"])
+    data, _ = make_batch(
+        tokenizer,
+        ["q1", "q2", "q3"],
+        ["#### 1", "#### 2", "#### 3"],
+        ["gsm8k", "gsm8k", "openai/gsm8k"],
+        ["1", "2", "3"],
+    )
     manager = NaiveRewardManager(tokenizer, num_examine=1)
     manager(data)
     first = capsys.readouterr().out
@@ -256,8 +280,11 @@ def test_input_errors(tokenizer):
 
 def test_manager_registry():
     assert get_reward_manager_cls("naive") is NaiveRewardManager
-    with pytest.raises(RewardConfigError, match=r"reward_model.reward_manager='prime' is not a known reward "
-                                                r"manager; known: dapo, .*naive"):
+    with pytest.raises(
+        RewardConfigError,
+        match=r"reward_model.reward_manager='prime' is not a known reward "
+        r"manager; known: dapo, .*naive",
+    ):
         get_reward_manager_cls("prime")
 
     @register_reward_manager("test_only")
@@ -266,26 +293,33 @@ def test_manager_registry():
 
     assert get_reward_manager_cls("test_only") is Mine
     register_reward_manager("test_only")(Mine)  # the same class again (a re-import) is fine
-    with pytest.raises(RewardConfigError, match=r"reward manager 'naive' is already registered to "
-                                                r"hybridrl.rewards.manager.NaiveRewardManager; pick another name"):
+    with pytest.raises(
+        RewardConfigError,
+        match=r"reward manager 'naive' is already registered to "
+        r"hybridrl.rewards.manager.NaiveRewardManager; pick another name",
+    ):
         register_reward_manager("naive")(Mine)
 
 
 def test_load_reward_manager_from_config(tokenizer, tmp_path):
     path = tmp_path / "reward.py"
-    path.write_text(textwrap.dedent(
-        """
+    path.write_text(
+        textwrap.dedent(
+            """
         def my_score(data_source, solution_str, ground_truth, extra_info=None, scale=1.0):
             if solution_str == "boom":
                 raise ValueError("bad")
             return scale * float(solution_str == ground_truth)
         """
-    ))
-    config = ppo_config_with({
-        "data": {"reward_fn_key": "source"},
-        "custom_reward_function": {"path": str(path), "name": "my_score", "reward_kwargs": {"scale": 3.0}},
-        "reward_model": {"reward_manager": "naive", "on_error": "zero", "reward_kwargs": {}},
-    })
+        )
+    )
+    config = ppo_config_with(
+        {
+            "data": {"reward_fn_key": "source"},
+            "custom_reward_function": {"path": str(path), "name": "my_score", "reward_kwargs": {"scale": 3.0}},
+            "reward_model": {"reward_manager": "naive", "on_error": "zero", "reward_kwargs": {}},
+        }
+    )
     manager = load_reward_manager(config, tokenizer, num_examine=0)
     data, lengths = make_batch(tokenizer, ["q", "q"], ["yes", "boom"], ["s", "s"], ["yes", "yes"])
     data.non_tensor_batch["source"] = data.non_tensor_batch.pop("data_source")
@@ -314,12 +348,17 @@ def _sleepy(data_source, solution_str, ground_truth, extra_info=None):
 def test_a_scorer_that_never_returns_meets_its_deadline(tokenizer):
     data, _ = make_batch(tokenizer, ["q"] * 2, ["ok", "hang"], ["a"] * 2, [""] * 2)
     started = time.perf_counter()
-    with pytest.raises(RewardFunctionError, match=r"sample 1 .*ScoreTimeoutError: no result within "
-                                                  r"reward_model.timeout_s=0.5 s") as err:
+    with pytest.raises(
+        RewardFunctionError,
+        match=r"sample 1 .*ScoreTimeoutError: no result within "
+        r"reward_model.timeout_s=0.5 s",
+    ) as err:
         NaiveRewardManager(tokenizer, 0, compute_score=_sleepy, timeout_s=0.5)(data)
     assert time.perf_counter() - started < 5 and "\n" not in str(err.value)
     # with on_error=zero the late sample scores 0 and the others are kept
-    out = NaiveRewardManager(tokenizer, 0, compute_score=_sleepy, on_error="zero", timeout_s=0.5)(data, return_dict=True)
+    out = NaiveRewardManager(tokenizer, 0, compute_score=_sleepy, on_error="zero", timeout_s=0.5)(
+        data, return_dict=True
+    )
     assert out["reward_extra_info"]["reward_error"] == [0.0, 1.0] and out["reward_tensor"].sum() == 1.0
 
 

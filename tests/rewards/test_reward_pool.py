@@ -59,10 +59,26 @@ def pool(scorer_file):
 
 
 def several_sources(tokenizer):
-    responses = ["#### 18", "so #### 7", r"it is \boxed{\frac{1}{2}}", r"\boxed{3}", "Answer: 12",
-                 "<answer>Paris</answer>", "<answer>Rome</answer>", "no idea"]
-    sources = ["openai/gsm8k", "gsm8k", "lighteval/MATH", "HuggingFaceH4/MATH-500", "arithmetic", "nq", "nq",
-               "openai/gsm8k"]
+    responses = [
+        "#### 18",
+        "so #### 7",
+        r"it is \boxed{\frac{1}{2}}",
+        r"\boxed{3}",
+        "Answer: 12",
+        "<answer>Paris</answer>",
+        "<answer>Rome</answer>",
+        "no idea",
+    ]
+    sources = [
+        "openai/gsm8k",
+        "gsm8k",
+        "lighteval/MATH",
+        "HuggingFaceH4/MATH-500",
+        "arithmetic",
+        "nq",
+        "nq",
+        "openai/gsm8k",
+    ]
     truths = ["18", "8", "0.5", "4", "12", {"target": ["Paris"]}, {"target": ["Paris"]}, "1"]
     return make_batch(tokenizer, ["Q?"] * 8, responses, sources, truths)[0]
 
@@ -116,14 +132,18 @@ def test_going_on_policies_flag_exactly_the_failing_rows(tokenizer, pool, scorer
     info = parallel(data, return_dict=True)["reward_extra_info"]
     assert info["reward_error"] == [0.0, 1.0, 0.0, 0.0, 1.0, 0.0]  # raised; killed its process (os._exit)
     assert info["reward_timeout"] == [0.0] * 6
-    without_die, _ = make_batch(tokenizer, ["q"] * 6, [r if r != "die" else "boom" for r in responses],
-                                ["a"] * 6, truths)
+    without_die, _ = make_batch(
+        tokenizer, ["q"] * 6, [r if r != "die" else "boom" for r in responses], ["a"] * 6, truths
+    )
     serial = NaiveRewardManager(tokenizer, 0, compute_score=fn, on_error=policy, timeout_s=5.0)
     assert serial(without_die, return_dict=True)["reward_extra_info"]["reward_error"] == info["reward_error"]
     batch = DataProto.from_dict(
         tensors={"response_mask": torch.ones(6, 2, dtype=torch.long)},
-        non_tensors={"uid": np.array(["g0", "g0", "g1", "g1", "g2", "g2"], dtype=object),
-                     "reward_error": np.array(info["reward_error"], dtype=object)})
+        non_tensors={
+            "uid": np.array(["g0", "g0", "g1", "g1", "g2", "g2"], dtype=object),
+            "reward_error": np.array(info["reward_error"], dtype=object),
+        },
+    )
     batch, _ = apply_reward_failures(batch, policy, drop_rows=False)
     expected = [2, 0, 2, 2, 0, 2] if policy == "mask_sample" else [0, 0, 2, 2, 0, 0]
     assert batch.batch["response_mask"].sum(-1).tolist() == expected
@@ -141,9 +161,12 @@ def test_raise_and_retry_in_the_pool(tokenizer, pool, scorer_file, tmp_path):
 
 @pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
 def test_a_custom_reward_file_with_kwargs_scores_in_the_pool(tokenizer, scorer_file, start_method):
-    config = ppo_config_with({"custom_reward_function": {"path": scorer_file, "name": "tricky",
-                                                         "reward_kwargs": {"bonus": 2.0}},
-                              "reward_model": {"on_error": "raise"}})
+    config = ppo_config_with(
+        {
+            "custom_reward_function": {"path": scorer_file, "name": "tricky", "reward_kwargs": {"bonus": 2.0}},
+            "reward_model": {"on_error": "raise"},
+        }
+    )
     with RewardPool(2, reward_files=[scorer_file], start_method=start_method) as pool:
         manager = load_reward_manager(config, tokenizer, pool=pool)  # checks that every worker loads it
         assert manager.pool is pool and isinstance(manager.compute_score, functools.partial)

@@ -13,8 +13,14 @@ import time
 import pytest
 
 from hybridrl.errors import ConfigError
-from hybridrl.rewards.sandbox import (LocalSandbox, SandboxConfigError, SandboxLimits, SandboxUnavailableError,
-                                      build_sandbox, local)
+from hybridrl.rewards.sandbox import (
+    LocalSandbox,
+    SandboxConfigError,
+    SandboxLimits,
+    SandboxUnavailableError,
+    build_sandbox,
+    local,
+)
 from tests.tiny_models import ppo_section
 
 
@@ -71,16 +77,18 @@ def test_a_fork_bomb_is_held_to_the_process_limit_and_ended(sandbox):
     result = sandbox.run(count)
     assert result.ok and 0 < int(result.stdout) < sandbox.limits.max_processes
     started = time.perf_counter()
-    bomb = sandbox.run("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
-                       timeout_s=1.5)
+    bomb = sandbox.run(
+        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", timeout_s=1.5
+    )
     assert bomb.status == "timeout" and "wall-time limit of 1.5 s" in bomb.reason
     assert time.perf_counter() - started < 5
 
 
 def test_nothing_outlives_its_run(sandbox):
     marker = "4321.5"
-    result = sandbox.run(f"import subprocess\nsubprocess.Popen(['sleep', '{marker}'], start_new_session=True)\n"
-                         "print('spawned')")
+    result = sandbox.run(
+        f"import subprocess\nsubprocess.Popen(['sleep', '{marker}'], start_new_session=True)\nprint('spawned')"
+    )
     assert result.ok and result.stdout == "spawned\n"
     time.sleep(0.2)
     survivors = []
@@ -162,20 +170,29 @@ def test_without_isolation_code_rewards_refuse_with_one_line(monkeypatch):
     assert result.ok and result.stdout.strip() == "True"
 
 
-@pytest.mark.parametrize("cfg, match", [
-    ({"timeout_s": 0}, r"reward_model.sandbox.timeout_s=0.0 must be a number > 0"),
-    ({"max_processes": -1}, r"reward_model.sandbox.max_processes=-1 must be a number > 0"),
-])
+@pytest.mark.parametrize(
+    "cfg, match",
+    [
+        ({"timeout_s": 0}, r"reward_model.sandbox.timeout_s=0.0 must be a number > 0"),
+        ({"max_processes": -1}, r"reward_model.sandbox.max_processes=-1 must be a number > 0"),
+    ],
+)
 def test_bad_sandbox_settings_get_one_line(cfg, match):
     with pytest.raises(SandboxConfigError, match=match):
         _build(cfg)
 
 
-@pytest.mark.parametrize("cfg, match", [
-    ({"memory_limit_mb": "lots"}, r"reward_model.sandbox.memory_limit_mb: Value 'lots' .* could not be converted"),
-    ({"max_proceses": 8}, r"reward_model.sandbox.max_proceses is not a key"),
-    ({"unsafe_no_isolation": "maybe"}, r"reward_model.sandbox.unsafe_no_isolation: Value 'maybe' is not a valid bool"),
-])
+@pytest.mark.parametrize(
+    "cfg, match",
+    [
+        ({"memory_limit_mb": "lots"}, r"reward_model.sandbox.memory_limit_mb: Value 'lots' .* could not be converted"),
+        ({"max_proceses": 8}, r"reward_model.sandbox.max_proceses is not a key"),
+        (
+            {"unsafe_no_isolation": "maybe"},
+            r"reward_model.sandbox.unsafe_no_isolation: Value 'maybe' is not a valid bool",
+        ),
+    ],
+)
 def test_sandbox_settings_of_another_type_or_name_are_refused_by_the_typed_config(cfg, match):
     with pytest.raises(ConfigError, match=match):
         _build(cfg)

@@ -12,21 +12,38 @@ from hybridrl.rewards.sandbox import SandboxFusionClient
 class _Service(BaseHTTPRequestHandler):
     requests: list = []
 
-    def do_POST(self):  # noqa: N802 - http.server's name
+    def do_POST(self):  # http.server's name
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.requests.append(body)
         code = body["code"]
         if code == "crash-the-service":
             answer = {"status": "SandboxError", "message": "container failed to start", "run_result": None}
         elif code == "loop":
-            answer = {"status": "Failed", "run_result": {"status": "TimeLimitExceeded", "return_code": None,
-                                                         "stdout": "", "stderr": "", "execution_time": 3.0}}
+            answer = {
+                "status": "Failed",
+                "run_result": {
+                    "status": "TimeLimitExceeded",
+                    "return_code": None,
+                    "stdout": "",
+                    "stderr": "",
+                    "execution_time": 3.0,
+                },
+            }
         elif code == "raise":
-            answer = {"status": "Failed", "run_result": {"status": "Finished", "return_code": 1, "stdout": "",
-                                                         "stderr": "Traceback ...\nValueError: bad\n"}}
+            answer = {
+                "status": "Failed",
+                "run_result": {
+                    "status": "Finished",
+                    "return_code": 1,
+                    "stdout": "",
+                    "stderr": "Traceback ...\nValueError: bad\n",
+                },
+            }
         else:  # echo stdin back, upper-cased
-            answer = {"status": "Success", "run_result": {"status": "Finished", "return_code": 0,
-                                                          "stdout": body["stdin"].upper(), "stderr": ""}}
+            answer = {
+                "status": "Success",
+                "run_result": {"status": "Finished", "return_code": 0, "stdout": body["stdin"].upper(), "stderr": ""},
+            }
         data = json.dumps(answer).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")

@@ -17,13 +17,19 @@ from hybridrl.trainer.config_check import validate_ppo_config
 from hybridrl.trainer.main_ppo import main
 from tests.trainer.test_e2e import _overrides, reward_file  # noqa: F401  (a fixture)
 
-GRPO = ["algorithm.adv_estimator=grpo", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.rollout.n=2"]
+GRPO = [
+    "algorithm.adv_estimator=grpo",
+    "data.train_batch_size=8",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.rollout.n=2",
+]
 
 
 def tiny_batch(rows=2):
-    return DataProto.from_dict(tensors={"responses": torch.ones(rows, 3, dtype=torch.long)},
-                               non_tensors={"data_source": ["a"] * rows})
+    return DataProto.from_dict(
+        tensors={"responses": torch.ones(rows, 3, dtype=torch.long)}, non_tensors={"data_source": ["a"] * rows}
+    )
 
 
 class SlowReward:
@@ -49,8 +55,11 @@ def test_scoring_runs_in_a_thread_while_the_driver_works():
 
 
 def test_the_wait_has_a_deadline_and_errors_reach_the_driver():
-    with pytest.raises(RewardFunctionError, match=r"launch_reward_fn_async: the scores of the batch \(2 samples\) "
-                                                  r"were not ready 0.2 s after scoring started") as err:
+    with pytest.raises(
+        RewardFunctionError,
+        match=r"launch_reward_fn_async: the scores of the batch \(2 samples\) "
+        r"were not ready 0.2 s after scoring started",
+    ) as err:
         PendingReward(tiny_batch(), SlowReward(5), deadline_s=0.2).result()
     assert "\n" not in str(err.value)
     with pytest.raises(RewardFunctionError, match="judge down"):
@@ -58,8 +67,10 @@ def test_the_wait_has_a_deadline_and_errors_reach_the_driver():
 
 
 def test_the_deadline_covers_every_call_at_its_timeout():
-    cfg = load_config(GRPO + ["reward_model.timeout_s=10", "reward_model.on_error=retry", "reward_model.retries=1",
-                              "reward.num_workers=4"])
+    cfg = load_config(
+        GRPO
+        + ["reward_model.timeout_s=10", "reward_model.on_error=retry", "reward_model.retries=1", "reward.num_workers=4"]
+    )
     assert reward_deadline_s(cfg, 16) == 2 * 10 * 4 + 60
     assert reward_deadline_s(load_config(GRPO + ["reward_model.timeout_s=10"]), 16) == 10 * 16 + 60
 
@@ -73,14 +84,26 @@ def test_dynamic_sampling_scores_first_with_a_note():
     assert len(notes) == 1 and "scoring runs before them" in notes[0] and "DAPO" in notes[0]
 
 
-@pytest.mark.parametrize("override, message", [
-    ("reward.num_workers=-1", r"reward.num_workers=-1 must be a whole number >= 0 \(null, 0 or 1: score in the driver"),
-    # a value of the wrong type stops the typed config first, naming the key
-    ("reward_model.num_workers=two", r"reward_model.num_workers: Value 'two' of type 'str' could not be converted "
-                                     r"to Integer"),
-    ("reward_model.launch_reward_fn_async=maybe", r"reward_model.launch_reward_fn_async: Value 'maybe' is not a "
-                                                  r"valid bool"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "reward.num_workers=-1",
+            r"reward.num_workers=-1 must be a whole number >= 0 \(null, 0 or 1: score in the driver",
+        ),
+        # a value of the wrong type stops the typed config first, naming the key
+        (
+            "reward_model.num_workers=two",
+            r"reward_model.num_workers: Value 'two' of type 'str' could not be converted "
+            r"to Integer",
+        ),
+        (
+            "reward_model.launch_reward_fn_async=maybe",
+            r"reward_model.launch_reward_fn_async: Value 'maybe' is not a "
+            r"valid bool",
+        ),
+    ],
+)
 def test_bad_scoring_keys_are_one_line_at_start_up(override, message):
     with pytest.raises(ConfigError, match=message) as err:
         validate_ppo_config(load_config(GRPO + [override]))
@@ -113,11 +136,23 @@ def _record_steps(monkeypatch):
     return steps, windows
 
 
-def test_async_scoring_in_a_pool_trains_exactly_like_serial_scoring(gsm8k_parquet, tiny_model_dir, tmp_path,
-                                                                    reward_file, monkeypatch):  # noqa: F811
-    extra = [f"custom_reward_function.path={reward_file}", "custom_reward_function.name=parts_reward",
-             "algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=True", "trainer.val_before_train=False",
-             "trainer.test_freq=-1", "critic.ppo_micro_batch_size_per_gpu=2", "critic.optim.lr=1e-3"]
+def test_async_scoring_in_a_pool_trains_exactly_like_serial_scoring(
+    gsm8k_parquet,
+    tiny_model_dir,
+    tmp_path,
+    reward_file,  # noqa: F811 - the fixture imported above
+    monkeypatch,
+):
+    extra = [
+        f"custom_reward_function.path={reward_file}",
+        "custom_reward_function.name=parts_reward",
+        "algorithm.adv_estimator=gae",
+        "algorithm.use_kl_in_reward=True",
+        "trainer.val_before_train=False",
+        "trainer.test_freq=-1",
+        "critic.ppo_micro_batch_size_per_gpu=2",
+        "critic.optim.lr=1e-3",
+    ]
     runs, overlapped_in_a_pool = {}, ["reward_model.launch_reward_fn_async=True", "reward.num_workers=2"]
     for name, keys in {"serial": [], "async": overlapped_in_a_pool}.items():
         with monkeypatch.context() as patch:
@@ -148,17 +183,35 @@ def test_async_scoring_with_a_reward_model_combines_its_scores(tmp_path_factory,
     hh_rlhf.main(["--input_dir", HH_DIR, "--local_dir", str(data), "--train_size", "16", "--test_size", "4"])
     rm_dir = make_reward_model(tiny_model_dir, str(tmp_path_factory.mktemp("rm_async")))
     out, actor = tmp_path / "run", "actor_rollout_ref.actor"
-    assert main([
-        f"data.train_files={data}/train.parquet", "data.val_files=null", "data.train_batch_size=4",
-        "data.max_prompt_length=192", "data.filter_overlong_prompts=True", "data.max_response_length=8",
-        f"actor_rollout_ref.model.path={tiny_model_dir}",
-        f"{actor}.ppo_mini_batch_size=2", f"{actor}.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.rollout.n=2",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4", "algorithm.adv_estimator=grpo",
-        "reward_model.enable=True", f"reward_model.model.path={rm_dir}", "reward_model.micro_batch_size_per_gpu=4",
-        "reward_model.launch_reward_fn_async=True", "trainer.device=cpu", "trainer.logger=['file']",
-        f"trainer.default_local_dir={out}", "trainer.total_training_steps=1", "trainer.test_freq=-1",
-        "trainer.val_before_train=False",
-    ]) == 0
+    assert (
+        main(
+            [
+                f"data.train_files={data}/train.parquet",
+                "data.val_files=null",
+                "data.train_batch_size=4",
+                "data.max_prompt_length=192",
+                "data.filter_overlong_prompts=True",
+                "data.max_response_length=8",
+                f"actor_rollout_ref.model.path={tiny_model_dir}",
+                f"{actor}.ppo_mini_batch_size=2",
+                f"{actor}.ppo_micro_batch_size_per_gpu=2",
+                "actor_rollout_ref.rollout.n=2",
+                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+                "algorithm.adv_estimator=grpo",
+                "reward_model.enable=True",
+                f"reward_model.model.path={rm_dir}",
+                "reward_model.micro_batch_size_per_gpu=4",
+                "reward_model.launch_reward_fn_async=True",
+                "trainer.device=cpu",
+                "trainer.logger=['file']",
+                f"trainer.default_local_dir={out}",
+                "trainer.total_training_steps=1",
+                "trainer.test_freq=-1",
+                "trainer.val_before_train=False",
+            ]
+        )
+        == 0
+    )
     with open(out / "metrics.jsonl") as f:
         row = [json.loads(line) for line in f][-1]
     for stat in ("mean", "max", "min"):

@@ -18,10 +18,16 @@ def _batch(lengths, n=2, seed=0):
     scores = torch.zeros(len(lengths), width)
     scores[torch.arange(len(lengths)), torch.tensor(lengths) - 1] = torch.rand(len(lengths), generator=gen)
     return DataProto.from_dict(
-        tensors={"attention_mask": mask, "response_mask": mask, "token_level_rewards": scores,
-                 "row": torch.arange(len(lengths))},
-        non_tensors={"uid": np.array([f"p{i // n}" for i in range(len(lengths))], dtype=object),
-                     "row_name": np.array([f"r{i}" for i in range(len(lengths))], dtype=object)},
+        tensors={
+            "attention_mask": mask,
+            "response_mask": mask,
+            "token_level_rewards": scores,
+            "row": torch.arange(len(lengths)),
+        },
+        non_tensors={
+            "uid": np.array([f"p{i // n}" for i in range(len(lengths))], dtype=object),
+            "row_name": np.array([f"r{i}" for i in range(len(lengths))], dtype=object),
+        },
     )
 
 
@@ -63,8 +69,11 @@ def test_grpo_advantages_follow_their_rows():
 
     def advantages(data):
         return get_adv_estimator_fn("grpo")(
-            token_level_rewards=data.batch["token_level_rewards"], response_mask=data.batch["response_mask"],
-            index=data.non_tensor_batch["uid"], norm_adv_by_std_in_grpo=True)[0]
+            token_level_rewards=data.batch["token_level_rewards"],
+            response_mask=data.batch["response_mask"],
+            index=data.non_tensor_batch["uid"],
+            norm_adv_by_std_in_grpo=True,
+        )[0]
 
     balance_batch(batch, world_size=2)
     rows = batch.batch["row"]

@@ -10,6 +10,7 @@ def _writer(content):
         os.makedirs(os.path.join(folder, "actor"))
         with open(os.path.join(folder, "actor", "weights.txt"), "w") as f:
             f.write(content)
+
     return write
 
 

@@ -27,6 +27,7 @@ def _writer(module):
         optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
         save_worker_state(os.path.join(folder, "actor"), module, optimizer, scheduler, rank=0, world_size=1)
+
     return write
 
 
@@ -68,8 +69,11 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_older_one(root, case, cap
 def test_no_intact_checkpoint_is_one_line(root):
     _cut(root / "global_step_1" / "data.pt")
     _cut(_dcp_shard(root / "global_step_2"))
-    with pytest.raises(checkpoint.CheckpointError, match=r"no intact checkpoint in .*global_step_2.*"
-                                                         r"trainer.resume_mode=disable") as err:
+    with pytest.raises(
+        checkpoint.CheckpointError,
+        match=r"no intact checkpoint in .*global_step_2.*"
+        r"trainer.resume_mode=disable",
+    ) as err:
         checkpoint.find_latest_checkpoint(str(root))
     assert "\n" not in str(err.value)
 
@@ -101,10 +105,15 @@ def test_disk_full_during_a_save_is_one_line_and_keeps_the_last_good_one(root, m
         _writer(module)(folder)
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    with pytest.raises(checkpoint.CheckpointError, match=r"no space left on the device of .*earlier checkpoints are "
-                                                         r"intact") as err:
+    with pytest.raises(
+        checkpoint.CheckpointError,
+        match=r"no space left on the device of .*earlier checkpoints are "
+        r"intact",
+    ) as err:
         checkpoint.save_checkpoint(str(root), 3, full, {"position": 3})
     assert "\n" not in str(err.value)
-    assert sorted(p.name for p in root.iterdir() if p.name.startswith((".", "global"))) == ["global_step_1",
-                                                                                           "global_step_2"]
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith((".", "global"))) == [
+        "global_step_1",
+        "global_step_2",
+    ]
     assert checkpoint.find_latest_checkpoint(str(root)) == str(root / "global_step_2")

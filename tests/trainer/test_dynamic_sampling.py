@@ -18,11 +18,14 @@ def scored_batch(scores, prompt_width=3, tag="b", extras=None):
     uids = np.array([f"{tag}{i // N}" for i in range(rows)], dtype=object)
     levels = torch.zeros(rows, resp)
     levels[:, -1] = torch.tensor(scores, dtype=torch.float32)
-    tensors = {"prompts": torch.full((rows, prompt_width), 7), "responses": torch.ones(rows, resp, dtype=torch.long),
-               "input_ids": torch.full((rows, prompt_width + resp), 7),
-               "attention_mask": torch.ones(rows, prompt_width + resp, dtype=torch.long),
-               "position_ids": torch.arange(prompt_width + resp).expand(rows, -1).clone(),
-               "token_level_scores": levels}
+    tensors = {
+        "prompts": torch.full((rows, prompt_width), 7),
+        "responses": torch.ones(rows, resp, dtype=torch.long),
+        "input_ids": torch.full((rows, prompt_width + resp), 7),
+        "attention_mask": torch.ones(rows, prompt_width + resp, dtype=torch.long),
+        "position_ids": torch.arange(prompt_width + resp).expand(rows, -1).clone(),
+        "token_level_scores": levels,
+    }
     non_tensor = {"uid": uids, **{k: np.array(v, dtype=object) for k, v in (extras or {}).items()}}
     return DataProto.from_dict(tensors=tensors, non_tensors=non_tensor)
 
@@ -55,9 +58,12 @@ def test_extra_groups_beyond_the_training_batch_are_dropped():
 def test_a_batch_that_never_fills_stops_after_max_num_gen_batches_with_the_numbers():
     sampler = DynamicSampler("acc", max_num_gen_batches=2, train_batch_size=4, pad_token_id=0)
     sampler.collect(scored_batch([1, 0, 1, 1], extras={"acc": [1, 0, 1, 1]}))
-    with pytest.raises(DynamicSamplingError, match=r"after 2 generation batches \(max_num_gen_batches\) only 1 of "
-                                                   r"data.train_batch_size=4 prompt groups had responses with "
-                                                   r"different acc"):
+    with pytest.raises(
+        DynamicSamplingError,
+        match=r"after 2 generation batches \(max_num_gen_batches\) only 1 of "
+        r"data.train_batch_size=4 prompt groups had responses with "
+        r"different acc",
+    ):
         sampler.collect(scored_batch([1, 1, 0, 0], extras={"acc": [1, 1, 0, 0]}))
 
 
@@ -66,6 +72,9 @@ def test_the_metric_comes_from_the_reward_function_output():
     # the scores differ but acc does not: the group is dropped
     assert sampler.collect(scored_batch([0.9, 0.1], extras={"acc": [1, 1]})) == (None, {})
     missing = DynamicSampler("pass_rate", 0, 1, 0)
-    with pytest.raises(DynamicSamplingError, match=r"metric='pass_rate' is not in the reward function's output "
-                                                   r"\(it gave: \['acc'\]\)"):
+    with pytest.raises(
+        DynamicSamplingError,
+        match=r"metric='pass_rate' is not in the reward function's output "
+        r"\(it gave: \['acc'\]\)",
+    ):
         missing.collect(scored_batch([1, 0], extras={"acc": [1, 0]}))

@@ -9,7 +9,6 @@ import pytest
 from hybridrl.trainer.main_ppo import main
 from hybridrl.workers.memory import MEMORY_METRICS
 
-
 # The tiny random model never solves GSM8K: a custom reward that varies with the response gives
 # the update a signal (and exercises custom_reward_function.path/name).
 REWARD_FILE = """
@@ -66,8 +65,12 @@ def _read_metrics(out_dir):
         return [json.loads(line) for line in f]
 
 
-GRPO = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=True",
-        "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "actor_rollout_ref.actor.entropy_coeff=0.01"]
+GRPO = [
+    "algorithm.adv_estimator=grpo",
+    "actor_rollout_ref.actor.use_kl_loss=True",
+    "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+    "actor_rollout_ref.actor.entropy_coeff=0.01",
+]
 
 
 def test_grpo_two_steps_write_verl_metrics(gsm8k_parquet, tiny_model_dir, tmp_path, reward_file, capsys):
@@ -82,11 +85,27 @@ def test_grpo_two_steps_write_verl_metrics(gsm8k_parquet, tiny_model_dir, tmp_pa
     assert [r["step"] for r in rows] == [0, 1, 2]  # validation before training, then two steps
     assert "val-core/openai/gsm8k/reward/mean@1" in rows[0]
     for row in rows[1:]:
-        for key in ("critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "actor/pg_loss",
-                    "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm", "actor/lr",
-                    "actor/kl_loss", "response_length/mean", "response_length/clip_ratio",
-                    "prompt_length/mean", "timing_s/gen", "timing_s/update_actor", "timing_s/ref",
-                    "perf/throughput", "perf/time_per_step", *MEMORY_METRICS):
+        for key in (
+            "critic/score/mean",
+            "critic/rewards/mean",
+            "critic/advantages/mean",
+            "actor/pg_loss",
+            "actor/pg_clipfrac",
+            "actor/ppo_kl",
+            "actor/entropy",
+            "actor/grad_norm",
+            "actor/lr",
+            "actor/kl_loss",
+            "response_length/mean",
+            "response_length/clip_ratio",
+            "prompt_length/mean",
+            "timing_s/gen",
+            "timing_s/update_actor",
+            "timing_s/ref",
+            "perf/throughput",
+            "perf/time_per_step",
+            *MEMORY_METRICS,
+        ):
             assert key in row, key
         # on CPU both peaks are the process's peak resident memory (the local backend: the driver's own)
         peak, used = row["perf/max_memory_allocated_gb"], row["perf/cpu_memory_used_gb"]
@@ -100,16 +119,30 @@ def test_grpo_two_steps_write_verl_metrics(gsm8k_parquet, tiny_model_dir, tmp_pa
 
 def test_ppo_with_critic_two_steps(gsm8k_parquet, tiny_model_dir, tmp_path, reward_file):
     out = tmp_path / "run"
-    extra = [f"custom_reward_function.path={reward_file}", "custom_reward_function.name=length_reward",
-             "algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=True", "trainer.val_before_train=False",
-             "critic.ppo_micro_batch_size_per_gpu=2", "critic.optim.lr=1e-3"]
+    extra = [
+        f"custom_reward_function.path={reward_file}",
+        "custom_reward_function.name=length_reward",
+        "algorithm.adv_estimator=gae",
+        "algorithm.use_kl_in_reward=True",
+        "trainer.val_before_train=False",
+        "critic.ppo_micro_batch_size_per_gpu=2",
+        "critic.optim.lr=1e-3",
+    ]
     assert main(_overrides(gsm8k_parquet, tiny_model_dir, out, *extra)) == 0
     rows = _read_metrics(out)
     assert [r["step"] for r in rows] == [1, 2]
     assert rows[0]["critic/score/mean"] > 0  # the custom reward was used
-    for key in ("critic/values/mean", "critic/vf_loss", "critic/vf_clipfrac", "critic/returns/mean",
-                "critic/vf_explained_var", "actor/reward_kl_penalty", "timing_s/values", "timing_s/update_critic",
-                *MEMORY_METRICS):
+    for key in (
+        "critic/values/mean",
+        "critic/vf_loss",
+        "critic/vf_clipfrac",
+        "critic/returns/mean",
+        "critic/vf_explained_var",
+        "actor/reward_kl_penalty",
+        "timing_s/values",
+        "timing_s/update_critic",
+        *MEMORY_METRICS,
+    ):
         assert key in rows[0], key
     # the zero-initialised value head has been trained after the first critic update
     assert rows[0]["critic/values/mean"] == 0.0
@@ -135,25 +168,50 @@ def test_resume_continues_at_the_next_step_as_if_never_stopped(gsm8k_parquet, ti
     straight = tmp_path / "straight"
     assert main(_overrides(gsm8k_parquet, tiny_model_dir, straight, *common, "trainer.total_training_steps=3")) == 0
     expected = _read_metrics(straight)[2]
-    for key in ("critic/score/mean", "response_length/mean", "prompt_length/mean", "actor/entropy",
-                "actor/pg_loss", "actor/grad_norm", "actor/lr"):
+    for key in (
+        "critic/score/mean",
+        "response_length/mean",
+        "prompt_length/mean",
+        "actor/entropy",
+        "actor/pg_loss",
+        "actor/grad_norm",
+        "actor/lr",
+    ):
         assert rows[2][key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), key
 
 
 # verl-recipe dapo/run_dapo_qwen2.5_32b.sh, sizes cut to the tiny model; only the module differs
-DAPO = ["data.gen_batch_size=4", "data.truncation=left", "algorithm.adv_estimator=grpo",
-        "algorithm.use_kl_in_reward=False", "algorithm.kl_ctrl.kl_coef=0.0", "actor_rollout_ref.actor.use_kl_loss=False",
-        "actor_rollout_ref.actor.kl_loss_coef=0.0", "actor_rollout_ref.actor.clip_ratio_low=0.2",
-        "actor_rollout_ref.actor.clip_ratio_high=0.28", "actor_rollout_ref.actor.clip_ratio_c=10.0",
-        "algorithm.filter_groups.enable=True", "algorithm.filter_groups.max_num_gen_batches=10",
-        "algorithm.filter_groups.metric=acc", "actor_rollout_ref.actor.use_dynamic_bsz=True",
-        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=512", "actor_rollout_ref.actor.optim.lr_warmup_steps=1",
-        "actor_rollout_ref.actor.optim.weight_decay=0.1", "actor_rollout_ref.actor.entropy_coeff=0",
-        "actor_rollout_ref.actor.grad_clip=1.0", "actor_rollout_ref.actor.loss_agg_mode=token-mean",
-        "actor_rollout_ref.rollout.temperature=1.0", "actor_rollout_ref.rollout.top_p=1.0",
-        "reward_model.reward_manager=dapo", "reward_model.overlong_buffer.enable=True",
-        "reward_model.overlong_buffer.len=4", "reward_model.overlong_buffer.penalty_factor=1.0",
-        "trainer.val_before_train=False", "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2"]
+DAPO = [
+    "data.gen_batch_size=4",
+    "data.truncation=left",
+    "algorithm.adv_estimator=grpo",
+    "algorithm.use_kl_in_reward=False",
+    "algorithm.kl_ctrl.kl_coef=0.0",
+    "actor_rollout_ref.actor.use_kl_loss=False",
+    "actor_rollout_ref.actor.kl_loss_coef=0.0",
+    "actor_rollout_ref.actor.clip_ratio_low=0.2",
+    "actor_rollout_ref.actor.clip_ratio_high=0.28",
+    "actor_rollout_ref.actor.clip_ratio_c=10.0",
+    "algorithm.filter_groups.enable=True",
+    "algorithm.filter_groups.max_num_gen_batches=10",
+    "algorithm.filter_groups.metric=acc",
+    "actor_rollout_ref.actor.use_dynamic_bsz=True",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=512",
+    "actor_rollout_ref.actor.optim.lr_warmup_steps=1",
+    "actor_rollout_ref.actor.optim.weight_decay=0.1",
+    "actor_rollout_ref.actor.entropy_coeff=0",
+    "actor_rollout_ref.actor.grad_clip=1.0",
+    "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+    "actor_rollout_ref.rollout.temperature=1.0",
+    "actor_rollout_ref.rollout.top_p=1.0",
+    "reward_model.reward_manager=dapo",
+    "reward_model.overlong_buffer.enable=True",
+    "reward_model.overlong_buffer.len=4",
+    "reward_model.overlong_buffer.penalty_factor=1.0",
+    "trainer.val_before_train=False",
+    "data.train_batch_size=2",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+]
 
 
 def test_the_dapo_recipe_trains_two_steps(gsm8k_parquet, tiny_model_dir, tmp_path, reward_file):
@@ -170,38 +228,75 @@ def test_the_dapo_recipe_trains_two_steps(gsm8k_parquet, tiny_model_dir, tmp_pat
         assert row["actor/grad_norm"] > 0
 
 
-@pytest.mark.parametrize("extra", [
-    ["actor_rollout_ref.actor.policy_loss.loss_mode=sapo"],
-    ["actor_rollout_ref.actor.policy_loss.loss_mode=dppo_tv"],
-    ["actor_rollout_ref.actor.policy_loss.loss_mode=dppo_kl"],
-    ["actor_rollout_ref.actor.policy_loss.loss_mode=dro", "actor_rollout_ref.actor.policy_loss.dro_beta=0.1"],
-    ["actor_rollout_ref.actor.loss_agg_mode=token-sum"],
-    ["algorithm.adv_estimator=grpo_vectorized"],
-    ["algorithm.adv_estimator=rloo_vectorized"],
-    ["algorithm.adv_estimator=gdpo", "custom_reward_function.name=parts_reward",
-     "algorithm.gdpo_reward_keys=[length,vowels]", "algorithm.gdpo_reward_weights=[1.0,0.5]"],
-    ["algorithm.adv_estimator=optimal_token_baseline", "actor_rollout_ref.actor.calculate_sum_pi_squared=true"],
-    ["algorithm.adv_estimator=tir_optimal_token_baseline", "actor_rollout_ref.actor.calculate_sum_pi_squared=true"],
-], ids=["sapo", "dppo_tv", "dppo_kl", "dro", "token_sum", "grpo_vectorized", "rloo_vectorized", "gdpo", "otb",
-        "tir_otb"])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["actor_rollout_ref.actor.policy_loss.loss_mode=sapo"],
+        ["actor_rollout_ref.actor.policy_loss.loss_mode=dppo_tv"],
+        ["actor_rollout_ref.actor.policy_loss.loss_mode=dppo_kl"],
+        ["actor_rollout_ref.actor.policy_loss.loss_mode=dro", "actor_rollout_ref.actor.policy_loss.dro_beta=0.1"],
+        ["actor_rollout_ref.actor.loss_agg_mode=token-sum"],
+        ["algorithm.adv_estimator=grpo_vectorized"],
+        ["algorithm.adv_estimator=rloo_vectorized"],
+        [
+            "algorithm.adv_estimator=gdpo",
+            "custom_reward_function.name=parts_reward",
+            "algorithm.gdpo_reward_keys=[length,vowels]",
+            "algorithm.gdpo_reward_weights=[1.0,0.5]",
+        ],
+        ["algorithm.adv_estimator=optimal_token_baseline", "actor_rollout_ref.actor.calculate_sum_pi_squared=true"],
+        ["algorithm.adv_estimator=tir_optimal_token_baseline", "actor_rollout_ref.actor.calculate_sum_pi_squared=true"],
+    ],
+    ids=[
+        "sapo",
+        "dppo_tv",
+        "dppo_kl",
+        "dro",
+        "token_sum",
+        "grpo_vectorized",
+        "rloo_vectorized",
+        "gdpo",
+        "otb",
+        "tir_otb",
+    ],
+)
 def test_each_new_loss_and_estimator_trains_a_step(gsm8k_parquet, tiny_model_dir, tmp_path, reward_file, extra):
     out = tmp_path / "run"
     custom = [f"custom_reward_function.path={reward_file}", "custom_reward_function.name=length_reward"]
-    args = _overrides(gsm8k_parquet, tiny_model_dir, out, *GRPO, *custom, *extra, "trainer.val_before_train=False",
-                      "trainer.total_training_steps=1", "trainer.test_freq=-1")
+    args = _overrides(
+        gsm8k_parquet,
+        tiny_model_dir,
+        out,
+        *GRPO,
+        *custom,
+        *extra,
+        "trainer.val_before_train=False",
+        "trainer.total_training_steps=1",
+        "trainer.test_freq=-1",
+    )
     assert main(args) == 0
     (row,) = _read_metrics(out)
     assert row["actor/grad_norm"] > 0 and row["critic/advantages/max"] > 0 > row["critic/advantages/min"]
 
 
-@pytest.mark.parametrize("policy, metric", [("mask_sample", "reward/masked_samples"),
-                                            ("drop_group", "reward/dropped_groups")])
-def test_a_failing_reward_function_can_mask_or_drop_its_samples(gsm8k_parquet, tiny_model_dir, tmp_path, reward_file,
-                                                                policy, metric):
+@pytest.mark.parametrize(
+    "policy, metric", [("mask_sample", "reward/masked_samples"), ("drop_group", "reward/dropped_groups")]
+)
+def test_a_failing_reward_function_can_mask_or_drop_its_samples(
+    gsm8k_parquet, tiny_model_dir, tmp_path, reward_file, policy, metric
+):
     out = tmp_path / "run"
-    args = _overrides(gsm8k_parquet, tiny_model_dir, out, *GRPO, f"custom_reward_function.path={reward_file}",
-                      "custom_reward_function.name=flaky_reward", f"reward_model.on_error={policy}",
-                      "trainer.val_before_train=False", "trainer.test_freq=-1")
+    args = _overrides(
+        gsm8k_parquet,
+        tiny_model_dir,
+        out,
+        *GRPO,
+        f"custom_reward_function.path={reward_file}",
+        "custom_reward_function.name=flaky_reward",
+        f"reward_model.on_error={policy}",
+        "trainer.val_before_train=False",
+        "trainer.test_freq=-1",
+    )
     assert main(args) == 0
     rows = _read_metrics(out)
     assert sum(r["reward/error_count"] for r in rows) > 0  # the function did fail on some samples
@@ -211,23 +306,46 @@ def test_a_failing_reward_function_can_mask_or_drop_its_samples(gsm8k_parquet, t
 CORRECTION = "algorithm.rollout_correction"
 
 
-@pytest.mark.parametrize("mode, extra", [
-    ("decoupled", [f"{CORRECTION}.rollout_is=token", f"{CORRECTION}.rollout_rs='token_k1,seq_max_k2'",
-                   f"{CORRECTION}.rollout_rs_threshold='0.5_2.0,0.5'"]),
-    ("bypass", [f"{CORRECTION}.rollout_is=sequence", f"{CORRECTION}.bypass_mode=true",
-                f"{CORRECTION}.loss_type=reinforce"]),
-])
-def test_grpo_with_rollout_correction_logs_its_metrics(gsm8k_parquet, tiny_model_dir, tmp_path, reward_file, mode,
-                                                       extra):
+@pytest.mark.parametrize(
+    "mode, extra",
+    [
+        (
+            "decoupled",
+            [
+                f"{CORRECTION}.rollout_is=token",
+                f"{CORRECTION}.rollout_rs='token_k1,seq_max_k2'",
+                f"{CORRECTION}.rollout_rs_threshold='0.5_2.0,0.5'",
+            ],
+        ),
+        (
+            "bypass",
+            [
+                f"{CORRECTION}.rollout_is=sequence",
+                f"{CORRECTION}.bypass_mode=true",
+                f"{CORRECTION}.loss_type=reinforce",
+            ],
+        ),
+    ],
+)
+def test_grpo_with_rollout_correction_logs_its_metrics(
+    gsm8k_parquet, tiny_model_dir, tmp_path, reward_file, mode, extra
+):
     out = tmp_path / "run"
     custom = [f"custom_reward_function.path={reward_file}", "custom_reward_function.name=length_reward"]
-    assert main(_overrides(gsm8k_parquet, tiny_model_dir, out, *GRPO, *custom, *extra,
-                           "trainer.val_before_train=False")) == 0
+    assert (
+        main(_overrides(gsm8k_parquet, tiny_model_dir, out, *GRPO, *custom, *extra, "trainer.val_before_train=False"))
+        == 0
+    )
     rows = _read_metrics(out)
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:
-        for key in ("rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_eff_sample_size", "rollout_corr/kl",
-                    "rollout_corr/log_ppl_abs_diff", "actor/pg_loss"):
+        for key in (
+            "rollout_corr/rollout_is_mean",
+            "rollout_corr/rollout_is_eff_sample_size",
+            "rollout_corr/kl",
+            "rollout_corr/log_ppl_abs_diff",
+            "actor/pg_loss",
+        ):
             assert key in row, key
         # the HF engine samples with the trained weights: the weights are ~1 and nothing is rejected
         assert row["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=0.05)
@@ -242,31 +360,47 @@ def test_grpo_with_rollout_correction_logs_its_metrics(gsm8k_parquet, tiny_model
 
 
 def test_rollout_correction_needs_the_engine_log_probs(gsm8k_parquet, tiny_model_dir, tmp_path, capsys):
-    args = _overrides(gsm8k_parquet, tiny_model_dir, tmp_path, *GRPO, f"{CORRECTION}.rollout_is=token",
-                      "actor_rollout_ref.rollout.calculate_log_probs=false")
+    args = _overrides(
+        gsm8k_parquet,
+        tiny_model_dir,
+        tmp_path,
+        *GRPO,
+        f"{CORRECTION}.rollout_is=token",
+        "actor_rollout_ref.rollout.calculate_log_probs=false",
+    )
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["hybridrl: error: algorithm.rollout_correction: rollout_is=token, rollout_rs=None needs the "
-                   "engine's log-probs of the sampled tokens; set actor_rollout_ref.rollout.calculate_log_probs=true"]
+    assert err == [
+        "hybridrl: error: algorithm.rollout_correction: rollout_is=token, rollout_rs=None needs the "
+        "engine's log-probs of the sampled tokens; set actor_rollout_ref.rollout.calculate_log_probs=true"
+    ]
 
 
-@pytest.mark.parametrize("bad, message", [
-    (["data.train_files=/nonexistent/train.parquet"], "data.train_files"),
-    (["algorithm.adv_estimator=nope"], "algorithm.adv_estimator"),
-    (["actor_rollout_ref.actor.ppo_mini_batch_size=3"], "ppo_mini_batch_size"),
-    (["custom_reward_function.path=/nonexistent/reward.py"], "custom_reward_function.path"),
-    ([f"{CORRECTION}.rollout_is=tokens"], "rollout_correction.rollout_is='tokens'; valid: token, sequence"),
-    ([f"{CORRECTION}.rollout_rs=token_k9"], "rollout_rs option 'token_k9'; valid: token_k1, token_k2"),
-    ([f"{CORRECTION}.bypass_mode=true", "actor_rollout_ref.actor.policy_loss.loss_mode=gspo"],
-     "loss_mode=gspo cannot apply"),
-    (["actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"], "set that instead"),
-    (["data.gen_batch_size=8"], "only applies to dynamic sampling"),
-    (["algorithm.adv_estimator=optimal_token_baseline"], "set actor_rollout_ref.actor.calculate_sum_pi_squared=true"),
-    (["algorithm.adv_estimator=gdpo"], "needs algorithm.gdpo_reward_keys"),
-    (["actor_rollout_ref.actor.policy_loss.loss_mode=dro"], "needs policy_loss.dro_beta"),
-    (["reward_model.overlong_buffer.enable=True"], "set reward_model.reward_manager=dapo"),
-    (["reward_model.reward_manager=dapo", "reward_model.overlong_buffer.enable=True"], "overlong_buffer.len=0"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (["data.train_files=/nonexistent/train.parquet"], "data.train_files"),
+        (["algorithm.adv_estimator=nope"], "algorithm.adv_estimator"),
+        (["actor_rollout_ref.actor.ppo_mini_batch_size=3"], "ppo_mini_batch_size"),
+        (["custom_reward_function.path=/nonexistent/reward.py"], "custom_reward_function.path"),
+        ([f"{CORRECTION}.rollout_is=tokens"], "rollout_correction.rollout_is='tokens'; valid: token, sequence"),
+        ([f"{CORRECTION}.rollout_rs=token_k9"], "rollout_rs option 'token_k9'; valid: token_k1, token_k2"),
+        (
+            [f"{CORRECTION}.bypass_mode=true", "actor_rollout_ref.actor.policy_loss.loss_mode=gspo"],
+            "loss_mode=gspo cannot apply",
+        ),
+        (["actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"], "set that instead"),
+        (["data.gen_batch_size=8"], "only applies to dynamic sampling"),
+        (
+            ["algorithm.adv_estimator=optimal_token_baseline"],
+            "set actor_rollout_ref.actor.calculate_sum_pi_squared=true",
+        ),
+        (["algorithm.adv_estimator=gdpo"], "needs algorithm.gdpo_reward_keys"),
+        (["actor_rollout_ref.actor.policy_loss.loss_mode=dro"], "needs policy_loss.dro_beta"),
+        (["reward_model.overlong_buffer.enable=True"], "set reward_model.reward_manager=dapo"),
+        (["reward_model.reward_manager=dapo", "reward_model.overlong_buffer.enable=True"], "overlong_buffer.len=0"),
+    ],
+)
 def test_bad_input_gets_one_line(gsm8k_parquet, tiny_model_dir, tmp_path, capsys, bad, message):
     assert main(_overrides(gsm8k_parquet, tiny_model_dir, tmp_path, "algorithm.adv_estimator=grpo", *bad)) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -278,11 +412,20 @@ def test_data_without_ground_truth_stops_at_start_up(tiny_model_dir, tmp_path, c
 
     data = tmp_path / "no_rm.parquet"
     pd.DataFrame({"prompt": [[{"role": "user", "content": "1+1?"}]] * 4, "data_source": ["x"] * 4}).to_parquet(data)
-    args = [f"data.train_files={data}", "data.val_files=null", f"actor_rollout_ref.model.path={tiny_model_dir}",
-            "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
-            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2",
-            "trainer.device=cpu", f"trainer.default_local_dir={tmp_path / 'run'}"]
+    args = [
+        f"data.train_files={data}",
+        "data.val_files=null",
+        f"actor_rollout_ref.model.path={tiny_model_dir}",
+        "data.train_batch_size=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.rollout.n=2",
+        "trainer.device=cpu",
+        f"trainer.default_local_dir={tmp_path / 'run'}",
+    ]
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("hybridrl: error: data.train_files: row 0 of ") and "has no reward_model column" in err

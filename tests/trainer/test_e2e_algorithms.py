@@ -12,8 +12,17 @@ import pytest
 from hybridrl.algorithms import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
 from hybridrl.trainer.main_ppo import main
 
-ESTIMATORS = ["gae", "grpo", "grpo_passk", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
-              "remax", "opo", "gpg"]
+ESTIMATORS = [
+    "gae",
+    "grpo",
+    "grpo_passk",
+    "rloo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "remax",
+    "opo",
+    "gpg",
+]
 LOSSES = ["vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo"]
 A, ALGO = "actor_rollout_ref.actor", "algorithm"
 # Extra settings per run index: KL in the reward (full / k3 / adaptive), KL losses incl. the
@@ -47,24 +56,45 @@ def test_one_training_step(index, estimator, loss_mode, gsm8k_parquet, tiny_mode
     reward.write_text(REWARD_FILE)
     out = tmp_path / "run"
     overrides = [
-        f"data.train_files={gsm8k_parquet}/train.parquet", "data.val_files=null", "data.train_batch_size=4",
-        "data.max_prompt_length=256", "data.filter_overlong_prompts=True", "data.max_response_length=8",
-        f"actor_rollout_ref.model.path={tiny_model_dir}", f"{A}.ppo_mini_batch_size=2",
-        f"{A}.ppo_micro_batch_size_per_gpu=4", f"{A}.optim.lr=1e-3", "actor_rollout_ref.rollout.n=2",
+        f"data.train_files={gsm8k_parquet}/train.parquet",
+        "data.val_files=null",
+        "data.train_batch_size=4",
+        "data.max_prompt_length=256",
+        "data.filter_overlong_prompts=True",
+        "data.max_response_length=8",
+        f"actor_rollout_ref.model.path={tiny_model_dir}",
+        f"{A}.ppo_mini_batch_size=2",
+        f"{A}.ppo_micro_batch_size_per_gpu=4",
+        f"{A}.optim.lr=1e-3",
+        "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
-        f"critic.model.path={tiny_model_dir}", "critic.ppo_micro_batch_size_per_gpu=4",
-        f"{ALGO}.adv_estimator={estimator}", f"{A}.policy_loss.loss_mode={loss_mode}",
-        f"custom_reward_function.path={reward}", "custom_reward_function.name=length_reward",
-        "trainer.device=cpu", "trainer.logger=['file']", f"trainer.default_local_dir={out}",
-        "trainer.total_training_steps=1", "trainer.test_freq=-1", "trainer.save_freq=-1",
-        "trainer.val_before_train=False", *EXTRAS.get(index, []),
+        f"critic.model.path={tiny_model_dir}",
+        "critic.ppo_micro_batch_size_per_gpu=4",
+        f"{ALGO}.adv_estimator={estimator}",
+        f"{A}.policy_loss.loss_mode={loss_mode}",
+        f"custom_reward_function.path={reward}",
+        "custom_reward_function.name=length_reward",
+        "trainer.device=cpu",
+        "trainer.logger=['file']",
+        f"trainer.default_local_dir={out}",
+        "trainer.total_training_steps=1",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.val_before_train=False",
+        *EXTRAS.get(index, []),
     ]
     assert main(overrides) == 0
     with open(os.path.join(out, "metrics.jsonl")) as f:
         (row,) = [json.loads(line) for line in f]
-    for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/grad_norm",
-                "critic/advantages/mean", "critic/score/mean"):
+    for key in (
+        "actor/pg_loss",
+        "actor/pg_clipfrac",
+        "actor/ppo_kl",
+        "actor/grad_norm",
+        "critic/advantages/mean",
+        "critic/score/mean",
+    ):
         assert math.isfinite(row[key]), key
     assert row["actor/grad_norm"] > 0
     if estimator == "gae":
@@ -76,7 +106,7 @@ def test_one_training_step(index, estimator, loss_mode, gsm8k_parquet, tiny_mode
         assert row["actor/kl_loss"] >= 0
 
 
-USER_ESTIMATOR = '''
+USER_ESTIMATOR = """
 import torch
 from hybridrl.algorithms import register_adv_est
 
@@ -84,22 +114,40 @@ from hybridrl.algorithms import register_adv_est
 def score_minus_half(token_level_rewards, response_mask, **kwargs):
     adv = (token_level_rewards.sum(-1, keepdim=True) - 0.5) * response_mask
     return adv, adv
-'''
+"""
 
 
 @pytest.mark.slow
-def test_estimator_registered_by_external_lib_is_found_at_start_up(gsm8k_parquet, tiny_model_dir, tmp_path,
-                                                                   monkeypatch):
+def test_estimator_registered_by_external_lib_is_found_at_start_up(
+    gsm8k_parquet, tiny_model_dir, tmp_path, monkeypatch
+):
     (tmp_path / "my_algos.py").write_text(USER_ESTIMATOR)
     monkeypatch.syspath_prepend(str(tmp_path))
     out = tmp_path / "run"
-    assert main([
-        f"data.train_files={gsm8k_parquet}/train.parquet", "data.val_files=null", "data.train_batch_size=2",
-        "data.max_prompt_length=256", "data.filter_overlong_prompts=True", "data.max_response_length=4",
-        f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.model.external_lib=my_algos",
-        f"{A}.ppo_mini_batch_size=2", f"{A}.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.rollout.n=1",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
-        f"{ALGO}.adv_estimator=score_minus_half", "trainer.device=cpu", "trainer.logger=['file']",
-        f"trainer.default_local_dir={out}", "trainer.total_training_steps=1", "trainer.val_before_train=False",
-        "trainer.test_freq=-1", "trainer.save_freq=-1",
-    ]) == 0
+    assert (
+        main(
+            [
+                f"data.train_files={gsm8k_parquet}/train.parquet",
+                "data.val_files=null",
+                "data.train_batch_size=2",
+                "data.max_prompt_length=256",
+                "data.filter_overlong_prompts=True",
+                "data.max_response_length=4",
+                f"actor_rollout_ref.model.path={tiny_model_dir}",
+                "actor_rollout_ref.model.external_lib=my_algos",
+                f"{A}.ppo_mini_batch_size=2",
+                f"{A}.ppo_micro_batch_size_per_gpu=2",
+                "actor_rollout_ref.rollout.n=1",
+                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+                f"{ALGO}.adv_estimator=score_minus_half",
+                "trainer.device=cpu",
+                "trainer.logger=['file']",
+                f"trainer.default_local_dir={out}",
+                "trainer.total_training_steps=1",
+                "trainer.val_before_train=False",
+                "trainer.test_freq=-1",
+                "trainer.save_freq=-1",
+            ]
+        )
+        == 0
+    )

@@ -20,18 +20,33 @@ def length_reward(data_source, solution_str, ground_truth, extra_info=None):
 def _overrides(data_dir, model_dir, out_dir, reward, *extra):
     A = "actor_rollout_ref.actor"
     return [
-        f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
-        "data.train_batch_size=4", "data.val_batch_size=8", "data.max_prompt_length=256",
-        "data.filter_overlong_prompts=True", "data.max_response_length=8",
-        f"actor_rollout_ref.model.path={model_dir}", f"critic.model.path={model_dir}",
-        f"{A}.ppo_mini_batch_size=2", f"{A}.ppo_micro_batch_size_per_gpu=2", f"{A}.optim.lr=1e-3",
-        f"{A}.use_kl_loss=True", "actor_rollout_ref.rollout.n=2",
+        f"data.train_files={data_dir}/train.parquet",
+        f"data.val_files={data_dir}/test.parquet",
+        "data.train_batch_size=4",
+        "data.val_batch_size=8",
+        "data.max_prompt_length=256",
+        "data.filter_overlong_prompts=True",
+        "data.max_response_length=8",
+        f"actor_rollout_ref.model.path={model_dir}",
+        f"critic.model.path={model_dir}",
+        f"{A}.ppo_mini_batch_size=2",
+        f"{A}.ppo_micro_batch_size_per_gpu=2",
+        f"{A}.optim.lr=1e-3",
+        f"{A}.use_kl_loss=True",
+        "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=2",
-        "algorithm.adv_estimator=gae", f"custom_reward_function.path={reward}",
-        "custom_reward_function.name=length_reward", "trainer.device=cpu", "trainer.logger=['file']",
-        f"trainer.default_local_dir={out_dir}", "trainer.test_freq=2", "trainer.save_freq=2",
-        "trainer.val_before_train=False", *extra,
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+        "critic.ppo_micro_batch_size_per_gpu=2",
+        "algorithm.adv_estimator=gae",
+        f"custom_reward_function.path={reward}",
+        "custom_reward_function.name=length_reward",
+        "trainer.device=cpu",
+        "trainer.logger=['file']",
+        f"trainer.default_local_dir={out_dir}",
+        "trainer.test_freq=2",
+        "trainer.save_freq=2",
+        "trainer.val_before_train=False",
+        *extra,
     ]
 
 
@@ -45,7 +60,12 @@ def test_two_nodes_train_then_resume_on_one_worker(ray_cluster, gsm8k_parquet, t
     reward = tmp_path / "reward.py"
     reward.write_text(REWARD_FILE)
     out = tmp_path / "run"
-    ray_args = ["trainer.backend=ray", "trainer.nnodes=2", "trainer.n_gpus_per_node=1", "trainer.total_training_steps=2"]
+    ray_args = [
+        "trainer.backend=ray",
+        "trainer.nnodes=2",
+        "trainer.n_gpus_per_node=1",
+        "trainer.total_training_steps=2",
+    ]
     assert main(_overrides(gsm8k_parquet, tiny_model_dir, out, reward, *ray_args)) == 0
     rows = _rows(out)
     assert [r["step"] for r in rows] == [1, 2]
@@ -57,11 +77,17 @@ def test_two_nodes_train_then_resume_on_one_worker(ray_cluster, gsm8k_parquet, t
     step2 = out / "global_step_2"
     assert (step2 / "actor" / "dcp").is_dir() and (step2 / "critic" / "dcp").is_dir()
     assert sorted(p.name for p in (step2 / "actor").glob("extra_state_*")) == [
-        "extra_state_world_size_2_rank_0.pt", "extra_state_world_size_2_rank_1.pt"]
+        "extra_state_world_size_2_rank_0.pt",
+        "extra_state_world_size_2_rank_1.pt",
+    ]
 
     # The same run goes on for one more step on a single in-process worker.
-    local_args = ["trainer.backend=local", "trainer.nnodes=1", "trainer.n_gpus_per_node=1",
-                  "trainer.total_training_steps=3"]
+    local_args = [
+        "trainer.backend=local",
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=1",
+        "trainer.total_training_steps=3",
+    ]
     assert main(_overrides(gsm8k_parquet, tiny_model_dir, out, reward, *local_args)) == 0
     assert [r["step"] for r in _rows(out)] == [1, 2, 3]
 
@@ -75,11 +101,20 @@ def test_two_workers_each_run_their_own_async_vllm_engine(ray_cluster, gsm8k_par
     reward = tmp_path / "reward.py"
     reward.write_text(REWARD_FILE)
     out = tmp_path / "run"
-    extra = ["trainer.backend=ray", "trainer.nnodes=1", "trainer.n_gpus_per_node=2", "trainer.total_training_steps=2",
-             "algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=False", "trainer.save_freq=-1",
-             "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=async",
-             "actor_rollout_ref.rollout.kv_cache_memory_gb=0.05", "actor_rollout_ref.rollout.dtype=fp32",
-             "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32"]
+    extra = [
+        "trainer.backend=ray",
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=2",
+        "trainer.total_training_steps=2",
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.actor.use_kl_loss=False",
+        "trainer.save_freq=-1",
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.mode=async",
+        "actor_rollout_ref.rollout.kv_cache_memory_gb=0.05",
+        "actor_rollout_ref.rollout.dtype=fp32",
+        "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
+    ]
     assert main(_overrides(gsm8k_parquet, vllm_model_dir, out, reward, *extra)) == 0
     rows = _rows(out)
     assert [r["step"] for r in rows] == [1, 2]
@@ -94,25 +129,45 @@ def test_dapo_with_rollout_correction_on_two_workers(ray_cluster, gsm8k_parquet,
     bypass-mode loss run sharded (the worker gets algorithm.rollout_correction through its config)."""
     reward = tmp_path / "reward.py"
     reward.write_text(REWARD_FILE)
-    for mode, extra in (("decoupled", ["algorithm.rollout_correction.rollout_is=token"]),
-                        # bypass mode weighs each micro batch against the current policy: after one
-                        # mini-batch update the next one's weights drift from 1 (0.99-1.04 measured);
-                        # one mini batch per step keeps every weight at the sampling policy (1 +- 1e-6)
-                        ("bypass", ["algorithm.rollout_correction.bypass_mode=true",
-                                    "algorithm.rollout_correction.rollout_is=sequence",
-                                    "algorithm.rollout_correction.loss_type=reinforce",
-                                    "actor_rollout_ref.actor.ppo_mini_batch_size=4"])):
+    for mode, extra in (
+        ("decoupled", ["algorithm.rollout_correction.rollout_is=token"]),
+        # bypass mode weighs each micro batch against the current policy: after one
+        # mini-batch update the next one's weights drift from 1 (0.99-1.04 measured);
+        # one mini batch per step keeps every weight at the sampling policy (1 +- 1e-6)
+        (
+            "bypass",
+            [
+                "algorithm.rollout_correction.bypass_mode=true",
+                "algorithm.rollout_correction.rollout_is=sequence",
+                "algorithm.rollout_correction.loss_type=reinforce",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            ],
+        ),
+    ):
         out = tmp_path / mode
-        args = _overrides(gsm8k_parquet, tiny_model_dir, out, reward, "algorithm.adv_estimator=grpo",
-                          "actor_rollout_ref.actor.use_kl_loss=False", "trainer.backend=ray", "trainer.nnodes=1",
-                          "trainer.n_gpus_per_node=2", "trainer.total_training_steps=2", "trainer.save_freq=-1",
-                          "trainer.test_freq=-1", "algorithm.filter_groups.enable=True",
-                          "algorithm.filter_groups.metric=seq_reward", "data.gen_batch_size=2",
-                          "reward_model.reward_manager=dapo",
-                          # fp32: the weights' mean is 1 up to kernel noise; bf16's noise, summed over a
-                          # sequence (rollout_is=sequence), is larger
-                          "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
-                          "actor_rollout_ref.rollout.dtype=fp32", *extra)
+        args = _overrides(
+            gsm8k_parquet,
+            tiny_model_dir,
+            out,
+            reward,
+            "algorithm.adv_estimator=grpo",
+            "actor_rollout_ref.actor.use_kl_loss=False",
+            "trainer.backend=ray",
+            "trainer.nnodes=1",
+            "trainer.n_gpus_per_node=2",
+            "trainer.total_training_steps=2",
+            "trainer.save_freq=-1",
+            "trainer.test_freq=-1",
+            "algorithm.filter_groups.enable=True",
+            "algorithm.filter_groups.metric=seq_reward",
+            "data.gen_batch_size=2",
+            "reward_model.reward_manager=dapo",
+            # fp32: the weights' mean is 1 up to kernel noise; bf16's noise, summed over a
+            # sequence (rollout_is=sequence), is larger
+            "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
+            "actor_rollout_ref.rollout.dtype=fp32",
+            *extra,
+        )
         assert main(args) == 0, mode
         rows = _rows(out)
         assert [r["step"] for r in rows] == [1, 2]

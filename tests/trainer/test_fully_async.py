@@ -29,15 +29,25 @@ from hybridrl.trainer.fully_async import DataExhausted, StreamingRollout, Stream
 from hybridrl.workers.memory import MEMORY_METRICS
 from hybridrl.workers.rollout.base import RolloutEngineError
 
-ASYNC = ["trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.name=vllm",
-         "actor_rollout_ref.rollout.mode=async"]
-BASE = ["algorithm.adv_estimator=grpo", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.rollout.n=2"]
-needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason="the vllm extra is not installed (pip install -e '.[vllm]')")
+ASYNC = [
+    "trainer.v1.trainer_mode=separate_async",
+    "actor_rollout_ref.rollout.name=vllm",
+    "actor_rollout_ref.rollout.mode=async",
+]
+BASE = [
+    "algorithm.adv_estimator=grpo",
+    "data.train_batch_size=8",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.rollout.n=2",
+]
+needs_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="the vllm extra is not installed (pip install -e '.[vllm]')"
+)
 
 
 # ---------------------------------------------------------------- start-up checks (no model)
+
 
 def _error(*overrides) -> str:
     with pytest.raises(ConfigError) as err:
@@ -53,8 +63,9 @@ def test_bad_settings_are_one_line_at_start_up():
     for bad in ("-1", "0"):
         assert "must be an integer >= 1" in _error(*ASYNC, f"trainer.v1.sampler.max_off_policy_threshold={bad}")
     for bad in ("1.5", "true"):  # not an integer at all: the typed config refuses it first
-        assert ("trainer.v1.sampler.max_off_policy_threshold: Value " in
-                _error(*ASYNC, f"trainer.v1.sampler.max_off_policy_threshold={bad}"))
+        assert "trainer.v1.sampler.max_off_policy_threshold: Value " in _error(
+            *ASYNC, f"trainer.v1.sampler.max_off_policy_threshold={bad}"
+        )
     assert "must be drop or wait" in _error(*ASYNC, "trainer.v1.sampler.max_off_policy_strategy=skip")
     assert "must be an integer >= 0" in _error(*ASYNC, "trainer.v1.separate_async.num_warmup_batches=-1")
     assert "must be 2 (verl asserts the same)" in _error(*ASYNC, "trainer.v1.separate_async.parameter_sync_step=4")
@@ -65,12 +76,17 @@ def test_bad_settings_are_one_line_at_start_up():
 
 def test_a_valid_async_config_notes_that_nothing_corrects_for_staleness():
     notes = validate_ppo_config(load_config(BASE + ASYNC + ["trainer.v1.separate_async.parameter_sync_step=2"]))
-    assert any(n.startswith("trainer.v1.trainer_mode=separate_async: samples may be several updates old") for n in notes)
-    assert not any("several updates old" in n for n in validate_ppo_config(
-        load_config(BASE + ASYNC + ["algorithm.rollout_correction.bypass_mode=true"])))
+    assert any(
+        n.startswith("trainer.v1.trainer_mode=separate_async: samples may be several updates old") for n in notes
+    )
+    assert not any(
+        "several updates old" in n
+        for n in validate_ppo_config(load_config(BASE + ASYNC + ["algorithm.rollout_correction.bypass_mode=true"]))
+    )
 
 
 # ---------------------------------------------------------------- the driver's bookkeeping (scripted workers)
+
 
 class ScriptedWorkers:
     """A worker group whose stream finishes the groups the test releases, in the order released."""
@@ -83,7 +99,7 @@ class ScriptedWorkers:
     def stream_submit(self, per_rank):
         for part in per_rank:
             for start in range(0, len(part), 2):
-                group = part[start:start + 2]
+                group = part[start : start + 2]
                 self.submitted[str(group.non_tensor_batch["uid"][0])] = (group, self.version)
         return [len(self.submitted)]
 
@@ -92,11 +108,19 @@ class ScriptedWorkers:
             if predicate(uid, version):
                 del self.submitted[uid]
                 out = DataProto.from_dict(
-                    {"responses": torch.zeros(2, 3, dtype=torch.long), "response_mask": torch.ones(2, 3, dtype=torch.long),
-                     "prompts": group.batch["input_ids"], "input_ids": group.batch["input_ids"]},
-                    non_tensors={"uid": group.non_tensor_batch["uid"], "param_version": np.array([version] * 2, object),
-                                 "param_version_end": np.array([self.version] * 2, object),
-                                 "rollout_resumes": np.array([self.version - version] * 2, object)})
+                    {
+                        "responses": torch.zeros(2, 3, dtype=torch.long),
+                        "response_mask": torch.ones(2, 3, dtype=torch.long),
+                        "prompts": group.batch["input_ids"],
+                        "input_ids": group.batch["input_ids"],
+                    },
+                    non_tensors={
+                        "uid": group.non_tensor_batch["uid"],
+                        "param_version": np.array([version] * 2, object),
+                        "param_version_end": np.array([self.version] * 2, object),
+                        "rollout_resumes": np.array([self.version - version] * 2, object),
+                    },
+                )
                 self.finished.append(out)
 
     def stream_collect(self, wait_s):
@@ -128,9 +152,15 @@ def _dataloader(n_batches, size=4):
             yield {"input_ids": torch.arange(first, first + size)[:, None], "row_id": np.arange(first, first + size)}
 
     def prepare(batch_dict):
-        rows = DataProto.from_dict(non_tensors={"row_id": batch_dict["row_id"],
-                                                "uid": np.array([f"u{i}" for i in batch_dict["row_id"]], dtype=object)})
-        prompts = DataProto.from_dict({"input_ids": batch_dict["input_ids"]}, non_tensors={"uid": rows.non_tensor_batch["uid"]})
+        rows = DataProto.from_dict(
+            non_tensors={
+                "row_id": batch_dict["row_id"],
+                "uid": np.array([f"u{i}" for i in batch_dict["row_id"]], dtype=object),
+            }
+        )
+        prompts = DataProto.from_dict(
+            {"input_ids": batch_dict["input_ids"]}, non_tensors={"uid": rows.non_tensor_batch["uid"]}
+        )
         return rows, prompts
 
     return batches(), prepare, lambda: dict(state)
@@ -138,10 +168,26 @@ def _dataloader(n_batches, size=4):
 
 def _stream(workers, n_batches, threshold=2, strategy="drop", warmup=1, done_rows=None, deadline_s=5.0):
     batches, prepare, state = _dataloader(n_batches)
-    settings = StreamSettings("separate_async", groups_per_step=4, threshold=threshold, strategy=strategy,
-                              warmup_batches=warmup, deadline_s=deadline_s, pad_token_id=0)
-    return StreamingRollout(batches, prepare, workers, lambda: workers.sync_rollout_weights()[0], state, settings,
-                            n=2, version=workers.version, done_rows=done_rows)
+    settings = StreamSettings(
+        "separate_async",
+        groups_per_step=4,
+        threshold=threshold,
+        strategy=strategy,
+        warmup_batches=warmup,
+        deadline_s=deadline_s,
+        pad_token_id=0,
+    )
+    return StreamingRollout(
+        batches,
+        prepare,
+        workers,
+        lambda: workers.sync_rollout_weights()[0],
+        state,
+        settings,
+        n=2,
+        version=workers.version,
+        done_rows=done_rows,
+    )
 
 
 def _step(stream, workers, release=None):
@@ -224,9 +270,11 @@ def test_when_drops_leave_too_few_groups_the_run_stops_cleanly():
 
 # ---------------------------------------------------------------- partial rollouts on the real engine
 
+
 @needs_vllm
-def test_partial_rollouts_keep_each_tokens_log_prob_under_the_policy_that_sampled_it(async_vllm_engine, vllm_model,
-                                                                                      tokenizer):
+def test_partial_rollouts_keep_each_tokens_log_prob_under_the_policy_that_sampled_it(
+    async_vllm_engine, vllm_model, tokenizer
+):
     """On the session's shared async engine (max_model_len=300, tests/conftest.py); its
     ignore_eos, its weights and its running state are put back at the end."""
     from hybridrl.workers.rollout.stream import RolloutStream
@@ -275,6 +323,7 @@ def test_partial_rollouts_keep_each_tokens_log_prob_under_the_policy_that_sample
 
 # ---------------------------------------------------------------- end to end on the tiny model
 
+
 @pytest.fixture(scope="module")
 def small_data(gsm8k_head):
     """32 training rows: eight batches of 4 prompts, more than the runs below draw (no prompt comes twice)."""
@@ -284,10 +333,20 @@ def small_data(gsm8k_head):
 def _args(data, model_dir, out, tmp_path, mode, *extra):
     from tests.workers.vllm_helpers import grpo_overrides, length_reward_file
 
-    return grpo_overrides(data, model_dir, out, length_reward_file(tmp_path), f"trainer.v1.trainer_mode={mode}",
-                          "actor_rollout_ref.rollout.mode=async", "algorithm.rollout_correction.bypass_mode=true",
-                          "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.total_training_steps=3",
-                          f"trainer.rollout_data_dir={out}/samples", *extra)
+    return grpo_overrides(
+        data,
+        model_dir,
+        out,
+        length_reward_file(tmp_path),
+        f"trainer.v1.trainer_mode={mode}",
+        "actor_rollout_ref.rollout.mode=async",
+        "algorithm.rollout_correction.bypass_mode=true",
+        "trainer.val_before_train=False",
+        "trainer.test_freq=-1",
+        "trainer.total_training_steps=3",
+        f"trainer.rollout_data_dir={out}/samples",
+        *extra,
+    )
 
 
 def _rows(out):
@@ -295,8 +354,11 @@ def _rows(out):
 
 
 def _prompts_trained(out, steps):
-    return [sample["input"] for step in steps
-            for sample in map(json.loads, open(os.path.join(out, "samples", f"step_{step}.jsonl")))]
+    return [
+        sample["input"]
+        for step in steps
+        for sample in map(json.loads, open(os.path.join(out, "samples", f"step_{step}.jsonl")))
+    ]
 
 
 @pytest.mark.slow
@@ -305,16 +367,32 @@ def test_two_steps_then_a_resume_that_trains_nothing_twice(small_data, vllm_mode
     from hybridrl.trainer.main_ppo import main
 
     out = tmp_path / "run"
-    args = _args(small_data, vllm_model_dir, out, tmp_path, "separate_async", "trainer.save_freq=1",
-                 "trainer.total_training_steps=2", "trainer.v1.sampler.max_off_policy_threshold=2")
+    args = _args(
+        small_data,
+        vllm_model_dir,
+        out,
+        tmp_path,
+        "separate_async",
+        "trainer.save_freq=1",
+        "trainer.total_training_steps=2",
+        "trainer.v1.sampler.max_off_policy_threshold=2",
+    )
     assert main(args) == 0
     rows = _rows(out)
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["fully_async/staleness/max"] <= 1 and r["actor/grad_norm"] > 0 for r in rows)
     assert [r["fully_async/count/current_param_version"] for r in rows] == [0, 1]
-    for key in ("timing_s/gen", "timing_s/sync_rollout_weights", "fully_async/queue_size", "fully_async/in_flight",
-                "fully_async/dropped", "fully_async/partial/partial_ratio", "fully_async/trainer/idle_ratio",
-                "fully_async/rollouter/idle_ratio", *MEMORY_METRICS):
+    for key in (
+        "timing_s/gen",
+        "timing_s/sync_rollout_weights",
+        "fully_async/queue_size",
+        "fully_async/in_flight",
+        "fully_async/dropped",
+        "fully_async/partial/partial_ratio",
+        "fully_async/trainer/idle_ratio",
+        "fully_async/rollouter/idle_ratio",
+        *MEMORY_METRICS,
+    ):
         assert key in rows[-1], key
     assert "timing_s/old_log_prob" not in rows[-1]  # bypass mode: the rollout log-probs are the old ones
     # resume from step 1's checkpoint: its groups in flight are generated again, nothing trains twice
@@ -329,8 +407,9 @@ def test_two_steps_then_a_resume_that_trains_nothing_twice(small_data, vllm_mode
 
 @pytest.mark.slow
 @needs_vllm
-def test_colocated_two_steps_then_a_killed_engine_stops_the_run_with_one_line(small_data, vllm_model_dir, tmp_path,
-                                                                             monkeypatch, capsys):
+def test_colocated_two_steps_then_a_killed_engine_stops_the_run_with_one_line(
+    small_data, vllm_model_dir, tmp_path, monkeypatch, capsys
+):
     """colocate_async (generation paused while the trainer trains) runs its steps; then the engine
     process dies while groups stream: the step's wait ends with the engine's one-line error (not a
     hang, not a traceback)."""
@@ -350,8 +429,15 @@ def test_colocated_two_steps_then_a_killed_engine_stops_the_run_with_one_line(sm
 
     monkeypatch.setattr(ActorRolloutRefWorker, "stream_submit", kill_at_the_fourth)
     out = tmp_path / "run"
-    args = _args(small_data, vllm_model_dir, out, tmp_path, "colocate_async", "trainer.save_freq=-1",
-                 "actor_rollout_ref.rollout.engine_timeout_s=60")
+    args = _args(
+        small_data,
+        vllm_model_dir,
+        out,
+        tmp_path,
+        "colocate_async",
+        "trainer.save_freq=-1",
+        "actor_rollout_ref.rollout.engine_timeout_s=60",
+    )
     assert main(args) == 2
     error = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hybridrl: error:")]
     assert len(error) == 1 and "vLLM async engine: its process died" in error[0], error
@@ -367,9 +453,18 @@ def test_on_two_simulated_ray_nodes_each_worker_streams_its_share(ray_cluster, s
     from hybridrl.trainer.main_ppo import main
 
     out = tmp_path / "run"
-    args = _args(small_data, vllm_model_dir, out, tmp_path, "separate_async", "trainer.backend=ray",
-                 "trainer.nnodes=2", "trainer.n_gpus_per_node=1", "trainer.v1.sampler.max_off_policy_threshold=2",
-                 "trainer.total_training_steps=2")
+    args = _args(
+        small_data,
+        vllm_model_dir,
+        out,
+        tmp_path,
+        "separate_async",
+        "trainer.backend=ray",
+        "trainer.nnodes=2",
+        "trainer.n_gpus_per_node=1",
+        "trainer.v1.sampler.max_off_policy_threshold=2",
+        "trainer.total_training_steps=2",
+    )
     assert main(args) == 0
     rows = _rows(out)
     assert [r["step"] for r in rows] == [1, 2]
@@ -380,7 +475,9 @@ def test_on_two_simulated_ray_nodes_each_worker_streams_its_share(ray_cluster, s
 
 @pytest.mark.slow
 @needs_vllm
-def test_a_rollout_pool_of_its_own_generates_while_the_trainer_trains(ray_cluster, small_data, vllm_model_dir, tmp_path):
+def test_a_rollout_pool_of_its_own_generates_while_the_trainer_trains(
+    ray_cluster, small_data, vllm_model_dir, tmp_path
+):
     """actor_rollout_ref.rollout.nnodes=1: one trainer worker without an engine, one rollout worker
     with one (verl's standalone rollout), each on a simulated node of its own; the actor's weights
     reach the rollout worker after every update (bypass mode: in fp32 the first step's rollout
@@ -388,10 +485,21 @@ def test_a_rollout_pool_of_its_own_generates_while_the_trainer_trains(ray_cluste
     from hybridrl.trainer.main_ppo import main
 
     out = tmp_path / "run"
-    args = _args(small_data, vllm_model_dir, out, tmp_path, "separate_async", "trainer.backend=ray",
-                 "trainer.nnodes=1", "trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.nnodes=1",
-                 "actor_rollout_ref.rollout.n_gpus_per_node=1", "trainer.v1.sampler.max_off_policy_threshold=1",
-                 "trainer.test_freq=2", "trainer.total_training_steps=2")
+    args = _args(
+        small_data,
+        vllm_model_dir,
+        out,
+        tmp_path,
+        "separate_async",
+        "trainer.backend=ray",
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=1",
+        "actor_rollout_ref.rollout.nnodes=1",
+        "actor_rollout_ref.rollout.n_gpus_per_node=1",
+        "trainer.v1.sampler.max_off_policy_threshold=1",
+        "trainer.test_freq=2",
+        "trainer.total_training_steps=2",
+    )
     assert main(args) == 0
     rows = _rows(out)
     assert [r["step"] for r in rows] == [1, 2]
@@ -412,8 +520,9 @@ def test_a_rollout_pool_needs_separate_async_ray_and_workers():
 
 @pytest.mark.slow
 @needs_vllm
-def test_a_killed_rollout_worker_is_a_worker_error_naming_it(ray_cluster, small_data, vllm_model_dir, tmp_path,
-                                                              monkeypatch):
+def test_a_killed_rollout_worker_is_a_worker_error_naming_it(
+    ray_cluster, small_data, vllm_model_dir, tmp_path, monkeypatch
+):
     """The rollout pool's worker process dies after step 1: the next call on it fails at once with
     a WorkerError naming the RolloutWorker, instead of a wait for groups that never come."""
     import ray
@@ -431,9 +540,18 @@ def test_a_killed_rollout_worker_is_a_worker_error_naming_it(ray_cluster, small_
 
     monkeypatch.setattr(StreamingRollout, "sync_weights", kill_after_the_first_update)
     out = tmp_path / "run"
-    args = _args(small_data, vllm_model_dir, out, tmp_path, "separate_async", "trainer.backend=ray",
-                 "trainer.nnodes=1", "trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.nnodes=1",
-                 "actor_rollout_ref.rollout.n_gpus_per_node=1")
+    args = _args(
+        small_data,
+        vllm_model_dir,
+        out,
+        tmp_path,
+        "separate_async",
+        "trainer.backend=ray",
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=1",
+        "actor_rollout_ref.rollout.nnodes=1",
+        "actor_rollout_ref.rollout.n_gpus_per_node=1",
+    )
     started = time.monotonic()
     with pytest.raises(WorkerError, match=r"^RolloutWorker worker process of rank 0 died"):
         main(args)

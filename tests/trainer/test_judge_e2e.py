@@ -17,20 +17,34 @@ def test_grpo_step_with_a_judge(gsm8k_parquet, tiny_model_dir, tmp_path, capsys)
     parser = tmp_path / "parser.py"
     parser.write_text(PARSER)
     out = tmp_path / "run"
-    code = main([
-        f"data.train_files={gsm8k_parquet}/train.parquet", f"data.val_files={gsm8k_parquet}/test.parquet",
-        "data.train_batch_size=4", "data.max_prompt_length=256",
-        "data.filter_overlong_prompts=True", "data.max_response_length=8",
-        f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor_rollout_ref.rollout.n=2",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8", "algorithm.adv_estimator=grpo",
-        "trainer.device=cpu", "trainer.logger=['file']", f"trainer.default_local_dir={out}",
-        "trainer.total_training_steps=1", "trainer.test_freq=-1", "trainer.save_freq=-1",
-        "trainer.val_before_train=False",
-        "reward_model.reward_manager=judge", f"reward.reward_model.model_path={tiny_model_dir}",
-        "reward_model.rollout.response_length=6", f"reward_model.judge.score_parser.path={parser}",
-        "reward_model.use_reward_loop=true",
-    ])
+    code = main(
+        [
+            f"data.train_files={gsm8k_parquet}/train.parquet",
+            f"data.val_files={gsm8k_parquet}/test.parquet",
+            "data.train_batch_size=4",
+            "data.max_prompt_length=256",
+            "data.filter_overlong_prompts=True",
+            "data.max_response_length=8",
+            f"actor_rollout_ref.model.path={tiny_model_dir}",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+            "algorithm.adv_estimator=grpo",
+            "trainer.device=cpu",
+            "trainer.logger=['file']",
+            f"trainer.default_local_dir={out}",
+            "trainer.total_training_steps=1",
+            "trainer.test_freq=-1",
+            "trainer.save_freq=-1",
+            "trainer.val_before_train=False",
+            "reward_model.reward_manager=judge",
+            f"reward.reward_model.model_path={tiny_model_dir}",
+            "reward_model.rollout.response_length=6",
+            f"reward_model.judge.score_parser.path={parser}",
+            "reward_model.use_reward_loop=true",
+        ]
+    )
     assert code == 0, capsys.readouterr()
     printed = capsys.readouterr().out
     assert "reward_model.use_reward_loop=True is ignored" in printed

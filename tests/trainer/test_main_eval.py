@@ -16,10 +16,10 @@ from hybridrl.trainer.main_generation import run_generation
 MATH = "HuggingFaceH4/MATH-500"
 
 # A scorer that depends only on the text, so the test can recompute every metric from the parquet.
-LENGTH_SCORER = '''
+LENGTH_SCORER = """
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, modulus=2):
     return {"score": float(len(solution_str) % modulus == 0), "pred": str(len(solution_str) % 3)}
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -30,11 +30,24 @@ def generated(gsm8k_parquet, tiny_model_dir, tmp_path_factory):
     folder = tmp_path_factory.mktemp("eval_roundtrip")
     pd.read_parquet(gsm8k_parquet / "test.parquet").head(6).to_parquet(folder / "prompts.parquet", index=False)
     out = folder / "responses.parquet"
-    run_generation(load_config([
-        f"data.path={folder / 'prompts.parquet'}", f"data.output_path={out}", f"model.path={tiny_model_dir}",
-        "data.n_samples=4", "data.batch_size=3", "rollout.response_length=5", "rollout.prompt_length=256",
-        "rollout.dtype=float32", "trainer.device=cpu", "rollout.top_k=0", "rollout.top_p=1.0",
-    ], config_name="generation"))
+    run_generation(
+        load_config(
+            [
+                f"data.path={folder / 'prompts.parquet'}",
+                f"data.output_path={out}",
+                f"model.path={tiny_model_dir}",
+                "data.n_samples=4",
+                "data.batch_size=3",
+                "rollout.response_length=5",
+                "rollout.prompt_length=256",
+                "rollout.dtype=float32",
+                "trainer.device=cpu",
+                "rollout.top_k=0",
+                "rollout.top_p=1.0",
+            ],
+            config_name="generation",
+        )
+    )
     torch.set_num_threads(threads)
     return out
 
@@ -56,8 +69,11 @@ def _pass_at_k(n, c, k):
 def test_generate_then_eval_round_trip_with_custom_scorer(generated, tmp_path):
     scorer = tmp_path / "length_scorer.py"
     scorer.write_text(LENGTH_SCORER)
-    report = run_eval(eval_config(generated, f"custom_reward_function.path={scorer}",
-                                  "+custom_reward_function.reward_kwargs.modulus=3"))
+    report = run_eval(
+        eval_config(
+            generated, f"custom_reward_function.path={scorer}", "+custom_reward_function.reward_kwargs.modulus=3"
+        )
+    )
     responses = pd.read_parquet(generated)["responses"].map(list).tolist()
     scores = np.array([[float(len(r) % 3 == 0) for r in row] for row in responses])
     entry = report["data_sources"]["openai/gsm8k"]
@@ -87,21 +103,26 @@ def test_eval_with_builtin_gsm8k_scorer_notes_missing_maj(generated, tmp_path, c
 
 def _math_parquet(path, responses_per_row, sources=None):
     gts = ["5", r"\frac{1}{2}", "(1,2)"][: len(responses_per_row)]
-    pd.DataFrame({
-        "data_source": sources or [MATH] * len(gts),
-        "prompt": [[{"role": "user", "content": "q"}]] * len(gts),
-        "reward_model": [{"style": "rule", "ground_truth": gt} for gt in gts],
-        "responses": responses_per_row,
-    }).to_parquet(path, index=False)
+    pd.DataFrame(
+        {
+            "data_source": sources or [MATH] * len(gts),
+            "prompt": [[{"role": "user", "content": "q"}]] * len(gts),
+            "reward_model": [{"style": "rule", "ground_truth": gt} for gt in gts],
+            "responses": responses_per_row,
+        }
+    ).to_parquet(path, index=False)
     return path
 
 
 def test_math_scores_hand_computed(tmp_path):
-    path = _math_parquet(tmp_path / "m.parquet", [
-        [r"\boxed{5}", r"\boxed{4}", r"\boxed{4}", "no box"],          # 1 right; majority "4" wrong
-        [r"\boxed{0.5}", r"\boxed{\frac12}", r"\boxed{2}", r"\boxed{0.5}"],  # 3 right; majority "0.5"
-        [r"\boxed{(2,1)}"] * 4,                                        # none right
-    ])
+    path = _math_parquet(
+        tmp_path / "m.parquet",
+        [
+            [r"\boxed{5}", r"\boxed{4}", r"\boxed{4}", "no box"],  # 1 right; majority "4" wrong
+            [r"\boxed{0.5}", r"\boxed{\frac12}", r"\boxed{2}", r"\boxed{0.5}"],  # 3 right; majority "0.5"
+            [r"\boxed{(2,1)}"] * 4,  # none right
+        ],
+    )
     m = {k: v for k, v in run_eval(eval_config(path, "metrics.pass_k=[1,3]"))["data_sources"][MATH]["metrics"].items()}
     assert list(m) == ["mean@4", "pass@1", "pass@3", "maj@4", "best@4"]
     assert m["mean@4"]["value"] == pytest.approx((1 / 4 + 3 / 4 + 0) / 3)

@@ -33,11 +33,21 @@ def prompts_parquet(gsm8k_parquet, tmp_path_factory):
 
 
 def gen_config(prompts_parquet, model_dir, output_path, *extra):
-    return load_config([
-        f"data.path={prompts_parquet}", f"data.output_path={output_path}", f"model.path={model_dir}",
-        f"data.n_samples={N_SAMPLES}", f"data.batch_size={BATCH_SIZE}", "rollout.response_length=6",
-        "rollout.prompt_length=256", "rollout.dtype=float32", "trainer.device=cpu", *extra,
-    ], config_name="generation")
+    return load_config(
+        [
+            f"data.path={prompts_parquet}",
+            f"data.output_path={output_path}",
+            f"model.path={model_dir}",
+            f"data.n_samples={N_SAMPLES}",
+            f"data.batch_size={BATCH_SIZE}",
+            "rollout.response_length=6",
+            "rollout.prompt_length=256",
+            "rollout.dtype=float32",
+            "trainer.device=cpu",
+            *extra,
+        ],
+        config_name="generation",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +69,8 @@ def test_output_is_input_rows_plus_responses(full_run, prompts_parquet):
 
 
 def test_resume_skips_finished_batches_and_matches_an_uninterrupted_run(
-        full_run, prompts_parquet, tiny_model_dir, tmp_path, monkeypatch):
+    full_run, prompts_parquet, tiny_model_dir, tmp_path, monkeypatch
+):
     calls = []
     real = HFRollout.generate_sequences
 
@@ -94,19 +105,29 @@ def test_parts_of_other_settings_are_not_reused(prompts_parquet, tiny_model_dir,
         run_generation(gen_config(prompts_parquet, tiny_model_dir, out, "data.n_samples=3"))
 
 
-@pytest.mark.parametrize("override,match", [
-    ("rollout.temperature=0", r"data.n_samples=2 with greedy decoding"),
-    ("data.batch_size=0", r"data.batch_size=0 must be a whole number >= 1"),
-    ("data.output_path=''", r"data.output_path is empty"),
-])
+@pytest.mark.parametrize(
+    "override,match",
+    [
+        ("rollout.temperature=0", r"data.n_samples=2 with greedy decoding"),
+        ("data.batch_size=0", r"data.batch_size=0 must be a whole number >= 1"),
+        ("data.output_path=''", r"data.output_path is empty"),
+    ],
+)
 def test_bad_config_is_one_clear_error(prompts_parquet, tiny_model_dir, tmp_path, override, match):
     with pytest.raises(ConfigError, match=match):
         run_generation(gen_config(prompts_parquet, tiny_model_dir, tmp_path / "o.parquet", override))
 
 
 def test_cli_missing_input_prints_one_line(tiny_model_dir, tmp_path, capsys):
-    code = cli.main(["generate", f"data.path={tmp_path}/nope.parquet", f"data.output_path={tmp_path}/o.parquet",
-                     f"model.path={tiny_model_dir}", "trainer.device=cpu"])
+    code = cli.main(
+        [
+            "generate",
+            f"data.path={tmp_path}/nope.parquet",
+            f"data.output_path={tmp_path}/o.parquet",
+            f"model.path={tiny_model_dir}",
+            "trainer.device=cpu",
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
     assert "data.path" in err and "nope.parquet does not exist" in err

@@ -18,9 +18,17 @@ from hybridrl.trainer.plan_config import build_plan
 
 def _config(model_type, hidden, inter, layers, heads, kv_heads, vocab, tied, **extra) -> dict:
     """A config.json's contents."""
-    return {"model_type": model_type, "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
-            "num_attention_heads": heads, "num_key_value_heads": kv_heads, "vocab_size": vocab,
-            "tie_word_embeddings": tied, **extra}
+    return {
+        "model_type": model_type,
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "vocab_size": vocab,
+        "tie_word_embeddings": tied,
+        **extra,
+    }
 
 
 # Published shapes (the models' config.json); SmolLM2 is a Llama, Qwen2.5 a Qwen2.
@@ -55,8 +63,10 @@ def test_param_count_matches_transformers(name):
 def test_lora_param_count_matches_peft(targets, excluded):
     peft = pytest.importorskip("peft")
     shape = SHAPES["Qwen2.5-0.5B"]
-    model = peft.get_peft_model(_meta_model(shape), peft.LoraConfig(r=16, target_modules=targets,
-                                                                     exclude_modules=excluded, task_type="CAUSAL_LM"))
+    model = peft.get_peft_model(
+        _meta_model(shape),
+        peft.LoraConfig(r=16, target_modules=targets, exclude_modules=excluded, task_type="CAUSAL_LM"),
+    )
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     assert model_shape_from_dict(shape).lora_param_count(16, targets, excluded) == trainable
 
@@ -73,13 +83,22 @@ def model_dir(tmp_path_factory):
 
 
 def _overrides(model_dir):
-    return ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.rollout.n=4",
-            "data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "data.max_prompt_length=64",
-            "data.max_response_length=128", "actor_rollout_ref.rollout.micro_batch_size=8", "trainer.device=cpu",
-            "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
-            "actor_rollout_ref.rollout.dtype=bf16", "trainer.n_gpus_per_node=2",
-            f"actor_rollout_ref.model.path={model_dir}"]
+    return [
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "actor_rollout_ref.rollout.n=4",
+        "data.train_batch_size=16",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "data.max_prompt_length=64",
+        "data.max_response_length=128",
+        "actor_rollout_ref.rollout.micro_batch_size=8",
+        "trainer.device=cpu",
+        "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
+        "actor_rollout_ref.rollout.dtype=bf16",
+        "trainer.n_gpus_per_node=2",
+        f"actor_rollout_ref.model.path={model_dir}",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +126,12 @@ def test_weights_are_the_param_count_sharded_in_fp32(base):
 
 def test_doubling_workers_halves_the_sharded_parts_not_the_rollout_copy(base):
     two, four = _plan(base), _plan(base, **{"trainer.n_gpus_per_node": 4})
-    for role, component in [("actor", "weights"), ("actor", "gradients"), ("actor", "optimizer_states"),
-                            ("reference", "weights")]:
+    for role, component in [
+        ("actor", "weights"),
+        ("actor", "gradients"),
+        ("actor", "optimizer_states"),
+        ("reference", "weights"),
+    ]:
         assert four.roles[role][component] == pytest.approx(two.roles[role][component] / 2)
     assert four.roles["rollout"]["weights"] == two.roles["rollout"]["weights"]
     assert four.roles["process"]["baseline"] == two.roles["process"]["baseline"]
@@ -123,8 +146,10 @@ def test_hybrid_sharding_divides_by_fsdp_size(base):
 def test_offload_on_cuda_moves_shards_to_the_host(base):
     cuda = _with(base, {"trainer.device": "cuda"})
     plain = build_plan(cuda, 80.0)
-    offload = build_plan(_with(cuda, {f"{A}.actor.fsdp_config.param_offload": True,
-                                      f"{A}.actor.fsdp_config.optimizer_offload": True}), 80.0)
+    offload = build_plan(
+        _with(cuda, {f"{A}.actor.fsdp_config.param_offload": True, f"{A}.actor.fsdp_config.optimizer_offload": True}),
+        80.0,
+    )
     assert offload.roles["actor"]["optimizer_states"] == 0 and offload.roles["actor"]["weights"] == 0
     assert offload.host_gb["actor"]["optimizer_states"] == pytest.approx(plain.roles["actor"]["optimizer_states"])
     resident_saved = plain.roles["actor"]["weights"] + plain.roles["actor"]["optimizer_states"]
@@ -144,8 +169,9 @@ def test_optimizer_offload_alone_keeps_the_moments_for_the_update_only(base):
 
 def test_offload_on_cpu_saves_nothing_and_says_so(base):
     plain = _plan(base)
-    offload = _plan(base, **{f"{A}.actor.fsdp_config.param_offload": True,
-                             f"{A}.actor.fsdp_config.optimizer_offload": True})
+    offload = _plan(
+        base, **{f"{A}.actor.fsdp_config.param_offload": True, f"{A}.actor.fsdp_config.optimizer_offload": True}
+    )
     assert offload.per_device_gb == pytest.approx(plain.per_device_gb)
     assert any("saves nothing" in note for note in offload.notes)
 
@@ -171,8 +197,9 @@ def test_gradient_checkpointing_shrinks_activations(base):
 
 def test_chunked_logits_shrink_the_logits(base):
     plain = _plan(base, **{f"{A}.actor.ppo_micro_batch_size_per_gpu": 16})
-    chunked = _plan(base, **{f"{A}.actor.ppo_micro_batch_size_per_gpu": 16,
-                             f"{A}.actor.entropy_from_logits_with_chunking": True})
+    chunked = _plan(
+        base, **{f"{A}.actor.ppo_micro_batch_size_per_gpu": 16, f"{A}.actor.entropy_from_logits_with_chunking": True}
+    )
     tokens = 16 * 128  # micro batch x response length: the head runs on response tokens only
     assert plain.roles["actor"]["logits"] * GiB == pytest.approx(tokens * SHAPE_360M.vocab_size * 8)  # fp32 + grad
     assert chunked.roles["actor"]["logits"] < plain.roles["actor"]["logits"] / 2
@@ -198,8 +225,12 @@ def test_hf_kv_cache_is_micro_batch_by_length_by_layers(base):
 
 
 def test_vllm_on_cuda_takes_its_share_of_the_device(base):
-    plan = build_plan(_with(base, {"trainer.device": "cuda", f"{A}.rollout.name": "vllm",
-                                   f"{A}.rollout.gpu_memory_utilization": 0.4}), 80.0)
+    plan = build_plan(
+        _with(
+            base, {"trainer.device": "cuda", f"{A}.rollout.name": "vllm", f"{A}.rollout.gpu_memory_utilization": 0.4}
+        ),
+        80.0,
+    )
     assert plan.roles["rollout"]["engine_weights_and_kv_cache"] == pytest.approx(32.0)
     assert "generate" in plan.when["rollout"]["engine_weights_and_kv_cache"]  # asleep between generations
 
@@ -255,11 +286,14 @@ def _one_error_line(code, err):
     return lines[0]
 
 
-@pytest.mark.parametrize("shape,expected", [
-    (dict(SHAPES["mistral-small"], model_type="gpt2"), "'gpt2' is not supported"),
-    (dict(SHAPES["Qwen2.5-0.5B"], model_type="qwen2", num_experts=8), "num_experts=8"),
-    ({k: v for k, v in SHAPES["mistral-small"].items() if k != "intermediate_size"}, "intermediate_size=None"),
-])
+@pytest.mark.parametrize(
+    "shape,expected",
+    [
+        (dict(SHAPES["mistral-small"], model_type="gpt2"), "'gpt2' is not supported"),
+        (dict(SHAPES["Qwen2.5-0.5B"], model_type="qwen2", num_experts=8), "num_experts=8"),
+        ({k: v for k, v in SHAPES["mistral-small"].items() if k != "intermediate_size"}, "intermediate_size=None"),
+    ],
+)
 def test_bad_model_is_one_line_naming_the_key(tmp_path, capsys, shape, expected, model_dir):
     folder = _write_model(tmp_path / "m", **shape)
     line = _one_error_line(*_run([*_overrides(model_dir), f"{A}.model.path={folder}"], capsys)[::2])
@@ -273,15 +307,18 @@ def test_model_folder_without_config_json_is_one_line(tmp_path, capsys, model_di
     assert "actor_rollout_ref.model.path" in line and "config.json" in line
 
 
-@pytest.mark.parametrize("argv,key", [
-    (["--device-memory", "0"], "--device-memory"),
-    (["--device-memory", "-4"], "--device-memory"),
-    (["data.max_response_length=0"], "data.max_response_length"),
-    ([f"{A}.actor.ppo_micro_batch_size_per_gpu=0"], "ppo_micro_batch_size_per_gpu"),
-    ([f"{A}.rollout.micro_batch_size=0"], f"{A}.rollout.micro_batch_size"),
-    ([f"{A}.rollout.log_prob_micro_batch_size_per_gpu=0"], "log_prob_micro_batch_size_per_gpu"),
-    (["trainer.n_gpus_per_node=0"], "trainer.n_gpus_per_node"),
-])
+@pytest.mark.parametrize(
+    "argv,key",
+    [
+        (["--device-memory", "0"], "--device-memory"),
+        (["--device-memory", "-4"], "--device-memory"),
+        (["data.max_response_length=0"], "data.max_response_length"),
+        ([f"{A}.actor.ppo_micro_batch_size_per_gpu=0"], "ppo_micro_batch_size_per_gpu"),
+        ([f"{A}.rollout.micro_batch_size=0"], f"{A}.rollout.micro_batch_size"),
+        ([f"{A}.rollout.log_prob_micro_batch_size_per_gpu=0"], "log_prob_micro_batch_size_per_gpu"),
+        (["trainer.n_gpus_per_node=0"], "trainer.n_gpus_per_node"),
+    ],
+)
 def test_sizes_that_make_no_sense_are_one_line_naming_the_key(argv, key, capsys, model_dir):
     line = _one_error_line(*_run([*_overrides(model_dir), *argv], capsys)[::2])
     assert key in line
@@ -312,8 +349,12 @@ def test_one_line_names_the_peak_phase_and_roles(base):
 
 
 def test_a_vllm_share_that_cannot_hold_the_weights_does_not_fit(base):
-    plan = build_plan(_with(base, {"trainer.device": "cuda", f"{A}.rollout.name": "vllm",
-                                   f"{A}.rollout.gpu_memory_utilization": 0.1}), 4.0)
+    plan = build_plan(
+        _with(
+            base, {"trainer.device": "cuda", f"{A}.rollout.name": "vllm", f"{A}.rollout.gpu_memory_utilization": 0.1}
+        ),
+        4.0,
+    )
     weights_gb = SHAPE_360M.param_count() * 2 / GiB  # bf16, more than 0.1 x 4 GB
     assert plan.roles["rollout"]["engine_weights_and_kv_cache"] == pytest.approx(weights_gb)
     assert not plan.fits and any("cannot hold the weights" in note for note in plan.notes)

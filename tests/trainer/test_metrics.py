@@ -39,18 +39,32 @@ def test_data_metrics_by_hand():
     m = compute_data_metrics(_batch(), use_critic=True)
     expected = {
         # sequence sums: scores [1.0, 0.5], rewards [0.7, 0.1]
-        "critic/score/mean": 0.75, "critic/score/max": 1.0, "critic/score/min": 0.5,
-        "critic/rewards/mean": 0.4, "critic/rewards/max": 0.7, "critic/rewards/min": 0.1,
+        "critic/score/mean": 0.75,
+        "critic/score/max": 1.0,
+        "critic/score/min": 0.5,
+        "critic/rewards/mean": 0.4,
+        "critic/rewards/max": 0.7,
+        "critic/rewards/min": 0.1,
         # valid advantages [1, 2, 3, -1, -2], returns [2, 2, 2, 0, 0], values [1, 2, 3, 0, 1]
-        "critic/advantages/mean": 0.6, "critic/advantages/max": 3.0, "critic/advantages/min": -2.0,
-        "critic/returns/mean": 1.2, "critic/returns/max": 2.0, "critic/returns/min": 0.0,
-        "critic/values/mean": 1.4, "critic/values/max": 3.0, "critic/values/min": 0.0,
+        "critic/advantages/mean": 0.6,
+        "critic/advantages/max": 3.0,
+        "critic/advantages/min": -2.0,
+        "critic/returns/mean": 1.2,
+        "critic/returns/max": 2.0,
+        "critic/returns/min": 0.0,
+        "critic/values/mean": 1.4,
+        "critic/values/max": 3.0,
+        "critic/values/min": 0.0,
         # returns - values = [1, 0, -1, 0, -1]: unbiased var 2.8/4 = 0.7; var(returns) = 4.8/4 = 1.2
         "critic/vf_explained_var": 1 - 0.7 / (1.2 + 1e-5),
         # response lengths from attention_mask [4, 2]; prompt lengths [2, 3]
-        "response_length/mean": 3.0, "response_length/max": 4.0, "response_length/min": 2.0,
+        "response_length/mean": 3.0,
+        "response_length/max": 4.0,
+        "response_length/min": 2.0,
         "response_length/clip_ratio": 0.5,
-        "prompt_length/mean": 2.5, "prompt_length/max": 3.0, "prompt_length/min": 2.0,
+        "prompt_length/mean": 2.5,
+        "prompt_length/max": 3.0,
+        "prompt_length/min": 2.0,
         "prompt_length/clip_ratio": 0.5,
     }
     assert set(m) == set(expected)
@@ -130,5 +144,3 @@ def test_marked_timer_real_clock():
     with marked_timer("step", timing_raw):
         sum(range(1000))
     assert 0.0 <= timing_raw["step"] < 5.0
-
-

@@ -32,11 +32,17 @@ from tests.tiny_models import ppo_section
 
 ONE_STEP_OFF = "trainer.one_step_off_policy=true"
 PREFETCH_SECONDS = 3.0  # the prefetched generations are made this much longer: they visibly overlap the update
-BASE = ["algorithm.adv_estimator=grpo", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.rollout.n=2"]
+BASE = [
+    "algorithm.adv_estimator=grpo",
+    "data.train_batch_size=8",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.rollout.n=2",
+]
 
 
 # ---------------------------------------------------------------- start-up checks (no model)
+
 
 def _error(*overrides) -> str:
     with pytest.raises(ConfigError) as err:
@@ -50,10 +56,15 @@ def test_bad_combinations_are_one_line_at_start_up():
     assert "its own copy of the weights" in _error(ONE_STEP_OFF, "actor_rollout_ref.rollout.name=sglang")
     vllm = [ONE_STEP_OFF, "actor_rollout_ref.rollout.name=vllm"]
     assert "dynamic sampling" in _error(*vllm, "algorithm.filter_groups.enable=true")
-    assert "adv_estimator=remax: its greedy baselines" in _error(*vllm, "algorithm.adv_estimator=remax",
-                                                                  "actor_rollout_ref.rollout.n=1")
-    assert "trainer.one_step_off_policy: Value 'maybe' is not a valid bool" in _error("trainer.one_step_off_policy=maybe")
-    assert "choose one" in _error(*vllm, "trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.mode=async")
+    assert "adv_estimator=remax: its greedy baselines" in _error(
+        *vllm, "algorithm.adv_estimator=remax", "actor_rollout_ref.rollout.n=1"
+    )
+    assert "trainer.one_step_off_policy: Value 'maybe' is not a valid bool" in _error(
+        "trainer.one_step_off_policy=maybe"
+    )
+    assert "choose one" in _error(
+        *vllm, "trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.mode=async"
+    )
 
 
 def test_without_correction_a_note_recommends_verls_setting():
@@ -73,6 +84,7 @@ def test_the_old_log_prob_pass_always_runs():
 
 
 # ---------------------------------------------------------------- the prefetch machinery (no model)
+
 
 def test_the_schedule_syncs_then_launches_the_next_batch_and_saves_the_position_before_it():
     events, state = [], {"drawn": 0}
@@ -115,11 +127,15 @@ def test_prefetch_errors_reach_the_driver_as_they_were_and_waits_have_deadlines(
     with pytest.raises(RolloutEngineError, match=r"^vLLM async engine: its process died while generating"):
         PendingGeneration(dead_engine, {}, step=2, deadline_s=10).result()
     started = time.perf_counter()
-    with pytest.raises(RolloutEngineError, match=r"waited for the engine to be free for validation: the generation of "
-                                                 r"the batch for step 5 was not done 0.3 s after its launch "
-                                                 r"\(actor_rollout_ref.rollout.engine_timeout_s\)") as err:
+    with pytest.raises(
+        RolloutEngineError,
+        match=r"waited for the engine to be free for validation: the generation of "
+        r"the batch for step 5 was not done 0.3 s after its launch "
+        r"\(actor_rollout_ref.rollout.engine_timeout_s\)",
+    ) as err:
         PendingGeneration(lambda b: time.sleep(5), {}, step=5, deadline_s=0.3).result(
-            "the engine to be free for validation")
+            "the engine to be free for validation"
+        )
     assert "\n" not in str(err.value) and time.perf_counter() - started < 2
 
 
@@ -129,6 +145,7 @@ def test_staleness_is_the_current_version_minus_each_samples():
 
 
 # ---------------------------------------------------------------- the worker's engine lock (a stand-in engine)
+
 
 class SlowEngine:
     """Records when its generations and weight syncs run; a generation takes ``seconds``."""
@@ -185,16 +202,20 @@ def test_a_busy_engine_fails_the_waiter_after_the_deadline_with_one_line():
     threading.Thread(target=worker.generate_sequences, args=(_prompts(),), daemon=True).start()
     assert engine.generating.wait(10)
     worker.param_version = 1
-    with pytest.raises(RolloutEngineError, match=r"rollout engine: a weight sync waited actor_rollout_ref.rollout."
-                                                 r"engine_timeout_s=0.3 s for a generation to finish") as err:
+    with pytest.raises(
+        RolloutEngineError,
+        match=r"rollout engine: a weight sync waited actor_rollout_ref.rollout."
+        r"engine_timeout_s=0.3 s for a generation to finish",
+    ) as err:
         worker.sync_rollout_weights()
     assert "\n" not in str(err.value)
 
 
 # ---------------------------------------------------------------- end to end with vLLM
 
-needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason="the vllm extra is not installed (pip install -e '.[vllm]')")
+needs_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="the vllm extra is not installed (pip install -e '.[vllm]')"
+)
 
 
 class CallLog:
@@ -238,9 +259,18 @@ def small_data(gsm8k_head):
 def _args(data, model_dir, out, tmp_path, *extra):
     from tests.workers.vllm_helpers import grpo_overrides, length_reward_file
 
-    return grpo_overrides(data, model_dir, out, length_reward_file(tmp_path), ONE_STEP_OFF,
-                          "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.total_training_steps=3",
-                          f"trainer.rollout_data_dir={out}/samples", *extra)
+    return grpo_overrides(
+        data,
+        model_dir,
+        out,
+        length_reward_file(tmp_path),
+        ONE_STEP_OFF,
+        "trainer.val_before_train=False",
+        "trainer.test_freq=-1",
+        "trainer.total_training_steps=3",
+        f"trainer.rollout_data_dir={out}/samples",
+        *extra,
+    )
 
 
 def _rows(out):
@@ -260,8 +290,19 @@ def straight_run(small_data, vllm_model_dir, tmp_path_factory):
     log = CallLog()
     with pytest.MonkeyPatch.context() as monkeypatch:
         log.install(monkeypatch)
-        assert main(_args(small_data, vllm_model_dir, tmp / "run", tmp, "trainer.save_freq=-1",
-                          "algorithm.rollout_correction.rollout_is=token")) == 0
+        assert (
+            main(
+                _args(
+                    small_data,
+                    vllm_model_dir,
+                    tmp / "run",
+                    tmp,
+                    "trainer.save_freq=-1",
+                    "algorithm.rollout_correction.rollout_is=token",
+                )
+            )
+            == 0
+        )
     return tmp / "run", log
 
 
@@ -276,9 +317,15 @@ def test_three_steps_stale_by_one_with_the_generation_overlapping_the_update(str
     assert [r["fully_async/count/current_param_version"] for r in rows] == [0, 1, 2]
     assert [{s["param_version"] for s in _samples(out, step)} for step in (1, 2, 3)] == [{0}, {0}, {1}]
     for row in rows:
-        for key in ("timing_s/gen", "timing_s/generate_async", "timing_s/sync_rollout_weights",
-                    "timing_s/old_log_prob", "fully_async/trainer/idle_ratio", "rollout_corr/rollout_is_mean",
-                    *MEMORY_METRICS):
+        for key in (
+            "timing_s/gen",
+            "timing_s/generate_async",
+            "timing_s/sync_rollout_weights",
+            "timing_s/old_log_prob",
+            "fully_async/trainer/idle_ratio",
+            "rollout_corr/rollout_is_mean",
+            *MEMORY_METRICS,
+        ):
             assert key in row, key
         assert row["actor/grad_norm"] > 0
     # The engine's log-probs are the actor's in step 1 (same weights, fp32); afterwards they are a step old.
@@ -304,8 +351,14 @@ def test_resume_trains_the_batches_an_uninterrupted_run_trains(straight_run, sma
 
     straight, _ = straight_run
     out = tmp_path / "run"
-    args = _args(small_data, vllm_model_dir, out, tmp_path, "trainer.save_freq=2",
-                 "algorithm.rollout_correction.rollout_is=token")
+    args = _args(
+        small_data,
+        vllm_model_dir,
+        out,
+        tmp_path,
+        "trainer.save_freq=2",
+        "algorithm.rollout_correction.rollout_is=token",
+    )
     assert main([*args, "trainer.total_training_steps=2"]) == 0
     assert main(args) == 0
     rows = _rows(out)
@@ -320,8 +373,9 @@ def test_resume_trains_the_batches_an_uninterrupted_run_trains(straight_run, sma
 
 @pytest.mark.slow
 @needs_vllm
-def test_async_engine_in_bypass_mode_and_a_killed_engine_is_one_line(small_data, vllm_model_dir, tmp_path,
-                                                                       monkeypatch, capsys):
+def test_async_engine_in_bypass_mode_and_a_killed_engine_is_one_line(
+    small_data, vllm_model_dir, tmp_path, monkeypatch, capsys
+):
     """rollout.mode=async, verl's recommended bypass mode; the engine process is killed as the
     prefetch of batch 3 starts: the driver stops at step 3 with the engine's one-line error."""
     from hybridrl.trainer.main_ppo import main
@@ -337,9 +391,16 @@ def test_async_engine_in_bypass_mode_and_a_killed_engine_is_one_line(small_data,
 
     CallLog(stretch_s=0, on_prefetch=kill_at_the_third).install(monkeypatch)
     out = tmp_path / "run"
-    args = _args(small_data, vllm_model_dir, out, tmp_path, "trainer.save_freq=-1",
-                 "actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.engine_timeout_s=60",
-                 "algorithm.rollout_correction.bypass_mode=true")
+    args = _args(
+        small_data,
+        vllm_model_dir,
+        out,
+        tmp_path,
+        "trainer.save_freq=-1",
+        "actor_rollout_ref.rollout.mode=async",
+        "actor_rollout_ref.rollout.engine_timeout_s=60",
+        "algorithm.rollout_correction.bypass_mode=true",
+    )
     assert main(args) == 2
     error = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hybridrl: error:")]
     assert len(error) == 1 and "vLLM async engine: its process died while generating" in error[0]
@@ -357,9 +418,18 @@ def test_on_ray_with_the_async_engine(ray_cluster, small_data, vllm_model_dir, t
     from hybridrl.trainer.main_ppo import main
 
     out = tmp_path / "run"
-    args = _args(small_data, vllm_model_dir, out, tmp_path, "trainer.save_freq=-1", "trainer.backend=ray",
-                 "trainer.nnodes=1", "trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.mode=async",
-                 "algorithm.rollout_correction.rollout_is=token")
+    args = _args(
+        small_data,
+        vllm_model_dir,
+        out,
+        tmp_path,
+        "trainer.save_freq=-1",
+        "trainer.backend=ray",
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=1",
+        "actor_rollout_ref.rollout.mode=async",
+        "algorithm.rollout_correction.rollout_is=token",
+    )
     assert main(args) == 0
     rows = _rows(out)
     assert [r["fully_async/staleness/max"] for r in rows] == [0, 1, 1]

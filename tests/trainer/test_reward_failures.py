@@ -13,9 +13,12 @@ def scored(errors, timeouts=None):
     rows = len(errors)
     return DataProto.from_dict(
         tensors={"response_mask": torch.ones(rows, 3, dtype=torch.long), "token_level_scores": torch.zeros(rows, 3)},
-        non_tensors={"uid": np.array([f"g{i // 2}" for i in range(rows)], dtype=object),
-                     "reward_error": np.array(errors, dtype=object),
-                     "reward_timeout": np.array(timeouts or [0.0] * rows, dtype=object)})
+        non_tensors={
+            "uid": np.array([f"g{i // 2}" for i in range(rows)], dtype=object),
+            "reward_error": np.array(errors, dtype=object),
+            "reward_timeout": np.array(timeouts or [0.0] * rows, dtype=object),
+        },
+    )
 
 
 def test_mask_sample_masks_only_the_failed_sample():

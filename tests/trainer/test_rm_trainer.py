@@ -34,9 +34,15 @@ def hh_split(tmp_path_factory):
 
 
 def _args(data_dir, model_dir, out_dir, *extra):
-    return [f"model.path={model_dir}", f"data.train_files={data_dir}/train.parquet",
-            f"data.val_files={data_dir}/test.parquet", "trainer.device=cpu", "trainer.logger=['file']",
-            f"trainer.default_local_dir={out_dir}", *extra]
+    return [
+        f"model.path={model_dir}",
+        f"data.train_files={data_dir}/train.parquet",
+        f"data.val_files={data_dir}/test.parquet",
+        "trainer.device=cpu",
+        "trainer.logger=['file']",
+        f"trainer.default_local_dir={out_dir}",
+        *extra,
+    ]
 
 
 def _rows(out_dir):
@@ -50,10 +56,25 @@ def trained(hh_split, tiny_model_dir, tmp_path_factory):
     pairs. Measured: val/accuracy 0.50 -> 0.60 (seeds 2, 3: 0.57, 0.58), val/loss 0.693 -> 0.681.
     fp32 compute on every machine (the default, auto, is bf16 on some CPUs: loss 0.699 there)."""
     out = tmp_path_factory.mktemp("rm_run")
-    assert main(_args(hh_split, tiny_model_dir, out, "data.train_max_samples=1024", "data.val_max_samples=800",
-                      "data.max_length=64", "data.train_batch_size=32", "data.micro_batch_size_per_gpu=16",
-                      "optim.lr=1e-2", "optim.lr_scheduler=constant", "trainer.total_epochs=1",
-                      "model.fsdp_config.mixed_precision.param_dtype=fp32")) == 0
+    assert (
+        main(
+            _args(
+                hh_split,
+                tiny_model_dir,
+                out,
+                "data.train_max_samples=1024",
+                "data.val_max_samples=800",
+                "data.max_length=64",
+                "data.train_batch_size=32",
+                "data.micro_batch_size_per_gpu=16",
+                "optim.lr=1e-2",
+                "optim.lr_scheduler=constant",
+                "trainer.total_epochs=1",
+                "model.fsdp_config.mixed_precision.param_dtype=fp32",
+            )
+        )
+        == 0
+    )
     return out
 
 
@@ -66,8 +87,14 @@ def test_validation_accuracy_rises_above_chance_on_real_pairs(trained):
     assert last["val/accuracy"] > 0.55  # 800 pairs: chance would stay within 0.5 +- 0.035 (2 sigma)
     assert last["val/loss"] < math.log(2) - 0.005
     assert last["val/score_gap/mean"] > 0
-    for key in ("train/loss", "train/accuracy", "train/grad_norm", "train/lr", "train/chosen_score/mean",
-                *MEMORY_METRICS):
+    for key in (
+        "train/loss",
+        "train/accuracy",
+        "train/grad_norm",
+        "train/lr",
+        "train/chosen_score/mean",
+        *MEMORY_METRICS,
+    ):
         assert key in rows[1], key
 
 
@@ -94,9 +121,17 @@ def test_checkpoint_is_a_reward_model_for_ppo_and_for_transformers(trained, toke
 
 
 def test_resume_continues_with_the_next_step(hh_split, tiny_model_dir, tmp_path):
-    small = ["data.train_max_samples=16", "data.val_max_samples=8", "data.max_length=32", "data.train_batch_size=4",
-             "data.micro_batch_size_per_gpu=2", "optim.lr=1e-3", "optim.lr_scheduler=constant",
-             "optim.warmup_steps_ratio=0", "trainer.val_before_train=False"]  # the same lr whatever the length
+    small = [
+        "data.train_max_samples=16",
+        "data.val_max_samples=8",
+        "data.max_length=32",
+        "data.train_batch_size=4",
+        "data.micro_batch_size_per_gpu=2",
+        "optim.lr=1e-3",
+        "optim.lr_scheduler=constant",
+        "optim.warmup_steps_ratio=0",
+        "trainer.val_before_train=False",
+    ]  # the same lr whatever the length
     out = tmp_path / "run"
     assert main(_args(hh_split, tiny_model_dir, out, *small, "trainer.total_training_steps=2")) == 0
     assert main(_args(hh_split, tiny_model_dir, out, *small, "trainer.total_training_steps=3")) == 0
@@ -108,14 +143,20 @@ def test_resume_continues_with_the_next_step(hh_split, tiny_model_dir, tmp_path)
         assert resumed[-1][key] == pytest.approx(expected[-1][key], rel=1e-4, abs=1e-6), key
 
 
-@pytest.mark.parametrize("bad, message", [
-    (["data.micro_batch_size_per_gpu=3"], "data.train_batch_size=32 is not a multiple of data.micro_batch_size_per"),
-    (["data.truncation=right"], "data.truncation='right' is not one of left, drop, error"),
-    (["data.train_files=/nonexistent/train.parquet"], "data.train_files: file /nonexistent/train.parquet does not"),
-    (["data.chosen_key=better"], "data.chosen_key: column 'better'"),
-    (["model.path=/nonexistent/model"], "model.path"),
-    (["data.train_batch_size=4096"], "data.train_batch_size=4096 is larger than the dataset"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (
+            ["data.micro_batch_size_per_gpu=3"],
+            "data.train_batch_size=32 is not a multiple of data.micro_batch_size_per",
+        ),
+        (["data.truncation=right"], "data.truncation='right' is not one of left, drop, error"),
+        (["data.train_files=/nonexistent/train.parquet"], "data.train_files: file /nonexistent/train.parquet does not"),
+        (["data.chosen_key=better"], "data.chosen_key: column 'better'"),
+        (["model.path=/nonexistent/model"], "model.path"),
+        (["data.train_batch_size=4096"], "data.train_batch_size=4096 is larger than the dataset"),
+    ],
+)
 def test_bad_input_gets_one_line(hh_split, tiny_model_dir, tmp_path, capsys, bad, message):
     assert main(_args(hh_split, tiny_model_dir, tmp_path, *bad)) == 2
     err = capsys.readouterr().err.strip().splitlines()

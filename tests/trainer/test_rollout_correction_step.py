@@ -7,8 +7,12 @@ from omegaconf import open_dict
 
 from hybridrl.algorithms.rollout_corr import RolloutCorrectionConfig
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.rollout_correction import (RolloutCorrectionError, apply_bypass_mode,
-                                                 compute_rollout_correction_and_add_to_batch, share_rollout_correction)
+from hybridrl.trainer.rollout_correction import (
+    RolloutCorrectionError,
+    apply_bypass_mode,
+    compute_rollout_correction_and_add_to_batch,
+    share_rollout_correction,
+)
 from tests.tiny_models import ppo_config_with
 
 
@@ -36,17 +40,25 @@ def test_bypass_mode_uses_the_rollout_log_probs_as_old_ones():
     assert torch.equal(batch.batch["old_log_probs"], batch.batch["rollout_log_probs"])
 
 
-@pytest.mark.parametrize("call", [apply_bypass_mode,
-                                  lambda b: compute_rollout_correction_and_add_to_batch(
-                                      b, RolloutCorrectionConfig(rollout_is="token"))])
+@pytest.mark.parametrize(
+    "call",
+    [
+        apply_bypass_mode,
+        lambda b: compute_rollout_correction_and_add_to_batch(b, RolloutCorrectionConfig(rollout_is="token")),
+    ],
+)
 def test_a_batch_without_rollout_log_probs_names_the_engine_key(call):
     with pytest.raises(RolloutCorrectionError, match=r"set actor_rollout_ref.rollout.calculate_log_probs=true"):
         call(_batch(with_rollout=False))
 
 
 def test_the_actor_gets_the_section_and_bypass_selects_its_loss():
-    config = ppo_config_with({"algorithm": {"rollout_correction": {"bypass_mode": True, "loss_type": "reinforce"}},
-                              "actor_rollout_ref": {"actor": {"policy_loss": {"loss_mode": "vanilla"}}}})
+    config = ppo_config_with(
+        {
+            "algorithm": {"rollout_correction": {"bypass_mode": True, "loss_type": "reinforce"}},
+            "actor_rollout_ref": {"actor": {"policy_loss": {"loss_mode": "vanilla"}}},
+        }
+    )
     with open_dict(config):  # as run_ppo calls it
         share_rollout_correction(config)
     policy_loss = config.actor_rollout_ref.actor.policy_loss

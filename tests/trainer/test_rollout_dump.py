@@ -43,12 +43,17 @@ def _batch(tokenizer, scores=(1.0, 0.25)):
     for i, (r, s) in enumerate(zip(response_ids, scores)):
         token_level_scores[i, len(r) - 1] = s
     return DataProto.from_dict(
-        tensors={"prompts": prompts, "responses": responses, "attention_mask": torch.cat([mask_p, mask_r], 1),
-                 "token_level_scores": token_level_scores},
-        non_tensors={"data_source": np.array(["openai/gsm8k", "primes"], dtype=object),
-                     "reward_model": np.array([{"style": "rule", "ground_truth": g} for g in ground_truths],
-                                              dtype=object),
-                     "uid": np.array(["u0", "u1"], dtype=object)},
+        tensors={
+            "prompts": prompts,
+            "responses": responses,
+            "attention_mask": torch.cat([mask_p, mask_r], 1),
+            "token_level_scores": token_level_scores,
+        },
+        non_tensors={
+            "data_source": np.array(["openai/gsm8k", "primes"], dtype=object),
+            "reward_model": np.array([{"style": "rule", "ground_truth": g} for g in ground_truths], dtype=object),
+            "uid": np.array(["u0", "u1"], dtype=object),
+        },
     )
 
 
@@ -56,10 +61,26 @@ def test_sample_records_decode_without_padding_and_sum_scores(tokenizer):
     extra = {"acc": np.array([True, False]), "score": [9, 9], "wrong_length": [1, 2, 3]}
     records = sample_records(_batch(tokenizer), tokenizer, step=7, reward_extra_info=extra)
     assert records == [
-        {"input": PROMPTS[0], "output": RESPONSES[0], "score": 1.0, "ground_truth": "5", "step": 7,
-         "data_source": "openai/gsm8k", "uid": "u0", "acc": True},
-        {"input": PROMPTS[1], "output": RESPONSES[1], "score": 0.25, "ground_truth": ["11", "13"], "step": 7,
-         "data_source": "primes", "uid": "u1", "acc": False},
+        {
+            "input": PROMPTS[0],
+            "output": RESPONSES[0],
+            "score": 1.0,
+            "ground_truth": "5",
+            "step": 7,
+            "data_source": "openai/gsm8k",
+            "uid": "u0",
+            "acc": True,
+        },
+        {
+            "input": PROMPTS[1],
+            "output": RESPONSES[1],
+            "score": 0.25,
+            "ground_truth": ["11", "13"],
+            "step": 7,
+            "data_source": "primes",
+            "uid": "u1",
+            "acc": False,
+        },
     ]
     json.dumps(records)  # plain Python values only (the numpy ground truth became a list)
 
@@ -102,8 +123,9 @@ def test_dump_rollouts_only_when_configured(tokenizer, tmp_path):
     path = dump_rollouts(_trainer(rollout_data_dir=str(tmp_path)), batch, tokenizer, 2, {"acc": [1, 0]})
     assert [(r["step"], r["output"], r["acc"]) for r in read_step(path)] == [(2, RESPONSES[0], 1), (2, RESPONSES[1], 0)]
     with pytest.raises(ConfigError, match="rollout_data_dir and trainer.validation_data_dir"):
-        dump_rollouts(_trainer(rollout_data_dir=str(tmp_path), validation_data_dir=str(tmp_path) + "/"),
-                      batch, tokenizer, 2)
+        dump_rollouts(
+            _trainer(rollout_data_dir=str(tmp_path), validation_data_dir=str(tmp_path) + "/"), batch, tokenizer, 2
+        )
 
 
 def test_validation_dump_collects_batches_into_one_file_and_picks_samples(tokenizer, tmp_path):

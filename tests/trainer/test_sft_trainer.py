@@ -48,8 +48,21 @@ def test_sft_lowers_the_validation_loss_on_gsm8k(gsm8k_parquet, tiny_model_dir, 
     val = tmp_path / "val.parquet"  # 8 real test rows keep the two validations cheap
     pd.read_parquet(f"{gsm8k_parquet}/test.parquet").head(8).to_parquet(val)
     out = tmp_path / "run"
-    assert main(_overrides(gsm8k_parquet, tiny_model_dir, out, f"data.val_files={val}", "data.train_batch_size=2",
-                           "optim.lr=2e-2", "trainer.total_training_steps=8", "trainer.test_freq=8")) == 0
+    assert (
+        main(
+            _overrides(
+                gsm8k_parquet,
+                tiny_model_dir,
+                out,
+                f"data.val_files={val}",
+                "data.train_batch_size=2",
+                "optim.lr=2e-2",
+                "trainer.total_training_steps=8",
+                "trainer.test_freq=8",
+            )
+        )
+        == 0
+    )
     rows = _metrics(out)
     assert sorted(rows) == list(range(9))  # validation at step 0, then 8 steps
     start, end = rows[0]["val/loss"], rows[8]["val/loss"]
@@ -68,9 +81,16 @@ def test_micro_batches_accumulate_to_the_whole_batch_gradient(gsm8k_parquet, tin
     from hybridrl.models import load_causal_lm, load_tokenizer
     from hybridrl.trainer.supervised_config import SFTDataConfig
 
-    cfg = OmegaConf.structured(SFTDataConfig(prompt_key="extra_info", response_key="extra_info", max_length=48,
-                                             prompt_dict_keys=["question"], response_dict_keys=["answer"],
-                                             truncation="left"))
+    cfg = OmegaConf.structured(
+        SFTDataConfig(
+            prompt_key="extra_info",
+            response_key="extra_info",
+            max_length=48,
+            prompt_dict_keys=["question"],
+            response_dict_keys=["answer"],
+            truncation="left",
+        )
+    )
     ds = SFTDataset(f"{gsm8k_parquet}/test.parquet", load_tokenizer(tiny_model_dir), cfg)
     batch = collate_fn([ds[i] for i in range(4)])
     batch["loss_mask"][0, 30:] = 0  # rows with different token counts: per-micro means would differ
@@ -83,8 +103,9 @@ def test_micro_batches_accumulate_to_the_whole_batch_gradient(gsm8k_parquet, tin
 
     # reference: mean cross-entropy over every label token of the batch, in one pass
     model.zero_grad(set_to_none=True)
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                   position_ids=batch["position_ids"]).logits
+    logits = model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
+    ).logits
     labels = batch["input_ids"][:, 1:].masked_fill(batch["loss_mask"][:, 1:] == 0, -100)
     ref_loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), labels.flatten())
     ref_loss.backward()
@@ -98,31 +119,53 @@ def test_micro_batches_accumulate_to_the_whole_batch_gradient(gsm8k_parquet, tin
 
 
 PPO_ONE_STEP = [
-    "data.train_batch_size=2", "data.val_batch_size=4", "data.max_prompt_length=256",
-    "data.filter_overlong_prompts=True", "data.max_response_length=8", "algorithm.adv_estimator=grpo",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-    "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
-    "trainer.device=cpu", "trainer.logger=[file]", "trainer.total_training_steps=1",
-    "trainer.val_before_train=False", "trainer.test_freq=-1",
+    "data.train_batch_size=2",
+    "data.val_batch_size=4",
+    "data.max_prompt_length=256",
+    "data.filter_overlong_prompts=True",
+    "data.max_response_length=8",
+    "algorithm.adv_estimator=grpo",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.rollout.n=2",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+    "trainer.device=cpu",
+    "trainer.logger=[file]",
+    "trainer.total_training_steps=1",
+    "trainer.val_before_train=False",
+    "trainer.test_freq=-1",
 ]
 
 
-def test_lora_checkpoint_has_adapter_and_merged_model_that_ppo_trains_from(gsm8k_parquet, tiny_model_dir, tmp_path,
-                                                                         capsys):
+def test_lora_checkpoint_has_adapter_and_merged_model_that_ppo_trains_from(
+    gsm8k_parquet, tiny_model_dir, tmp_path, capsys
+):
     from peft import PeftModel
 
     from hybridrl.models import load_causal_lm
     from hybridrl.trainer import main_ppo
 
     out = tmp_path / "sft"
-    lora = _overrides(gsm8k_parquet, tiny_model_dir, out, "data.val_files=null", "model.lora_rank=4",
-                      "model.lora_alpha=8", "trainer.save_freq=1")
+    lora = _overrides(
+        gsm8k_parquet,
+        tiny_model_dir,
+        out,
+        "data.val_files=null",
+        "model.lora_rank=4",
+        "model.lora_alpha=8",
+        "trainer.save_freq=1",
+    )
     assert main(lora + ["trainer.total_training_steps=1"]) == 0
     assert main(lora + ["trainer.total_training_steps=2"]) == 0  # resumes the adapter at step 1
     assert "resumed from" in capsys.readouterr().out
     step = out / "global_step_2"
-    for name in ("model/lora_adapter/adapter_config.json", "model/lora_adapter/adapter_model.safetensors",
-                 "huggingface/config.json", "huggingface/model.safetensors", "huggingface/tokenizer.json"):
+    for name in (
+        "model/lora_adapter/adapter_config.json",
+        "model/lora_adapter/adapter_model.safetensors",
+        "huggingface/config.json",
+        "huggingface/model.safetensors",
+        "huggingface/tokenizer.json",
+    ):
         assert (step / name).is_file(), name
     assert json.loads((step / "model/lora_adapter/adapter_config.json").read_text())["r"] == 4
     assert main(lora + ["model.lora_rank=0", "trainer.total_training_steps=3"]) == 2  # cannot resume as full
@@ -137,8 +180,12 @@ def test_lora_checkpoint_has_adapter_and_merged_model_that_ppo_trains_from(gsm8k
     torch.testing.assert_close(merged, with_adapter, rtol=1e-4, atol=1e-4)
     assert (merged - base_logits).abs().max() > 1e-3  # training moved the adapter off its zero start
 
-    ppo = [f"data.train_files={gsm8k_parquet}/train.parquet", f"data.val_files={gsm8k_parquet}/test.parquet",
-           f"actor_rollout_ref.model.path={step / 'huggingface'}", f"trainer.default_local_dir={tmp_path / 'ppo'}"]
+    ppo = [
+        f"data.train_files={gsm8k_parquet}/train.parquet",
+        f"data.val_files={gsm8k_parquet}/test.parquet",
+        f"actor_rollout_ref.model.path={step / 'huggingface'}",
+        f"trainer.default_local_dir={tmp_path / 'ppo'}",
+    ]
     assert main_ppo.main(ppo + PPO_ONE_STEP) == 0
     with open(tmp_path / "ppo" / "metrics.jsonl") as f:
         assert json.loads(f.readline())["step"] == 1
@@ -150,9 +197,18 @@ def test_resume_continues_at_the_next_step_as_if_never_stopped(gsm8k_parquet, ti
     from safetensors.torch import load_file
 
     out = tmp_path / "run"
-    argv = _overrides(gsm8k_parquet, tiny_model_dir, out, "data.val_files=null", "data.max_length=64",
-                      "data.truncation=left", "optim.lr_scheduler=cosine", "optim.warmup_steps_ratio=0.34",
-                      "trainer.total_training_steps=3", "trainer.save_freq=1")
+    argv = _overrides(
+        gsm8k_parquet,
+        tiny_model_dir,
+        out,
+        "data.val_files=null",
+        "data.max_length=64",
+        "data.truncation=left",
+        "optim.lr_scheduler=cosine",
+        "optim.warmup_steps_ratio=0.34",
+        "trainer.total_training_steps=3",
+        "trainer.save_freq=1",
+    )
     assert main(argv) == 0
     expected = _metrics(out)[3]
     expected_weights = load_file(out / "global_step_3" / "huggingface" / "model.safetensors")
@@ -170,20 +226,28 @@ def test_resume_continues_at_the_next_step_as_if_never_stopped(gsm8k_parquet, ti
         torch.testing.assert_close(tensor, expected_weights[name], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("bad, message", [
-    (["data.max_length=64", "data.truncation=error"], "tokens long, more than data.max_length=64"),
-    (["data.prompt_key=problem"], "'problem' (data.prompt_key)"),
-    (["data.response_dict_keys=[solution]"], "no key 'solution'"),
-    (["optim.lr_scheduler=linear"], "optim.lr_scheduler='linear' is not one of cosine, constant"),
-    (["data.micro_batch_size_per_gpu=8"], "data.micro_batch_size_per_gpu=8 is larger than data.train_batch_size=4"),
-    (["trainer.n_gpus_per_node=3"], "data.train_batch_size=4 does not split over trainer.nnodes x trainer.n_gpus_per_node"),
-    (["data.max_length=long"], "data.max_length: Value 'long' of type 'str' could not be converted to Integer"),
-    (["model.lora_rank=4", "model.target_modules=[nope_proj]"], "model.target_modules"),
-    (["data.train_files=/nonexistent/train.parquet"], "data.train_files: file /nonexistent/train.parquet"),
-    (["trainer.resume_mode=resume_path"], "trainer.resume_from_path"),
-    (["trainer.resume_mode=resume_path", "trainer.resume_from_path=/nonexistent/global_step_1"],
-     "/nonexistent/global_step_1 is not a complete checkpoint"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (["data.max_length=64", "data.truncation=error"], "tokens long, more than data.max_length=64"),
+        (["data.prompt_key=problem"], "'problem' (data.prompt_key)"),
+        (["data.response_dict_keys=[solution]"], "no key 'solution'"),
+        (["optim.lr_scheduler=linear"], "optim.lr_scheduler='linear' is not one of cosine, constant"),
+        (["data.micro_batch_size_per_gpu=8"], "data.micro_batch_size_per_gpu=8 is larger than data.train_batch_size=4"),
+        (
+            ["trainer.n_gpus_per_node=3"],
+            "data.train_batch_size=4 does not split over trainer.nnodes x trainer.n_gpus_per_node",
+        ),
+        (["data.max_length=long"], "data.max_length: Value 'long' of type 'str' could not be converted to Integer"),
+        (["model.lora_rank=4", "model.target_modules=[nope_proj]"], "model.target_modules"),
+        (["data.train_files=/nonexistent/train.parquet"], "data.train_files: file /nonexistent/train.parquet"),
+        (["trainer.resume_mode=resume_path"], "trainer.resume_from_path"),
+        (
+            ["trainer.resume_mode=resume_path", "trainer.resume_from_path=/nonexistent/global_step_1"],
+            "/nonexistent/global_step_1 is not a complete checkpoint",
+        ),
+    ],
+)
 def test_bad_input_gets_one_line(gsm8k_parquet, tiny_model_dir, tmp_path, capsys, bad, message):
     from hybridrl.cli import main as cli_main
 

@@ -20,11 +20,14 @@ def test_grpo_on_policy_runs_no_critic_no_reference_and_reuses_the_update_log_pr
     assert plan.old_log_probs == "update" and plan.on_policy
 
 
-@pytest.mark.parametrize("overrides, source", [
-    (["actor_rollout_ref.actor.ppo_mini_batch_size=4"], "compute"),  # two mini batches: off policy after the first
-    (["trainer.one_step_off_policy=true"], "compute"),
-    (["algorithm.rollout_correction.bypass_mode=true"], "rollout"),
-])
+@pytest.mark.parametrize(
+    "overrides, source",
+    [
+        (["actor_rollout_ref.actor.ppo_mini_batch_size=4"], "compute"),  # two mini batches: off policy after the first
+        (["trainer.one_step_off_policy=true"], "compute"),
+        (["algorithm.rollout_correction.bypass_mode=true"], "rollout"),
+    ],
+)
 def test_where_old_log_probs_come_from(overrides, source):
     plan = _plan("algorithm.adv_estimator=grpo", *overrides)
     assert plan.old_log_probs == source and plan.on_policy is (source == "update")
@@ -66,11 +69,18 @@ def test_needs_come_from_the_registry_not_from_names(estimator):
 
 def test_asynchronous_modes_refuse_any_estimator_that_needs_greedy_baselines(estimator):
     name = estimator("my_greedy_baseline", needs_reward_baselines=True)
-    off = load_config(["trainer.one_step_off_policy=true", "actor_rollout_ref.rollout.name=vllm",
-                       f"algorithm.adv_estimator={name}"])
+    off = load_config(
+        ["trainer.one_step_off_policy=true", "actor_rollout_ref.rollout.name=vllm", f"algorithm.adv_estimator={name}"]
+    )
     with pytest.raises(ConfigError, match=f"algorithm.adv_estimator={name}: its greedy baselines"):
         check_one_step_off(off)
-    stream = load_config(["trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.name=vllm",
-                          "actor_rollout_ref.rollout.mode=async", f"algorithm.adv_estimator={name}"])
+    stream = load_config(
+        [
+            "trainer.v1.trainer_mode=separate_async",
+            "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.mode=async",
+            f"algorithm.adv_estimator={name}",
+        ]
+    )
     with pytest.raises(ConfigError, match=f"algorithm.adv_estimator={name}: its greedy baselines"):
         check_async_modes(stream)

@@ -40,15 +40,33 @@ def _assert_same_run(one, two, keys, rel):
 @pytest.mark.slow
 def test_sft_on_two_ray_workers_matches_one_worker(ray_cluster, gsm8k_parquet, tiny_model_dir, tmp_path):
     def sft(out, *extra):
-        return main(["sft", f"data.train_files={gsm8k_parquet}/train.parquet",
-                     f"data.val_files={gsm8k_parquet}/test.parquet", "data.prompt_key=extra_info",
-                     "data.response_key=extra_info", "data.prompt_dict_keys=[question]",
-                     "data.response_dict_keys=[answer]", "data.train_batch_size=4", "data.micro_batch_size_per_gpu=1",
-                     "data.max_length=128", "data.truncation=right", f"model.partial_pretrain={tiny_model_dir}",
-                     "model.enable_gradient_checkpointing=False", FP32, "optim.lr=1e-2",
-                     "optim.warmup_steps_ratio=0", "trainer.device=cpu", "trainer.logger=[file]",
-                     "trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.save_freq=2",
-                     f"trainer.default_local_dir={out}", *extra])
+        return main(
+            [
+                "sft",
+                f"data.train_files={gsm8k_parquet}/train.parquet",
+                f"data.val_files={gsm8k_parquet}/test.parquet",
+                "data.prompt_key=extra_info",
+                "data.response_key=extra_info",
+                "data.prompt_dict_keys=[question]",
+                "data.response_dict_keys=[answer]",
+                "data.train_batch_size=4",
+                "data.micro_batch_size_per_gpu=1",
+                "data.max_length=128",
+                "data.truncation=right",
+                f"model.partial_pretrain={tiny_model_dir}",
+                "model.enable_gradient_checkpointing=False",
+                FP32,
+                "optim.lr=1e-2",
+                "optim.warmup_steps_ratio=0",
+                "trainer.device=cpu",
+                "trainer.logger=[file]",
+                "trainer.total_training_steps=2",
+                "trainer.test_freq=2",
+                "trainer.save_freq=2",
+                f"trainer.default_local_dir={out}",
+                *extra,
+            ]
+        )
 
     one, two = tmp_path / "one", tmp_path / "two"
     assert sft(one, "data.val_files=null") == 0 and sft(two, "data.val_files=null", *TWO_WORKERS) == 0
@@ -70,17 +88,42 @@ def test_rm_on_two_ray_nodes_then_resume_on_one_worker(ray_cluster, tiny_model_d
     hh_rlhf.main(["--input_dir", HH_DIR, "--local_dir", str(data), "--test_ratio", "0.4"])
 
     def rm(out, *extra):
-        return main(["rm", f"model.path={tiny_model_dir}", f"data.train_files={data}/train.parquet",
-                     f"data.val_files={data}/test.parquet", "data.train_max_samples=24", "data.val_max_samples=10",
-                     "data.max_length=32", "data.train_batch_size=8", "data.micro_batch_size_per_gpu=2", FP32,
-                     "optim.lr=1e-2", "optim.lr_scheduler=constant", "optim.warmup_steps_ratio=0",
-                     "trainer.device=cpu", "trainer.logger=[file]", "trainer.val_before_train=False",
-                     f"trainer.default_local_dir={out}", *extra])
+        return main(
+            [
+                "rm",
+                f"model.path={tiny_model_dir}",
+                f"data.train_files={data}/train.parquet",
+                f"data.val_files={data}/test.parquet",
+                "data.train_max_samples=24",
+                "data.val_max_samples=10",
+                "data.max_length=32",
+                "data.train_batch_size=8",
+                "data.micro_batch_size_per_gpu=2",
+                FP32,
+                "optim.lr=1e-2",
+                "optim.lr_scheduler=constant",
+                "optim.warmup_steps_ratio=0",
+                "trainer.device=cpu",
+                "trainer.logger=[file]",
+                "trainer.val_before_train=False",
+                f"trainer.default_local_dir={out}",
+                *extra,
+            ]
+        )
 
     one, two = tmp_path / "one", tmp_path / "two"
     assert rm(one, "trainer.total_training_steps=3") == 0
-    assert rm(two, "trainer.total_training_steps=2", "trainer.save_freq=2", "trainer.backend=ray",
-              "trainer.nnodes=2", "trainer.n_gpus_per_node=1") == 0
+    assert (
+        rm(
+            two,
+            "trainer.total_training_steps=2",
+            "trainer.save_freq=2",
+            "trainer.backend=ray",
+            "trainer.nnodes=2",
+            "trainer.n_gpus_per_node=1",
+        )
+        == 0
+    )
     assert (two / "global_step_2" / "model" / "extra_state_world_size_2_rank_1.pt").is_file()
     assert rm(two, "trainer.total_training_steps=3") == 0  # resumes the 2-worker checkpoint on one
     keys = ("train/loss", "train/accuracy", "train/grad_norm", "val/accuracy", "val/loss")

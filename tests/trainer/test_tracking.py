@@ -28,8 +28,9 @@ def _read_lines(path):
 
 def test_file_logger_writes_one_plain_line_per_step(tmp_path):
     tracker = Tracking("p", "e", "file", local_dir=str(tmp_path))
-    tracker.log({"a": np.float32(0.5), "b": torch.tensor(3), "c": "x", "nan": float("nan"),
-                 "vec": torch.ones(3)}, step=1)
+    tracker.log(
+        {"a": np.float32(0.5), "b": torch.tensor(3), "c": "x", "nan": float("nan"), "vec": torch.ones(3)}, step=1
+    )
     tracker.log({"a": 1.5}, step=2)
     # flushed per line: readable before finish
     lines = _read_lines(tmp_path / "metrics.jsonl")
@@ -60,10 +61,16 @@ def test_file_logger_needs_local_dir():
 
 def test_console_line_format():
     data = {
-        "critic/score/mean": 0.3124, "critic/rewards/mean": np.float64(0.25),
-        "actor/ppo_kl": 0.00123, "actor/entropy": 1.2345, "response_length/mean": 145.25,
-        "actor/pg_loss": torch.tensor(-0.0456), "perf/time_per_step": 12.34,
-        "val-core/openai/gsm8k/reward/mean@1": 0.5, "timing_s/gen": 3.0, "other": 7.0,
+        "critic/score/mean": 0.3124,
+        "critic/rewards/mean": np.float64(0.25),
+        "actor/ppo_kl": 0.00123,
+        "actor/entropy": 1.2345,
+        "response_length/mean": 145.25,
+        "actor/pg_loss": torch.tensor(-0.0456),
+        "perf/time_per_step": 12.34,
+        "val-core/openai/gsm8k/reward/mean@1": 0.5,
+        "timing_s/gen": 3.0,
+        "other": 7.0,
     }
     line = format_console_line(data, step=3, total_steps=40)
     assert line == (
@@ -144,8 +151,10 @@ def test_missing_packages_give_pip_hint(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "mlflow", None)
     with pytest.raises(MissingLoggerPackage) as err:
         Tracking("p", "e", ["console", "mlflow"], local_dir=str(tmp_path))
-    assert str(err.value) == ("trainer.logger: 'mlflow' needs the mlflow package; "
-                              "run `pip install mlflow` or drop 'mlflow' from trainer.logger")
+    assert str(err.value) == (
+        "trainer.logger: 'mlflow' needs the mlflow package; "
+        "run `pip install mlflow` or drop 'mlflow' from trainer.logger"
+    )
 
 
 def test_wandb_logger_with_fake_module(monkeypatch):
@@ -162,8 +171,7 @@ def test_wandb_logger_with_fake_module(monkeypatch):
     with Tracking("proj", "exp", ["wandb"], config=config) as tracker:
         tracker.log({"x": 1.0}, step=3)
     assert calls == [
-        ("init", {"project": "proj", "name": "exp",
-                  "config": {"trainer": {"total_epochs": 2, "name": 2}}}),
+        ("init", {"project": "proj", "name": "exp", "config": {"trainer": {"total_epochs": 2, "name": 2}}}),
         ("log", {"x": 1.0}, 3),
         ("finish",),
     ]
@@ -185,8 +193,7 @@ def test_tensorboard_logger_with_fake_writer(monkeypatch, tmp_path):
         def close(self):
             events.append(("close",))
 
-    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard",
-                        types.SimpleNamespace(SummaryWriter=FakeWriter))
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=FakeWriter))
     monkeypatch.delenv("TENSORBOARD_DIR", raising=False)
     with Tracking("p", "e", "tensorboard", local_dir=str(tmp_path)) as tracker:
         tracker.log({"a": np.float32(2.0), "s": "text", "inf": math.inf}, step=5)
@@ -199,8 +206,10 @@ def test_tensorboard_logger_with_fake_writer(monkeypatch, tmp_path):
 
 # ---------------------------------------------------------------- validation samples, wandb offline, mlflow
 
-SAMPLES = [{"input": "system\nQ: 2+3?\nassistant\n", "output": "\n\n\n", "score": 0.0, "ground_truth": "5", "step": 4},
-           {"input": "x" * 500 + "END", "output": "It is 5.\n#### 5", "score": 1.0, "ground_truth": "5", "step": 4}]
+SAMPLES = [
+    {"input": "system\nQ: 2+3?\nassistant\n", "output": "\n\n\n", "score": 0.0, "ground_truth": "5", "step": 4},
+    {"input": "x" * 500 + "END", "output": "It is 5.\n#### 5", "score": 1.0, "ground_truth": "5", "step": 4},
+]
 
 
 def test_val_generations_go_to_log_generations_not_to_metrics(monkeypatch, tmp_path):
@@ -253,8 +262,12 @@ def test_wandb_offline_writes_under_run_dir_and_logs_a_table(monkeypatch, tmp_pa
     def init(**kwargs):
         calls.append(("init", os.environ.get("WANDB_MODE"), kwargs["dir"]))
 
-    fake = types.SimpleNamespace(init=init, Table=Table, finish=lambda: calls.append(("finish",)),
-                                 log=lambda data, step: calls.append(("log", data, step)))
+    fake = types.SimpleNamespace(
+        init=init,
+        Table=Table,
+        finish=lambda: calls.append(("finish",)),
+        log=lambda data, step: calls.append(("log", data, step)),
+    )
     monkeypatch.setitem(sys.modules, "wandb", fake)
     monkeypatch.setenv("WANDB_MODE", "offline")
     with Tracking("p", "e", "wandb", local_dir=str(tmp_path / "run")) as tracker:
@@ -290,9 +303,22 @@ def _fake_mlflow(calls):
     def record(name):
         return lambda *args, **kwargs: calls.append((name, args, kwargs)) or object()
 
-    return types.SimpleNamespace(**{name: record(name) for name in (
-        "set_tracking_uri", "create_experiment", "set_experiment", "start_run", "log_params", "log_metrics",
-        "log_dict", "end_run")}, get_experiment_by_name=lambda name: None)
+    return types.SimpleNamespace(
+        **{
+            name: record(name)
+            for name in (
+                "set_tracking_uri",
+                "create_experiment",
+                "set_experiment",
+                "start_run",
+                "log_params",
+                "log_metrics",
+                "log_dict",
+                "end_run",
+            )
+        },
+        get_experiment_by_name=lambda name: None,
+    )
 
 
 def test_mlflow_logger_with_fake_module(monkeypatch, tmp_path):
@@ -301,19 +327,39 @@ def test_mlflow_logger_with_fake_module(monkeypatch, tmp_path):
     calls = []
     monkeypatch.setitem(sys.modules, "mlflow", _fake_mlflow(calls))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    config = OmegaConf.create({"trainer": {"total_epochs": 2, "name": "${trainer.total_epochs}",
-                                           "logger": ["console", "mlflow"]}, "seed": None})
+    config = OmegaConf.create(
+        {
+            "trainer": {"total_epochs": 2, "name": "${trainer.total_epochs}", "logger": ["console", "mlflow"]},
+            "seed": None,
+        }
+    )
     with Tracking("proj", "exp", ["mlflow"], config=config, local_dir=str(tmp_path)) as tracker:
-        tracker.log({"val-core/openai/gsm8k/reward/mean@1": 0.5, "actor/kl(x)": np.float64(2), "note": "x",
-                     T.VAL_GENERATIONS_KEY: SAMPLES}, step=3)
+        tracker.log(
+            {
+                "val-core/openai/gsm8k/reward/mean@1": 0.5,
+                "actor/kl(x)": np.float64(2),
+                "note": "x",
+                T.VAL_GENERATIONS_KEY: SAMPLES,
+            },
+            step=3,
+        )
     names = [c[0] for c in calls]
-    assert names == ["set_tracking_uri", "create_experiment", "set_experiment", "start_run", "log_params",
-                     "log_metrics", "log_dict", "end_run"]
+    assert names == [
+        "set_tracking_uri",
+        "create_experiment",
+        "set_experiment",
+        "start_run",
+        "log_params",
+        "log_metrics",
+        "log_dict",
+        "end_run",
+    ]
     assert calls[0][1] == (f"sqlite:///{(tmp_path / 'mlflow.db').resolve()}",)
     assert calls[1][1] == ("proj",) and calls[1][2] == {"artifact_location": (tmp_path / "mlartifacts").as_uri()}
     assert calls[2][1] == ("proj",) and calls[3][2] == {"run_name": "exp"}
-    assert calls[4][1] == ({"trainer.total_epochs": "2", "trainer.name": "2",
-                            "trainer.logger": "['console', 'mlflow']", "seed": "None"},)
+    assert calls[4][1] == (
+        {"trainer.total_epochs": "2", "trainer.name": "2", "trainer.logger": "['console', 'mlflow']", "seed": "None"},
+    )
     assert calls[5][1] == ({"val-core/openai/gsm8k/reward/mean_at_1": 0.5, "actor/kl_x_": 2.0},)
     assert calls[5][2] == {"step": 3}
     assert calls[6][1] == ({"step": 3, "samples": SAMPLES}, "val_generations/step_3.json")

@@ -46,9 +46,14 @@ def test_bootstrap_subsets_are_object_arrays_of_the_items():
     assert seen == [[{"v": 1}, {"v": 1}]] * 2
 
 
-@pytest.mark.parametrize("data, size, n_boot, match", [
-    ([], 1, 10, "data is empty"), ([1], 0, 10, "subset_size=0"), ([1], 1, 0, "n_bootstrap=0"),
-])
+@pytest.mark.parametrize(
+    "data, size, n_boot, match",
+    [
+        ([], 1, 10, "data is empty"),
+        ([1], 0, 10, "subset_size=0"),
+        ([1], 1, 0, "n_bootstrap=0"),
+    ],
+)
 def test_bootstrap_errors(data, size, n_boot, match):
     with pytest.raises(ValidationMetricsError, match=match):
         bootstrap_metric(data, size, [np.mean], n_bootstrap=n_boot)
@@ -85,8 +90,20 @@ def test_process_validation_metrics_by_hand():
     assert s1["mean@2"] == 1.0 and s1["mean@4"] == 0.0 and s1["std@2"] == 0.0
     assert s1["best@2/mean"] == 0.5 and s1["worst@2/mean"] == 0.5 and s1["best@4/mean"] == 0.0
     assert s1["best@2/std"] == 0.0 and "maj@2/mean" not in s1
-    assert set(s1) == {"mean@2", "std@2", "best@2/mean", "best@2/std", "worst@2/mean", "worst@2/std",
-                       "mean@4", "std@4", "best@4/mean", "best@4/std", "worst@4/mean", "worst@4/std"}
+    assert set(s1) == {
+        "mean@2",
+        "std@2",
+        "best@2/mean",
+        "best@2/std",
+        "worst@2/mean",
+        "worst@2/std",
+        "mean@4",
+        "std@4",
+        "best@4/mean",
+        "best@4/std",
+        "worst@4/mean",
+        "worst@4/std",
+    }
     s2 = out["s2"]["score"]
     assert s2["mean@2"] == 0.5 and s2["std@2"] == 0.5
     assert s2["best@2/mean"] == pytest.approx(0.75, abs=0.05)  # P(max of 2 draws = 1) = 3/4
@@ -113,9 +130,11 @@ def test_process_validation_metrics_majority_vote():
 def test_failed_sessions_count_as_incorrect_only_where_acc_is_reported():
     # prompt p1 expected 4 sessions but 2 came back (acc 1, 1); p2 expected 2, none came back
     result = process_validation_metrics(
-        ["math", "math", "chat"], ["p1", "p1", "c1"],
+        ["math", "math", "chat"],
+        ["p1", "p1", "c1"],
         {"acc": [1.0, 1.0, None], "reward": [0.4, 0.6, 0.5]},
-        expected_acc_counts={("math", "p1"): 4, ("math", "p2"): 2, ("chat", "c1"): 3})
+        expected_acc_counts={("math", "p1"): 4, ("math", "p2"): 2, ("chat", "c1"): 3},
+    )
     assert result["math"]["acc"]["mean@4"] == pytest.approx(0.5)  # (1 + 1 + 0 + 0) / 4
     assert result["math"]["acc"]["mean@2"] == pytest.approx(0.0)  # p2: both sessions missing
     assert result["math"]["acc_success_only"]["mean@2"] == pytest.approx(1.0)
@@ -140,10 +159,15 @@ def test_compute_throughout_metrics_is_compute_throughput_metrics_with_n_gpus():
 
 def test_data_metrics_ignore_a_meta_info_that_is_not_a_dict():
     class StandIn:  # a test double whose meta_info is not a dict (e.g. a MagicMock attribute)
-        batch = {"responses": torch.zeros(1, 2), "attention_mask": torch.ones(1, 4),
-                 "response_mask": torch.ones(1, 2), "token_level_scores": torch.tensor([[1.0, 2.0]]),
-                 "token_level_rewards": torch.tensor([[1.0, 1.0]]), "advantages": torch.zeros(1, 2),
-                 "returns": torch.zeros(1, 2)}
+        batch = {
+            "responses": torch.zeros(1, 2),
+            "attention_mask": torch.ones(1, 4),
+            "response_mask": torch.ones(1, 2),
+            "token_level_scores": torch.tensor([[1.0, 2.0]]),
+            "token_level_rewards": torch.tensor([[1.0, 1.0]]),
+            "advantages": torch.zeros(1, 2),
+            "returns": torch.zeros(1, 2),
+        }
         non_tensor_batch = {}
         meta_info = object()
 

@@ -18,10 +18,16 @@ def _resolve(cfg):
     return resolve_backend(cfg.trainer, rollout_pool_spec(cfg))
 
 
-@pytest.mark.parametrize("backend, nnodes, per_node, expected", [
-    ("auto", 1, 1, ("local", 1)), ("auto", 1, 2, ("ray", 2)), ("auto", 2, 4, ("ray", 8)),
-    ("ray", 1, 1, ("ray", 1)), ("local", 1, 1, ("local", 1)),
-])
+@pytest.mark.parametrize(
+    "backend, nnodes, per_node, expected",
+    [
+        ("auto", 1, 1, ("local", 1)),
+        ("auto", 1, 2, ("ray", 2)),
+        ("auto", 2, 4, ("ray", 8)),
+        ("ray", 1, 1, ("ray", 1)),
+        ("local", 1, 1, ("local", 1)),
+    ],
+)
 def test_resolve_backend(backend, nnodes, per_node, expected):
     assert _resolve(_cfg(backend, nnodes, per_node)) == expected
 
@@ -77,11 +83,17 @@ def test_the_actor_and_critic_schedule_their_learning_rate_over_the_runs_steps(t
     from hybridrl.trainer.worker_groups import build_worker_groups
 
     optim = {"lr_warmup_steps_ratio": 0.5, "warmup_style": "cosine"}
-    config = ppo_config_with({
-        "actor_rollout_ref": {"model": {"path": tiny_model_dir},
-                              "actor": {"ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_gpu": 2, "optim": optim}},
-        "critic": {"ppo_micro_batch_size_per_gpu": 2, "optim": optim},
-        "data": {"train_batch_size": 2}, "trainer": {"device": "cpu"}})
+    config = ppo_config_with(
+        {
+            "actor_rollout_ref": {
+                "model": {"path": tiny_model_dir},
+                "actor": {"ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_gpu": 2, "optim": optim},
+            },
+            "critic": {"ppo_micro_batch_size_per_gpu": 2, "optim": optim},
+            "data": {"train_batch_size": 2},
+            "trainer": {"device": "cpu"},
+        }
+    )
     groups = build_worker_groups(config, use_critic=True, use_reference=False, total_training_steps=4)
     try:
         actor, critic = groups.actor_rollout.workers[0], groups.critic.workers[0]

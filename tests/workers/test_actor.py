@@ -14,8 +14,8 @@ from tests.tiny_models import ppo_section
 # relative 1e-4, absolute 1e-6 on the weight deltas (weights are ~0.02, deltas up to ~1).
 RTOL, ATOL = 1e-4, 1e-6
 
-PROMPT_LENS = [6, 3, 1, 4]      # left padding of 0, 3, 5, 2 tokens (prompt_length 6)
-RESPONSE_LENS = [5, 2, 4, 1]    # valid response tokens, the rest of the 5 is masked
+PROMPT_LENS = [6, 3, 1, 4]  # left padding of 0, 3, 5, 2 tokens (prompt_length 6)
+RESPONSE_LENS = [5, 2, 4, 1]  # valid response tokens, the rest of the 5 is masked
 
 
 @pytest.fixture(scope="module")
@@ -26,21 +26,24 @@ def base_model(tiny_model_dir):
 
 
 def _actor_config(micro, loss_agg_mode="token-mean", entropy_coeff=0.0, use_kl_loss=False, **extra):
-    return ppo_section("actor_rollout_ref.actor", {
-        "ppo_mini_batch_size": 4,
-        "ppo_micro_batch_size_per_gpu": micro,
-        "ppo_epochs": 1,
-        "clip_ratio": 0.2,
-        "clip_ratio_c": 3.0,
-        "loss_agg_mode": loss_agg_mode,
-        "entropy_coeff": entropy_coeff,
-        "use_kl_loss": use_kl_loss,
-        "kl_loss_coef": 0.1,
-        "kl_loss_type": "low_var_kl",
-        "grad_clip": 1.0e6,  # no clipping: the raw gradients are compared
-        "policy_loss": {"loss_mode": "vanilla"},
-        **extra,
-    })
+    return ppo_section(
+        "actor_rollout_ref.actor",
+        {
+            "ppo_mini_batch_size": 4,
+            "ppo_micro_batch_size_per_gpu": micro,
+            "ppo_epochs": 1,
+            "clip_ratio": 0.2,
+            "clip_ratio_c": 3.0,
+            "loss_agg_mode": loss_agg_mode,
+            "entropy_coeff": entropy_coeff,
+            "use_kl_loss": use_kl_loss,
+            "kl_loss_coef": 0.1,
+            "kl_loss_type": "low_var_kl",
+            "grad_clip": 1.0e6,  # no clipping: the raw gradients are compared
+            "policy_loss": {"loss_mode": "vanilla"},
+            **extra,
+        },
+    )
 
 
 def _full_response_logits(module, batch, temperature=1.0):
@@ -90,7 +93,7 @@ def _hand_pg_loss(module, b, loss_agg_mode):
 
 def _assert_same_params(a, b, rtol=RTOL, atol=ATOL):
     for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
-        torch.testing.assert_close(pa, pb, rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(pa, pb, rtol=rtol, atol=atol, msg=lambda m, name=name: f"{name}: {m}")
 
 
 # ----------------------------------------------------------------------------- compute_log_prob
@@ -100,10 +103,12 @@ def _assert_same_params(a, b, rtol=RTOL, atol=ATOL):
 def test_compute_log_prob_matches_full_forward(base_model, make_batch, temperature, remove_padding):
     b = make_batch(PROMPT_LENS, RESPONSE_LENS, seed=3)
     actor = PPOActor(_actor_config(2), base_model)  # no optimizer: the reference-policy form
-    data = DataProto.from_dict(tensors=b, meta_info={"micro_batch_size": 3, "temperature": temperature,
-                                                     "use_remove_padding": remove_padding})
-    log_probs, entropys, sum_pi_squared = actor.compute_log_prob(data, calculate_entropy=True,
-                                                                 calculate_sum_pi_squared=True)
+    data = DataProto.from_dict(
+        tensors=b, meta_info={"micro_batch_size": 3, "temperature": temperature, "use_remove_padding": remove_padding}
+    )
+    log_probs, entropys, sum_pi_squared = actor.compute_log_prob(
+        data, calculate_entropy=True, calculate_sum_pi_squared=True
+    )
 
     with torch.no_grad():
         logits = _full_response_logits(base_model, b, temperature)
@@ -208,15 +213,18 @@ def test_on_policy_update_without_old_log_probs_equals_recomputed(base_model, ma
     b = _ppo_batch(base_model, make_batch, seed=13)
     cfg = _actor_config(2, use_kl_loss=True)
     meta = {"temperature": 1.0, "micro_batch_size": 4, "use_remove_padding": remove_padding}
-    old, entropy, _ = PPOActor(cfg, base_model).compute_log_prob(DataProto.from_dict(tensors=b, meta_info=meta),
-                                                                  calculate_entropy=True)
+    old, entropy, _ = PPOActor(cfg, base_model).compute_log_prob(
+        DataProto.from_dict(tensors=b, meta_info=meta), calculate_entropy=True
+    )
     with_old = dict(b, old_log_probs=old)
     without_old = {k: v for k, v in b.items() if k != "old_log_probs"}
     module_a, module_b = copy.deepcopy(base_model), copy.deepcopy(base_model)
     m_a, none = PPOActor(cfg, module_a, torch.optim.SGD(module_a.parameters(), lr=1.0)).update_policy(
-        DataProto.from_dict(tensors=with_old, meta_info=meta))
+        DataProto.from_dict(tensors=with_old, meta_info=meta)
+    )
     m_b, own = PPOActor(cfg, module_b, torch.optim.SGD(module_b.parameters(), lr=1.0)).update_policy(
-        DataProto.from_dict(tensors=without_old, meta_info=meta), on_policy=True)
+        DataProto.from_dict(tensors=without_old, meta_info=meta), on_policy=True
+    )
 
     _assert_same_params(module_b, module_a)
     assert none is None  # the batch had old_log_probs: nothing to hand back

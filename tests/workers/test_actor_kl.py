@@ -28,18 +28,29 @@ def models(tiny_model_dir):
 
 
 def _config(kl_loss_type, micro=2):
-    return ppo_section("actor_rollout_ref.actor", {
-        "ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": micro, "ppo_epochs": 1,
-        "clip_ratio": 0.2, "clip_ratio_c": 3.0, "loss_agg_mode": "token-mean", "entropy_coeff": 0.0,
-        "use_kl_loss": True, "kl_loss_coef": KL_COEF, "kl_loss_type": kl_loss_type, "grad_clip": 1.0e6,
-        "policy_loss": {"loss_mode": "vanilla"},
-    })
+    return ppo_section(
+        "actor_rollout_ref.actor",
+        {
+            "ppo_mini_batch_size": 4,
+            "ppo_micro_batch_size_per_gpu": micro,
+            "ppo_epochs": 1,
+            "clip_ratio": 0.2,
+            "clip_ratio_c": 3.0,
+            "loss_agg_mode": "token-mean",
+            "entropy_coeff": 0.0,
+            "use_kl_loss": True,
+            "kl_loss_coef": KL_COEF,
+            "kl_loss_type": kl_loss_type,
+            "grad_clip": 1.0e6,
+            "policy_loss": {"loss_mode": "vanilla"},
+        },
+    )
 
 
 def _response_logits(module, b):
     P, R = b["prompts"].shape[1], b["responses"].shape[1]
     out = module(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"])
-    return out.logits.float()[:, P - 1:P + R - 1]
+    return out.logits.float()[:, P - 1 : P + R - 1]
 
 
 def _batch(make_batch, actor):
@@ -60,8 +71,9 @@ def test_full_kl_loss_gradient_equals_exact_kl_by_hand(models, make_batch):
 
     hand = copy.deepcopy(actor_model)
     p_logits, q_logits = _response_logits(hand, b), _response_logits(ref_model, b)
-    kl = torch.distributions.kl_divergence(torch.distributions.Categorical(logits=p_logits),
-                                           torch.distributions.Categorical(logits=q_logits))
+    kl = torch.distributions.kl_divergence(
+        torch.distributions.Categorical(logits=p_logits), torch.distributions.Categorical(logits=q_logits)
+    )
     mask = b["response_mask"].float()
     kl_loss = (kl * mask).sum() / mask.sum()
     (KL_COEF * kl_loss).backward()
@@ -77,7 +89,9 @@ def test_full_kl_loss_without_reference_module_is_a_clear_error(models, make_bat
     module = copy.deepcopy(actor_model)
     actor = PPOActor(_config("full"), module, torch.optim.SGD(module.parameters(), lr=1.0))
     with pytest.raises(ValueError, match="kl_loss_type=full"):
-        actor.update_policy(DataProto.from_dict(tensors=_batch(make_batch, actor_model), meta_info={"temperature": 1.0}))
+        actor.update_policy(
+            DataProto.from_dict(tensors=_batch(make_batch, actor_model), meta_info={"temperature": 1.0})
+        )
 
 
 def test_non_finite_loss_stops_the_update_naming_the_step(models, make_batch):

@@ -32,15 +32,18 @@ def value_model(tiny_model_dir):
 
 
 def _critic_config(micro=2, cliprange_value=100.0):
-    return ppo_section("critic", {
-        "ppo_mini_batch_size": 4,
-        "ppo_micro_batch_size_per_gpu": micro,
-        "ppo_epochs": 1,
-        "cliprange_value": cliprange_value,
-        "loss_agg_mode": "token-mean",
-        "grad_clip": 1.0,
-        "model": {"use_remove_padding": False},  # padded forwards, as the full forward compared with
-    })
+    return ppo_section(
+        "critic",
+        {
+            "ppo_mini_batch_size": 4,
+            "ppo_micro_batch_size_per_gpu": micro,
+            "ppo_epochs": 1,
+            "cliprange_value": cliprange_value,
+            "loss_agg_mode": "token-mean",
+            "grad_clip": 1.0,
+            "model": {"use_remove_padding": False},  # padded forwards, as the full forward compared with
+        },
+    )
 
 
 def _full_values(module, b):
@@ -94,4 +97,6 @@ def test_update_critic_reduces_value_loss(value_model, make_batch):
     assert after < 0.8 * before, (before, after)
     for (name, new), old, ref in zip(module.named_parameters(), value_model.parameters(), reference.parameters()):
         # atol: a few fp32 ulps of the weights (the random head is ~1), deltas reach ~1e-3
-        torch.testing.assert_close(new - old, -scale * ref.grad, rtol=1e-3, atol=1e-6, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(
+            new - old, -scale * ref.grad, rtol=1e-3, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}"
+        )

@@ -25,10 +25,13 @@ def test_one_token_attention_equals_sdpa_with_grouped_kv_heads(mask_kind):
     k, v = torch.randn(2, bs, kv_heads, length, dim, generator=gen)
     left_pad = torch.tensor([0, 2, 5])
     keep = (torch.arange(length)[None] >= left_pad[:, None])[:, None, None, :]  # (bs, 1, 1, length)
-    mask = {"none": None, "bool": keep,
-            "float": torch.zeros(keep.shape).masked_fill(~keep, torch.finfo(torch.float32).min)}[mask_kind]
+    mask = {
+        "none": None,
+        "bool": keep,
+        "float": torch.zeros(keep.shape).masked_fill(~keep, torch.finfo(torch.float32).min),
+    }[mask_kind]
     module = SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True, training=False)
-    ours, _ = decode_attention(module, q, k, v, mask, scaling=dim ** -0.5)
+    ours, _ = decode_attention(module, q, k, v, mask, scaling=dim**-0.5)
     assert ours.shape == (bs, 1, heads, dim)
     torch.testing.assert_close(ours, _sdpa(module, q, k, v, mask), rtol=1e-5, atol=1e-6)
     if mask is not None:  # the mask matters: a padded key changes the result when unmasked
@@ -39,7 +42,7 @@ def test_longer_queries_go_to_sdpa_unchanged():
     gen = torch.Generator().manual_seed(1)
     q, k, v = torch.randn(3, 2, 4, 5, 8, generator=gen)
     module = SimpleNamespace(num_key_value_groups=1, is_causal=True, training=False)
-    assert torch.equal(decode_attention(module, q, k, v, None, scaling=8 ** -0.5)[0], _sdpa(module, q, k, v, None))
+    assert torch.equal(decode_attention(module, q, k, v, None, scaling=8**-0.5)[0], _sdpa(module, q, k, v, None))
 
 
 def test_sampler_draws_from_the_softmax_distribution():
@@ -79,16 +82,29 @@ def test_rollout_samples_with_fast_decoding_and_without(tiny_model_dir, tokenize
 
     base = load_causal_lm(tiny_model_dir)
     ids = torch.tensor([tokenizer("What is 2 + 3?")["input_ids"]] * 4)
-    prompts = DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": torch.ones_like(ids),
-                                           "position_ids": torch.arange(ids.shape[1]).expand_as(ids)})
+    prompts = DataProto.from_dict(
+        tensors={
+            "input_ids": ids,
+            "attention_mask": torch.ones_like(ids),
+            "position_ids": torch.arange(ids.shape[1]).expand_as(ids),
+        }
+    )
     for fast in (True, False):
-        cfg = ppo_section("actor_rollout_ref.rollout", {"dtype": "float32", "response_length": 6, "do_sample": True,
-                                                        "temperature": 1.0, "top_p": 1.0, "top_k": -1,
-                                                        "fast_decoding": fast})
+        cfg = ppo_section(
+            "actor_rollout_ref.rollout",
+            {
+                "dtype": "float32",
+                "response_length": 6,
+                "do_sample": True,
+                "temperature": 1.0,
+                "top_p": 1.0,
+                "top_k": -1,
+                "fast_decoding": fast,
+            },
+        )
         rollout = HFRollout(copy.deepcopy(base), cfg, tokenizer)
         assert (rollout.module.config._attn_implementation == "hybridrl") == fast
         torch.manual_seed(0)
         responses = rollout.generate_sequences(prompts).batch["responses"]
         assert responses.shape == (4, 6)
         assert len({tuple(r) for r in responses.tolist()}) > 1  # sampled: the 4 copies differ
-

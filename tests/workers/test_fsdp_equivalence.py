@@ -13,7 +13,8 @@ import torch
 from hybridrl.config import load_config
 from hybridrl.controller.local import LocalWorkerGroup
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.merge import load_merged_model, main as merge_main
+from hybridrl.trainer.merge import load_merged_model
+from hybridrl.trainer.merge import main as merge_main
 from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker
 from tests.tiny_models import actor_batch_sizes
 
@@ -23,17 +24,25 @@ from hybridrl.controller.ray import RayClassWithInitArgs, RayResourcePool, RayWo
 A = "actor_rollout_ref.actor"
 ATOL = 1e-5
 PROMPT_LENS = [6, 3, 1, 4, 5, 2, 6, 2]
-RESPONSE_LENS = [5, 2, 4, 1, 3, 5, 1, 2]   # uneven: the two ranks hold different token counts
+RESPONSE_LENS = [5, 2, 4, 1, 3, 5, 1, 2]  # uneven: the two ranks hold different token counts
 
 
 @pytest.fixture(scope="module")
 def actor_config(tiny_model_dir):
     # 4 prompts x 2 responses, one mini batch of 8 rows; micro batches of 2 rows per worker;
     # fp32 compute (exact comparisons), whatever auto would pick on this CPU.
-    cfg = load_config([f"actor_rollout_ref.model.path={tiny_model_dir}", "data.train_batch_size=4",
-                       f"{A}.fsdp_config.mixed_precision.param_dtype=fp32",
-                       f"{A}.ppo_mini_batch_size=4", f"{A}.ppo_micro_batch_size_per_gpu=2", f"{A}.optim.lr=1e-2",
-                       "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2"])
+    cfg = load_config(
+        [
+            f"actor_rollout_ref.model.path={tiny_model_dir}",
+            "data.train_batch_size=4",
+            f"{A}.fsdp_config.mixed_precision.param_dtype=fp32",
+            f"{A}.ppo_mini_batch_size=4",
+            f"{A}.ppo_micro_batch_size_per_gpu=2",
+            f"{A}.optim.lr=1e-2",
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+        ]
+    )
     return cfg.actor_rollout_ref
 
 
@@ -56,14 +65,21 @@ def batch():
 def runs(ray_cluster, actor_config, batch, tmp_path_factory):
     """The same update on one local worker and on two FSDP2 Ray workers; checkpoints of both."""
     out = tmp_path_factory.mktemp("fsdp")
-    local = LocalWorkerGroup(ActorRolloutRefWorker, actor_config, actor_batch_sizes(actor_config), role="actor_rollout",
-                             device="cpu")
+    local = LocalWorkerGroup(
+        ActorRolloutRefWorker, actor_config, actor_batch_sizes(actor_config), role="actor_rollout", device="cpu"
+    )
     local.init_model()
-    result = {"local_logp": local.compute_log_prob(batch).batch["old_log_probs"],
-              "local_metrics": local.update_actor(batch).meta_info["metrics"]}
+    result = {
+        "local_logp": local.compute_log_prob(batch).batch["old_log_probs"],
+        "local_metrics": local.update_actor(batch).meta_info["metrics"],
+    }
     local.save_checkpoint(str(out / "local"), 1)
-    sharded = RayWorkerGroup(RayResourcePool([1, 1]), RayClassWithInitArgs(
-        ActorRolloutRefWorker, actor_config, actor_batch_sizes(actor_config, 2), role="actor_rollout", device="cpu"))
+    sharded = RayWorkerGroup(
+        RayResourcePool([1, 1]),
+        RayClassWithInitArgs(
+            ActorRolloutRefWorker, actor_config, actor_batch_sizes(actor_config, 2), role="actor_rollout", device="cpu"
+        ),
+    )
     try:
         sharded.init_model()
         result["sharded_logp"] = sharded.compute_log_prob(batch).batch["old_log_probs"]
@@ -96,8 +112,9 @@ def test_two_sharded_workers_update_like_one(runs):
 
 
 def test_sharded_checkpoint_resumes_on_one_worker(runs, actor_config, batch):
-    resumed = LocalWorkerGroup(ActorRolloutRefWorker, actor_config, actor_batch_sizes(actor_config), role="actor_rollout",
-                               device="cpu")
+    resumed = LocalWorkerGroup(
+        ActorRolloutRefWorker, actor_config, actor_batch_sizes(actor_config), role="actor_rollout", device="cpu"
+    )
     resumed.init_model()
     before = resumed.compute_log_prob(batch).batch["old_log_probs"]
     resumed.load_checkpoint(str(runs["dir"] / "sharded"))
@@ -119,8 +136,11 @@ def test_merge_writes_an_hf_folder_with_the_same_log_probs(runs, batch, tmp_path
     model = AutoModelForCausalLM.from_pretrained(target)
     b = batch.batch
     response_length = b["responses"].shape[1]
-    logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
-                   position_ids=b["position_ids"]).logits[:, -response_length - 1:-1].float()
+    logits = (
+        model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"])
+        .logits[:, -response_length - 1 : -1]
+        .float()
+    )
     logp = torch.log_softmax(logits, -1).gather(-1, b["responses"][..., None])[..., 0]
     mask = b["response_mask"].bool()
     torch.testing.assert_close(logp[mask], runs["sharded_logp_after"][mask], atol=ATOL, rtol=0)

@@ -30,19 +30,23 @@ def make_batch(tokenizer, responses, truths=None, questions=None):
     resp = torch.full((bs, R), pad, dtype=torch.long)
     mask = torch.zeros(bs, P + R, dtype=torch.long)
     for i, text in enumerate(responses):
-        chat = tokenizer.apply_chat_template([{"role": "user", "content": questions[i]}], tokenize=False,
-                                             add_generation_prompt=True)
+        chat = tokenizer.apply_chat_template(
+            [{"role": "user", "content": questions[i]}], tokenize=False, add_generation_prompt=True
+        )
         p = tokenizer.encode(chat, add_special_tokens=False)[-P:]
         r = tokenizer.encode(text)[: R - 1] + [tokenizer.eos_token_id]
-        prompts[i, P - len(p):] = torch.tensor(p)
+        prompts[i, P - len(p) :] = torch.tensor(p)
         resp[i, : len(r)] = torch.tensor(r)
-        mask[i, P - len(p): P + len(r)] = 1
+        mask[i, P - len(p) : P + len(r)] = 1
     truths = truths if truths is not None else [ANSWERS[i % 4] for i in range(bs)]
-    non_tensors = {"data_source": ["judge_test"] * bs,
-                   "reward_model": [{"style": "model", "ground_truth": t} for t in truths],
-                   "extra_info": [{"question": q} for q in questions]}
-    return DataProto.from_dict(tensors={"prompts": prompts, "responses": resp, "attention_mask": mask},
-                               non_tensors=non_tensors)
+    non_tensors = {
+        "data_source": ["judge_test"] * bs,
+        "reward_model": [{"style": "model", "ground_truth": t} for t in truths],
+        "extra_info": [{"question": q} for q in questions],
+    }
+    return DataProto.from_dict(
+        tensors={"prompts": prompts, "responses": resp, "attention_mask": mask}, non_tensors=non_tensors
+    )
 
 
 class ScriptedJudge:
@@ -65,21 +69,36 @@ class ScriptedJudge:
 
 
 def judge_config(model_path="m", **judge):
-    rollout = {"name": "hf", "prompt_length": 1024, "response_length": 8, "micro_batch_size": 8, "dtype": "fp32",
-               "do_sample": False}
+    rollout = {
+        "name": "hf",
+        "prompt_length": 1024,
+        "response_length": 8,
+        "micro_batch_size": 8,
+        "dtype": "fp32",
+        "do_sample": False,
+    }
     rollout.update(judge.pop("rollout", {}))
-    return {"reward_model": {"model": {"path": model_path}, "rollout": rollout, "judge": judge},
-            "trainer": {"device": "cpu"}}
+    return {
+        "reward_model": {"model": {"path": model_path}, "rollout": rollout, "judge": judge},
+        "trainer": {"device": "cpu"},
+    }
 
 
 def manager(tokenizer, judge, on_error="zero", retries=2, **settings):
-    return JudgeRewardManager(tokenizer, num_examine=0, on_error=on_error, retries=retries,
-                              config=ppo_config_with(judge_config(**settings)), judge=judge)
+    return JudgeRewardManager(
+        tokenizer,
+        num_examine=0,
+        on_error=on_error,
+        retries=retries,
+        config=ppo_config_with(judge_config(**settings)),
+        judge=judge,
+    )
 
 
 def test_scores_come_from_one_batched_call_and_land_on_the_last_token(tokenizer):
-    judge = ScriptedJudge(tokenizer, {"4": "Score: 10", "Blue": "I rate it 3/10", "Rome": "<score>7</score>",
-                                      "Five": "Score: 2"})
+    judge = ScriptedJudge(
+        tokenizer, {"4": "Score: 10", "Blue": "I rate it 3/10", "Rome": "<score>7</score>", "Five": "Score: 2"}
+    )
     data = make_batch(tokenizer, ["4", "Blue", "Rome", "Five"])
     out = manager(tokenizer, judge)(data, return_dict=True)
     assert judge.calls == [4]  # one call for the whole batch
@@ -102,8 +121,11 @@ def test_unparseable_answers_follow_on_error(tokenizer):
     assert info["reward_error"] == [0.0, 1.0, 1.0, 0.0] and info["reward_timeout"] == [0.0] * 4
     assert info["judge_text"] == ["Score: 9", "hmm", "Score: 12", "Score: 1"]  # failed rows keep their text
     assert out["reward_tensor"].sum(-1).tolist() == pytest.approx([0.9, 0.0, 0.0, 0.1])
-    with pytest.raises(RewardFunctionError, match=r"sample 1 of the batch .*JudgeParseError: no score in the "
-                                                  r"judge's answer 'hmm'"):
+    with pytest.raises(
+        RewardFunctionError,
+        match=r"sample 1 of the batch .*JudgeParseError: no score in the "
+        r"judge's answer 'hmm'",
+    ):
         manager(tokenizer, ScriptedJudge(tokenizer, dict(answers)), on_error="raise")(data)
     everything_fails = {k: "no idea" for k in answers}
     with pytest.raises(RewardFunctionError, match="failed on all 4 samples"):
@@ -111,10 +133,13 @@ def test_unparseable_answers_follow_on_error(tokenizer):
 
 
 def test_retry_asks_again_only_for_unparseable_rows_batched(tokenizer):
-    judge = ScriptedJudge(tokenizer, {"4": "Score: 8", "Blue": ["?", "still ?", "Score: 4"], "Rome": "Score: 6",
-                           "Five": ["?", "Score: 1"]})
-    out = manager(tokenizer, judge, on_error="retry", retries=2)(make_batch(tokenizer, ["4", "Blue", "Rome", "Five"]),
-                                                                return_dict=True)
+    judge = ScriptedJudge(
+        tokenizer,
+        {"4": "Score: 8", "Blue": ["?", "still ?", "Score: 4"], "Rome": "Score: 6", "Five": ["?", "Score: 1"]},
+    )
+    out = manager(tokenizer, judge, on_error="retry", retries=2)(
+        make_batch(tokenizer, ["4", "Blue", "Rome", "Five"]), return_dict=True
+    )
     assert judge.calls == [4, 2, 1]
     assert out["reward_tensor"].sum(-1).tolist() == pytest.approx([0.8, 0.4, 0.6, 0.1])
     judge = ScriptedJudge(tokenizer, {"4": "Score: 8", "Blue": "?", "Rome": "Score: 6", "Five": "Score: 1"})
@@ -127,8 +152,11 @@ def test_a_late_judge_fails_the_rows_as_timeouts(tokenizer):
     judge = ScriptedJudge(tokenizer, {"4": "Score: 8", "Blue": "Score: 8"}, delay_s=2.0)
     data = make_batch(tokenizer, ["4", "Blue"])
     started = time.perf_counter()
-    with pytest.raises(RewardFunctionError, match=r"ScoreTimeoutError: the judge answered none of 2 prompts within "
-                                                  r"reward_model.judge.timeout_s=0.3 s"):
+    with pytest.raises(
+        RewardFunctionError,
+        match=r"ScoreTimeoutError: the judge answered none of 2 prompts within "
+        r"reward_model.judge.timeout_s=0.3 s",
+    ):
         manager(tokenizer, judge, timeout_s=0.3)(data)
     assert time.perf_counter() - started < 1.5
 
@@ -137,51 +165,65 @@ def test_template_errors_and_long_prompts_fail_their_rows_only(tokenizer):
     judge = ScriptedJudge(tokenizer, {"4": "Score: 8", "Blue": "Score: 5"})
     data = make_batch(tokenizer, ["4", "Blue"], truths=["4", None])
     out = manager(tokenizer, judge, prompt_template="Reference: {ground_truth}\nAnswer:\n{response}\n")(
-        data, return_dict=True)
+        data, return_dict=True
+    )
     assert out["reward_extra_info"]["reward_error"] == [0.0, 1.0] and judge.calls == [1]
     assert out["reward_extra_info"]["judge_text"] == ["Score: 8", None]
 
     judge = ScriptedJudge(tokenizer, {"4": "Score: 8", "Blue": "Score: 5"})
     data = make_batch(tokenizer, ["4", "Blue"], truths=["4", "and so on " * 100])
-    with pytest.raises(RewardFunctionError, match=r"sample 1 .*JudgePromptError: the judge's prompt has \d+ tokens, "
-                                                  r"over reward_model.rollout.prompt_length=200"):
+    with pytest.raises(
+        RewardFunctionError,
+        match=r"sample 1 .*JudgePromptError: the judge's prompt has \d+ tokens, "
+        r"over reward_model.rollout.prompt_length=200",
+    ):
         manager(tokenizer, judge, on_error="raise", rollout={"prompt_length": 200})(data)
     assert judge.calls == [1]
 
 
 def test_custom_parser_and_pattern(tokenizer, tmp_path):
     parser = tmp_path / "parse.py"
-    parser.write_text("def parse_score(judge_text, ground_truth=None, **row):\n"
-                      "    if 'yes' in judge_text.lower():\n        return {'score': 1.0, 'verdict': 'yes'}\n"
-                      "    if 'no' in judge_text.lower():\n        return 0.0\n    return None\n")
+    parser.write_text(
+        "def parse_score(judge_text, ground_truth=None, **row):\n"
+        "    if 'yes' in judge_text.lower():\n        return {'score': 1.0, 'verdict': 'yes'}\n"
+        "    if 'no' in judge_text.lower():\n        return 0.0\n    return None\n"
+    )
     judge = ScriptedJudge(tokenizer, {"4": "Yes.", "Blue": "No.", "Rome": "Maybe"})
     out = manager(tokenizer, judge, score_parser={"path": str(parser), "name": "parse_score"})(
-        make_batch(tokenizer, ["4", "Blue", "Rome"]), return_dict=True)
+        make_batch(tokenizer, ["4", "Blue", "Rome"]), return_dict=True
+    )
     info = out["reward_extra_info"]
     assert out["reward_tensor"].sum(-1).tolist() == [1.0, 0.0, 0.0]
     assert info["verdict"] == ["yes", None, None] and info["reward_error"] == [0.0, 0.0, 1.0]
     judge = ScriptedJudge(tokenizer, {"4": "Verdict 4 of 5", "Blue": "Verdict 2 of 5"})
     out = manager(tokenizer, judge, score_pattern=r"Verdict (\d) of 5", score_range=[1, 5])(
-        make_batch(tokenizer, ["4", "Blue"]))
+        make_batch(tokenizer, ["4", "Blue"])
+    )
     assert out.sum(-1).tolist() == pytest.approx([0.75, 0.25])
 
 
 def test_num_examine_prints_the_judges_answer(tokenizer, capsys):
     judge = ScriptedJudge(tokenizer, {"4": "Score: 10"})
     JudgeRewardManager(tokenizer, num_examine=1, on_error="zero", config=ppo_config_with(judge_config()), judge=judge)(
-        make_batch(tokenizer, ["4"]))
+        make_batch(tokenizer, ["4"])
+    )
     printed = capsys.readouterr().out
     assert "[judge_text] Score: 10" in printed and "[score] 1.0" in printed
 
 
 # ---------------------------------------------------------------- the tiny model behind the HF engine
 
+
 def test_tiny_model_end_to_end(tokenizer, tiny_model_dir):
     """The tiny random model as the judge behind the HF engine, built from the config. It answers
     noise, so the response prefix writes the verdict ("Score: 7") and the model adds noise after
     it; one row lacks the ground truth the template reads and fails alone."""
-    cfg = judge_config(tiny_model_dir, response_prefix="Score: 7\n", rollout={"response_length": 6},
-                       prompt_template="Question: {question}\nReference: {ground_truth}\nAnswer:\n{response}\n")
+    cfg = judge_config(
+        tiny_model_dir,
+        response_prefix="Score: 7\n",
+        rollout={"response_length": 6},
+        prompt_template="Question: {question}\nReference: {ground_truth}\nAnswer:\n{response}\n",
+    )
     cfg["reward_model"].update(on_error="zero", reward_manager="judge")
     reward_fn = load_reward_manager(ppo_config_with(cfg), tokenizer)
     assert isinstance(reward_fn, JudgeRewardManager) and isinstance(reward_fn.judge, JudgeEngine)
@@ -207,8 +249,9 @@ def test_tiny_model_end_to_end(tokenizer, tiny_model_dir):
 def test_engine_refuses_a_call_while_a_late_one_runs(tiny_model_dir):
     engine = JudgeEngine(tiny_model_dir, judge_config()["reward_model"]["rollout"], "cpu")
     release = threading.Event()
-    nothing = SimpleNamespace(batch={"responses": torch.zeros(1, 0, dtype=torch.long),
-                                     "response_mask": torch.zeros(1, 0, dtype=torch.long)})
+    nothing = SimpleNamespace(
+        batch={"responses": torch.zeros(1, 0, dtype=torch.long), "response_mask": torch.zeros(1, 0, dtype=torch.long)}
+    )
     engine.engine.generate_sequences = lambda batch: release.wait(5) and nothing
     late = threading.Thread(target=engine.generate, args=([[1, 2, 3]],), daemon=True)
     late.start()
@@ -234,24 +277,46 @@ def test_a_judge_tokenizer_without_chat_template_needs_apply_chat_template_false
 
 # ---------------------------------------------------------------- the start-up check
 
-BASE = ["algorithm.adv_estimator=grpo", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.rollout.n=2",
-        "reward_model.reward_manager=judge"]
+BASE = [
+    "algorithm.adv_estimator=grpo",
+    "data.train_batch_size=8",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.rollout.n=2",
+    "reward_model.reward_manager=judge",
+]
 
 
 def test_config_check(tiny_model_dir):
     validate_ppo_config(load_config(BASE + [f"reward_model.model.path={tiny_model_dir}"]))
-    validate_ppo_config(load_config(BASE + [f"reward.reward_model.model_path={tiny_model_dir}",
-                                            "reward.reward_model.rollout.response_length=32"]))
+    validate_ppo_config(
+        load_config(
+            BASE
+            + [f"reward.reward_model.model_path={tiny_model_dir}", "reward.reward_model.rollout.response_length=32"]
+        )
+    )
     for overrides, message in [
-        ([], "reward_model.model.path='~/models/FsfairX-LLaMA3-RM-v0.1' does not exist; with "
-             "reward_model.reward_manager=judge set it to the judge model"),
-        ([f"reward_model.model.path={tiny_model_dir}", "reward_model.rollout.name=vllmm"],
-         "reward_model.rollout.name='vllmm' is not a known rollout engine"),
-        ([f"reward_model.model.path={tiny_model_dir}", "reward_model.judge.prompt_template=Rate it"],
-         "has no {response} field"),
-        ([f"reward_model.model.path={tiny_model_dir}", "reward_model.enable=true",
-          "reward_model.micro_batch_size_per_gpu=2"], "set reward_model.enable=false"),
+        (
+            [],
+            "reward_model.model.path='~/models/FsfairX-LLaMA3-RM-v0.1' does not exist; with "
+            "reward_model.reward_manager=judge set it to the judge model",
+        ),
+        (
+            [f"reward_model.model.path={tiny_model_dir}", "reward_model.rollout.name=vllmm"],
+            "reward_model.rollout.name='vllmm' is not a known rollout engine",
+        ),
+        (
+            [f"reward_model.model.path={tiny_model_dir}", "reward_model.judge.prompt_template=Rate it"],
+            "has no {response} field",
+        ),
+        (
+            [
+                f"reward_model.model.path={tiny_model_dir}",
+                "reward_model.enable=true",
+                "reward_model.micro_batch_size_per_gpu=2",
+            ],
+            "set reward_model.enable=false",
+        ),
     ]:
         with pytest.raises(ConfigError) as err:
             validate_ppo_config(load_config(BASE + overrides))
@@ -260,9 +325,11 @@ def test_config_check(tiny_model_dir):
 
 # ---------------------------------------------------------------- the bundled SmolLM2 as the judge
 
-PAIRS = [("What is the capital of France?", "The capital of France is Paris.", "The capital of France is Berlin."),
-         ("What is 7 + 5?", "7 + 5 = 12.", "7 + 5 = 15."),
-         ("How many legs does a spider have?", "A spider has eight legs.", "A spider has six legs.")]
+PAIRS = [
+    ("What is the capital of France?", "The capital of France is Paris.", "The capital of France is Berlin."),
+    ("What is 7 + 5?", "7 + 5 = 12.", "7 + 5 = 15."),
+    ("How many legs does a spider have?", "A spider has eight legs.", "A spider has six legs."),
+]
 
 
 @pytest.mark.slow
@@ -273,8 +340,12 @@ def test_smollm2_judges_hand_made_pairs(tokenizer, smollm2_dir):
     cfg = judge_config(smollm2_dir, response_prefix="Score:", rollout={"dtype": "auto", "response_length": 8})
     cfg["reward_model"].update(on_error="zero", reward_manager="judge")
     reward_fn = load_reward_manager(ppo_config_with(cfg), tokenizer)
-    data = make_batch(tokenizer, [a for _, good, bad in PAIRS for a in (good, bad)], truths=[None] * 6,
-                      questions=[q for q, _, _ in PAIRS for _ in range(2)])
+    data = make_batch(
+        tokenizer,
+        [a for _, good, bad in PAIRS for a in (good, bad)],
+        truths=[None] * 6,
+        questions=[q for q, _, _ in PAIRS for _ in range(2)],
+    )
     started = time.perf_counter()
     out = reward_fn(data, return_dict=True)
     seconds = time.perf_counter() - started

@@ -10,12 +10,12 @@ import torch
 
 pytest.importorskip("peft")
 
-from hybridrl.config import load_config, worker_batch_sizes  # noqa: E402
-from hybridrl.controller.local import LocalWorkerGroup  # noqa: E402
-from hybridrl.protocol import DataProto  # noqa: E402
-from hybridrl.trainer.checkpoint import CheckpointError  # noqa: E402
-from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker  # noqa: E402
-from tests.tiny_models import actor_batch_sizes  # noqa: E402
+from hybridrl.config import load_config, worker_batch_sizes
+from hybridrl.controller.local import LocalWorkerGroup
+from hybridrl.protocol import DataProto
+from hybridrl.trainer.checkpoint import CheckpointError
+from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
+from tests.tiny_models import actor_batch_sizes
 
 A, M = "actor_rollout_ref.actor", "actor_rollout_ref.model"
 RANK, ALPHA = 4, 8
@@ -26,12 +26,20 @@ ATOL = 1e-5
 
 def _overrides(tiny_model_dir, lora_rank=RANK):
     # 4 prompts x 2 responses in one mini batch; micro batches of 2 rows; lr large enough to move.
-    return [f"{M}.path={tiny_model_dir}", f"{M}.lora_rank={lora_rank}", f"{M}.lora_alpha={ALPHA}",
-            "data.train_batch_size=4", f"{A}.ppo_mini_batch_size=4", f"{A}.ppo_micro_batch_size_per_gpu=2",
-            f"{A}.optim.lr=5e-2", f"{A}.use_kl_loss=true", "actor_rollout_ref.rollout.n=2",
-            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
-            "actor_rollout_ref.rollout.response_length=5",
-            f"{A}.fsdp_config.mixed_precision.param_dtype=fp32"]  # exact comparisons on every CPU
+    return [
+        f"{M}.path={tiny_model_dir}",
+        f"{M}.lora_rank={lora_rank}",
+        f"{M}.lora_alpha={ALPHA}",
+        "data.train_batch_size=4",
+        f"{A}.ppo_mini_batch_size=4",
+        f"{A}.ppo_micro_batch_size_per_gpu=2",
+        f"{A}.optim.lr=5e-2",
+        f"{A}.use_kl_loss=true",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.rollout.response_length=5",
+        f"{A}.fsdp_config.mixed_precision.param_dtype=fp32",
+    ]  # exact comparisons on every CPU
 
 
 @pytest.fixture(scope="module")
@@ -66,25 +74,36 @@ def _base_log_probs(tiny_model_dir, data: DataProto) -> torch.Tensor:
 
     b, R = data.batch, data.batch["responses"].shape[1]
     with torch.no_grad():
-        logits = load_causal_lm(tiny_model_dir)(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
-                                                 position_ids=b["position_ids"]).logits[:, -R - 1:-1].float()
+        logits = (
+            load_causal_lm(tiny_model_dir)(
+                input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]
+            )
+            .logits[:, -R - 1 : -1]
+            .float()
+        )
     return torch.log_softmax(logits, -1).gather(-1, b["responses"][..., None])[..., 0]
 
 
 @pytest.fixture(scope="module")
 def trained(actor_config, batch, tmp_path_factory):
     """One local LoRA worker: weights before/after one update, log-probs, and a checkpoint."""
-    group = LocalWorkerGroup(ActorRolloutRefWorker, actor_config, actor_batch_sizes(actor_config),
-                             role="actor_rollout_ref", device="cpu")
+    group = LocalWorkerGroup(
+        ActorRolloutRefWorker, actor_config, actor_batch_sizes(actor_config), role="actor_rollout_ref", device="cpu"
+    )
     group.init_model()
     worker = group.workers[0]
     before = {n: p.detach().clone() for n, p in worker.actor.actor_module.named_parameters()}
     group.update_actor(batch)
     out = tmp_path_factory.mktemp("lora_ckpt")
     group.save_checkpoint(str(out / "actor"), 1)
-    return {"group": group, "worker": worker, "before": before, "dir": out / "actor",
-            "logp": group.compute_log_prob(batch).batch["old_log_probs"],
-            "ref_logp": group.compute_ref_log_prob(batch).batch["ref_log_prob"]}
+    return {
+        "group": group,
+        "worker": worker,
+        "before": before,
+        "dir": out / "actor",
+        "logp": group.compute_log_prob(batch).batch["old_log_probs"],
+        "ref_logp": group.compute_ref_log_prob(batch).batch["ref_log_prob"],
+    }
 
 
 def test_update_moves_only_the_adapter(trained):
@@ -122,15 +141,17 @@ def test_rollout_weights_are_the_merged_adapter(trained):
     assert torch.equal(synced, by_hand)
     assert not torch.equal(synced, layer.base_layer.weight.to(torch.bfloat16))
     # A weight without adapter is the base model's.
-    assert torch.equal(rollout.model.embed_tokens.weight,
-                       actor.base_model.model.model.embed_tokens.weight.to(torch.bfloat16))
+    assert torch.equal(
+        rollout.model.embed_tokens.weight, actor.base_model.model.model.embed_tokens.weight.to(torch.bfloat16)
+    )
 
 
 def test_generate_sequences_runs_on_the_merged_rollout(trained, batch):
     P = batch.batch["prompts"].shape[1]
-    prompts = DataProto.from_dict(tensors={k: batch.batch[k][:, :P].clone()
-                                           for k in ("input_ids", "attention_mask", "position_ids")},
-                                  meta_info={"do_sample": False})
+    prompts = DataProto.from_dict(
+        tensors={k: batch.batch[k][:, :P].clone() for k in ("input_ids", "attention_mask", "position_ids")},
+        meta_info={"do_sample": False},
+    )
     out = trained["group"].generate_sequences(prompts)
     assert out.batch["responses"].shape == (len(PROMPT_LENS), 5)
 
@@ -140,28 +161,37 @@ def test_checkpoint_holds_the_adapter_and_resumes(trained, actor_config, batch):
 
     folder = trained["dir"]
     assert (folder / "lora_adapter" / "adapter_model.safetensors").is_file()
-    keys = [k for k in dcp.FileSystemReader(str(folder / "dcp")).read_metadata().state_dict_metadata
-            if k.startswith("model.")]
+    keys = [
+        k
+        for k in dcp.FileSystemReader(str(folder / "dcp")).read_metadata().state_dict_metadata
+        if k.startswith("model.")
+    ]
     assert keys and all("lora_" in k for k in keys)  # the frozen base weights stay out
-    resumed = LocalWorkerGroup(ActorRolloutRefWorker, actor_config, actor_batch_sizes(actor_config),
-                             role="actor_rollout_ref", device="cpu")
+    resumed = LocalWorkerGroup(
+        ActorRolloutRefWorker, actor_config, actor_batch_sizes(actor_config), role="actor_rollout_ref", device="cpu"
+    )
     resumed.init_model()
     resumed.load_checkpoint(str(folder))
-    torch.testing.assert_close(resumed.compute_log_prob(batch).batch["old_log_probs"], trained["logp"],
-                               atol=ATOL, rtol=0)
-    torch.testing.assert_close(resumed.compute_ref_log_prob(batch).batch["ref_log_prob"], trained["ref_logp"],
-                               atol=ATOL, rtol=0)
+    torch.testing.assert_close(
+        resumed.compute_log_prob(batch).batch["old_log_probs"], trained["logp"], atol=ATOL, rtol=0
+    )
+    torch.testing.assert_close(
+        resumed.compute_ref_log_prob(batch).batch["ref_log_prob"], trained["ref_logp"], atol=ATOL, rtol=0
+    )
     worker = resumed.workers[0]
     assert worker.actor_optimizer.state_dict()["state"], "Adam moments were not restored"
     # the rollout got the resumed adapter too
-    assert torch.equal(worker.rollout.module.model.layers[1].self_attn.v_proj.weight,
-                       trained["worker"].rollout.module.model.layers[1].self_attn.v_proj.weight)
+    assert torch.equal(
+        worker.rollout.module.model.layers[1].self_attn.v_proj.weight,
+        trained["worker"].rollout.module.model.layers[1].self_attn.v_proj.weight,
+    )
 
 
 def test_resume_with_another_lora_rank_is_refused(trained, tiny_model_dir):
     full_config = load_config(_overrides(tiny_model_dir, 0)).actor_rollout_ref
-    full = LocalWorkerGroup(ActorRolloutRefWorker, full_config, actor_batch_sizes(full_config), role="actor_rollout",
-                            device="cpu")
+    full = LocalWorkerGroup(
+        ActorRolloutRefWorker, full_config, actor_batch_sizes(full_config), role="actor_rollout", device="cpu"
+    )
     full.init_model()
     with pytest.raises(CheckpointError, match=r"lora_rank=4 but this run has lora_rank=0"):
         full.load_checkpoint(str(trained["dir"]))
@@ -178,8 +208,11 @@ def test_merge_folds_the_adapter_into_an_hf_folder(trained, batch, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(target)
     b, R = batch.batch, batch.batch["responses"].shape[1]
     with torch.no_grad():
-        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
-                       position_ids=b["position_ids"]).logits[:, -R - 1:-1].float()
+        logits = (
+            model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"])
+            .logits[:, -R - 1 : -1]
+            .float()
+        )
     logp = torch.log_softmax(logits, -1).gather(-1, b["responses"][..., None])[..., 0]
     mask = b["response_mask"].bool()
     torch.testing.assert_close(logp[mask], trained["logp"][mask], atol=ATOL, rtol=0)
@@ -188,17 +221,34 @@ def test_merge_folds_the_adapter_into_an_hf_folder(trained, batch, tmp_path):
 def test_merge_with_a_missing_base_model(trained, tmp_path, capsys):
     from hybridrl.trainer.merge import main as merge_main
 
-    code = merge_main(["--local_dir", str(trained["dir"]), "--target_dir", str(tmp_path / "hf"),
-                       "--base_model", str(tmp_path / "gone")])
+    code = merge_main(
+        [
+            "--local_dir",
+            str(trained["dir"]),
+            "--target_dir",
+            str(tmp_path / "hf"),
+            "--base_model",
+            str(tmp_path / "gone"),
+        ]
+    )
     assert code == 2 and "pass --base_model" in capsys.readouterr().err
 
 
 def test_critic_lora_trains_the_adapter_and_the_value_head(tiny_model_dir, batch):
-    cfg = load_config(_overrides(tiny_model_dir) + [
-        "algorithm.adv_estimator=gae", f"critic.model.path={tiny_model_dir}", "critic.model.lora_rank=4",
-        "critic.ppo_mini_batch_size=4", "critic.ppo_micro_batch_size_per_gpu=2", "critic.optim.lr=1e-2"])
-    group = LocalWorkerGroup(CriticWorker, cfg.critic, worker_batch_sizes(cfg.critic, cfg.actor_rollout_ref.rollout.n, 1),
-                             device="cpu")
+    cfg = load_config(
+        _overrides(tiny_model_dir)
+        + [
+            "algorithm.adv_estimator=gae",
+            f"critic.model.path={tiny_model_dir}",
+            "critic.model.lora_rank=4",
+            "critic.ppo_mini_batch_size=4",
+            "critic.ppo_micro_batch_size_per_gpu=2",
+            "critic.optim.lr=1e-2",
+        ]
+    )
+    group = LocalWorkerGroup(
+        CriticWorker, cfg.critic, worker_batch_sizes(cfg.critic, cfg.actor_rollout_ref.rollout.n, 1), device="cpu"
+    )
     group.init_model()
     module = group.workers[0].critic.critic_module
     before = {n: p.detach().clone() for n, p in module.named_parameters()}
@@ -219,8 +269,16 @@ ray = pytest.importorskip("ray")
 def test_two_sharded_lora_workers_update_like_one(ray_cluster, actor_config, batch, trained, tmp_path):
     from hybridrl.controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
-    sharded = RayWorkerGroup(RayResourcePool([1, 1]), RayClassWithInitArgs(
-        ActorRolloutRefWorker, actor_config, actor_batch_sizes(actor_config, 2), role="actor_rollout_ref", device="cpu"))
+    sharded = RayWorkerGroup(
+        RayResourcePool([1, 1]),
+        RayClassWithInitArgs(
+            ActorRolloutRefWorker,
+            actor_config,
+            actor_batch_sizes(actor_config, 2),
+            role="actor_rollout_ref",
+            device="cpu",
+        ),
+    )
     try:
         sharded.init_model()
         sharded.update_actor(batch)
@@ -233,9 +291,11 @@ def test_two_sharded_lora_workers_update_like_one(ray_cluster, actor_config, bat
     torch.testing.assert_close(logp[mask], trained["logp"][mask], atol=ATOL, rtol=0)
     torch.testing.assert_close(ref_logp[mask], trained["ref_logp"][mask], atol=ATOL, rtol=0)
     # the adapter written by two ranks resumes on one worker
-    resumed = LocalWorkerGroup(ActorRolloutRefWorker, actor_config, actor_batch_sizes(actor_config),
-                             role="actor_rollout_ref", device="cpu")
+    resumed = LocalWorkerGroup(
+        ActorRolloutRefWorker, actor_config, actor_batch_sizes(actor_config), role="actor_rollout_ref", device="cpu"
+    )
     resumed.init_model()
     resumed.load_checkpoint(str(tmp_path / "actor"))
-    torch.testing.assert_close(resumed.compute_log_prob(batch).batch["old_log_probs"][mask], logp[mask],
-                               atol=ATOL, rtol=0)
+    torch.testing.assert_close(
+        resumed.compute_log_prob(batch).batch["old_log_probs"][mask], logp[mask], atol=ATOL, rtol=0
+    )

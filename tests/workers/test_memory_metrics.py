@@ -52,8 +52,9 @@ print(json.dumps({"before": before, "after": after, "sum": float(x[::4096].sum()
 def test_the_cpu_peak_and_the_current_rise_by_a_200_mb_tensor():
     # a fresh process: the peak of this one is whatever the tests before left, and the allocator
     # may hold freed pages (trainer.cpu_malloc_reuse), so a new tensor need not raise it here
-    out = subprocess.run([sys.executable, "-c", ALLOCATE_200_MB], capture_output=True, text=True, timeout=120,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", ALLOCATE_200_MB], capture_output=True, text=True, timeout=120, check=True
+    )
     report = json.loads(out.stdout.strip().splitlines()[-1])
     before, after = report["before"], report["after"]
     assert after[CPU_USED] - before[CPU_USED] >= 0.15
@@ -72,17 +73,22 @@ def test_the_cuda_peak_rises_by_a_200_mb_tensor():
 
 
 def test_the_reduction_keeps_the_maximum_over_workers_and_the_mean_of_the_rest():
-    per_worker = [{ALLOCATED: 1.5, RESERVED: 2.0, CPU_USED: 3.0, "actor/pg_loss": 1.0},
-                  {ALLOCATED: 4.0, RESERVED: 1.0, CPU_USED: 2.5, "actor/pg_loss": 3.0}]
+    per_worker = [
+        {ALLOCATED: 1.5, RESERVED: 2.0, CPU_USED: 3.0, "actor/pg_loss": 1.0},
+        {ALLOCATED: 4.0, RESERVED: 1.0, CPU_USED: 2.5, "actor/pg_loss": 3.0},
+    ]
     expected = {ALLOCATED: 4.0, RESERVED: 2.0, CPU_USED: 3.0, "actor/pg_loss": 2.0}
     assert reduce_worker_metrics(per_worker) == expected
     # as the workers' update results reach the driver: DP_COMPUTE_PROTO concatenates their metrics into lists
-    merged = DataProto.concat([DataProto(meta_info={"metrics": {**m, "actor/pg_loss": [m["actor/pg_loss"], 0.0]}})
-                               for m in per_worker]).meta_info["metrics"]
+    merged = DataProto.concat(
+        [DataProto(meta_info={"metrics": {**m, "actor/pg_loss": [m["actor/pg_loss"], 0.0]}}) for m in per_worker]
+    ).meta_info["metrics"]
     assert merged[ALLOCATED] == [1.5, 4.0]
     assert reduce_metrics(merged) == {**expected, "actor/pg_loss": 1.0}
-    assert reduce_metrics({ALLOCATED: 7.0, "response_length/max": [2.0, 4.0]}) == {ALLOCATED: 7.0,
-                                                                                    "response_length/max": 3.0}
+    assert reduce_metrics({ALLOCATED: 7.0, "response_length/max": [2.0, 4.0]}) == {
+        ALLOCATED: 7.0,
+        "response_length/max": 3.0,
+    }
 
 
 def test_merging_groups_keeps_the_larger_memory_and_replaces_other_metrics():

@@ -109,9 +109,21 @@ def test_startup_check_refuses_a_budget_below_the_longest_row():
     from hybridrl.config import load_config
     from hybridrl.trainer.config_check import validate_ppo_config
 
-    base = ["data.max_prompt_length=300", "data.max_response_length=200", "data.train_batch_size=8",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.use_dynamic_bsz=true"]
+    base = [
+        "data.max_prompt_length=300",
+        "data.max_response_length=200",
+        "data.train_batch_size=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+    ]
     validate_ppo_config(load_config(base + ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=500"]))
     with pytest.raises(ConfigError, match=r"rollout.log_prob_max_token_len_per_gpu=499 is smaller than .* = 500"):
-        validate_ppo_config(load_config(base + ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=600",
-                                                "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=499"]))
+        validate_ppo_config(
+            load_config(
+                base
+                + [
+                    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=600",
+                    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=499",
+                ]
+            )
+        )

@@ -27,11 +27,23 @@ def model(tiny_model_dir):
 
 
 def _config():
-    return ppo_section("actor_rollout_ref.actor", {
-        "ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_gpu": 2, "ppo_epochs": 1, "clip_ratio": 0.2,
-        "clip_ratio_c": 3.0, "loss_agg_mode": "token-mean", "entropy_coeff": 0.01, "use_kl_loss": True,
-        "kl_loss_coef": 0.1, "kl_loss_type": "low_var_kl", "grad_clip": 1.0e6, "policy_loss": {"loss_mode": "vanilla"},
-    })
+    return ppo_section(
+        "actor_rollout_ref.actor",
+        {
+            "ppo_mini_batch_size": 2,
+            "ppo_micro_batch_size_per_gpu": 2,
+            "ppo_epochs": 1,
+            "clip_ratio": 0.2,
+            "clip_ratio_c": 3.0,
+            "loss_agg_mode": "token-mean",
+            "entropy_coeff": 0.01,
+            "use_kl_loss": True,
+            "kl_loss_coef": 0.1,
+            "kl_loss_type": "low_var_kl",
+            "grad_clip": 1.0e6,
+            "policy_loss": {"loss_mode": "vanilla"},
+        },
+    )
 
 
 def _batch(seed=0):
@@ -43,10 +55,14 @@ def _batch(seed=0):
     responses = responses.masked_fill(response_attention == 0, 2)
     attention_mask = torch.cat([torch.ones(2, 4, dtype=torch.long), response_attention], dim=1)
     return {
-        "prompts": prompts, "responses": responses, "response_mask": torch.tensor(MASKS),
-        "input_ids": torch.cat([prompts, responses], dim=1), "attention_mask": attention_mask,
+        "prompts": prompts,
+        "responses": responses,
+        "response_mask": torch.tensor(MASKS),
+        "input_ids": torch.cat([prompts, responses], dim=1),
+        "attention_mask": attention_mask,
         "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
-        "old_log_probs": -torch.rand(2, R, generator=gen) * 5, "ref_log_prob": -torch.rand(2, R, generator=gen) * 5,
+        "old_log_probs": -torch.rand(2, R, generator=gen) * 5,
+        "ref_log_prob": -torch.rand(2, R, generator=gen) * 5,
         "advantages": torch.randn(2, R, generator=gen),  # nonzero on observation tokens too, on purpose
     }
 
@@ -100,5 +116,6 @@ def test_grpo_advantages_are_zero_on_observation_tokens():
     scores = torch.zeros(4, R)
     scores[:, 8] = torch.tensor([1.0, 0.0, 0.5, 0.2])
     advantages, _ = get_adv_estimator_fn("grpo")(
-        token_level_rewards=scores, response_mask=mask, index=["a", "a", "b", "b"], norm_adv_by_std_in_grpo=True)
+        token_level_rewards=scores, response_mask=mask, index=["a", "a", "b", "b"], norm_adv_by_std_in_grpo=True
+    )
     assert torch.all(advantages[mask == 0] == 0) and torch.all(advantages[mask == 1] != 0)

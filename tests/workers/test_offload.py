@@ -19,11 +19,17 @@ def _fsdp(param_offload: bool) -> SimpleNamespace:
     return SimpleNamespace(param_offload=param_offload)
 
 
-@pytest.mark.parametrize(("world_size", "device", "offload", "expected"), [
-    (1, "cpu", False, False), (1, "cpu", True, False),   # one CPU worker: a plain module
-    (1, "cuda", False, False), (1, "cuda", True, True),  # one GPU: FSDP2 only to offload
-    (2, "cpu", False, True), (2, "cuda", True, True),    # several workers: always sharded
-])
+@pytest.mark.parametrize(
+    ("world_size", "device", "offload", "expected"),
+    [
+        (1, "cpu", False, False),
+        (1, "cpu", True, False),  # one CPU worker: a plain module
+        (1, "cuda", False, False),
+        (1, "cuda", True, True),  # one GPU: FSDP2 only to offload
+        (2, "cpu", False, True),
+        (2, "cuda", True, True),  # several workers: always sharded
+    ],
+)
 def test_which_roles_are_wrapped_with_fsdp2(world_size, device, offload, expected):
     assert needs_fsdp(world_size, device, _fsdp(offload)) is expected
 

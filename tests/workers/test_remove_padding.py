@@ -30,16 +30,36 @@ def base_model(tiny_model_dir):
     return load_causal_lm(tiny_model_dir)
 
 
-def _actor_config(micro=2, dynamic=False, budget=None, chunking=False, loss_agg_mode="token-mean",
-                  kl_loss_type="low_var_kl", param_dtype="fp32"):
-    return ppo_section("actor_rollout_ref.actor", {
-        "ppo_mini_batch_size": 6, "ppo_micro_batch_size_per_gpu": micro, "ppo_epochs": 1,
-        "clip_ratio": 0.2, "clip_ratio_c": 3.0, "loss_agg_mode": loss_agg_mode, "entropy_coeff": 0.01,
-        "use_kl_loss": True, "kl_loss_coef": 0.1, "kl_loss_type": kl_loss_type, "grad_clip": 1.0e6,
-        "policy_loss": {"loss_mode": "vanilla"}, "use_dynamic_bsz": dynamic, **_budget("ppo_max_token_len_per_gpu", budget),
-        "entropy_from_logits_with_chunking": chunking,
-        "fsdp_config": {"mixed_precision": {"param_dtype": param_dtype}},
-    })
+def _actor_config(
+    micro=2,
+    dynamic=False,
+    budget=None,
+    chunking=False,
+    loss_agg_mode="token-mean",
+    kl_loss_type="low_var_kl",
+    param_dtype="fp32",
+):
+    return ppo_section(
+        "actor_rollout_ref.actor",
+        {
+            "ppo_mini_batch_size": 6,
+            "ppo_micro_batch_size_per_gpu": micro,
+            "ppo_epochs": 1,
+            "clip_ratio": 0.2,
+            "clip_ratio_c": 3.0,
+            "loss_agg_mode": loss_agg_mode,
+            "entropy_coeff": 0.01,
+            "use_kl_loss": True,
+            "kl_loss_coef": 0.1,
+            "kl_loss_type": kl_loss_type,
+            "grad_clip": 1.0e6,
+            "policy_loss": {"loss_mode": "vanilla"},
+            "use_dynamic_bsz": dynamic,
+            **_budget("ppo_max_token_len_per_gpu", budget),
+            "entropy_from_logits_with_chunking": chunking,
+            "fsdp_config": {"mixed_precision": {"param_dtype": param_dtype}},
+        },
+    )
 
 
 def _budget(key, budget):
@@ -58,19 +78,24 @@ def _ppo_batch(make_batch, seed=0):
 
 
 def _log_probs(model, batch, rmpad, temperature=0.7, **config):
-    meta = {"temperature": temperature, "micro_batch_size": 4, "use_remove_padding": rmpad,
-            "use_dynamic_bsz": config.get("dynamic", False), "max_token_len": config.get("budget")}
+    meta = {
+        "temperature": temperature,
+        "micro_batch_size": 4,
+        "use_remove_padding": rmpad,
+        "use_dynamic_bsz": config.get("dynamic", False),
+        "max_token_len": config.get("budget"),
+    }
     actor = PPOActor(_actor_config(**config), model)
-    log_probs, entropys, _ = actor.compute_log_prob(DataProto.from_dict(tensors=batch, meta_info=meta),
-                                                    calculate_entropy=True)
+    log_probs, entropys, _ = actor.compute_log_prob(
+        DataProto.from_dict(tensors=batch, meta_info=meta), calculate_entropy=True
+    )
     return log_probs, entropys
 
 
 def _update(model, batch, rmpad, **config):
     """(parameter gradients of one mini batch, metrics) without stepping the optimizer."""
     module = copy.deepcopy(model)
-    actor = PPOActor(_actor_config(**config), module, torch.optim.SGD(module.parameters(), lr=0.0),
-                     ref_module=model)
+    actor = PPOActor(_actor_config(**config), module, torch.optim.SGD(module.parameters(), lr=0.0), ref_module=model)
     grads = {}
 
     def capture():
@@ -78,8 +103,9 @@ def _update(model, batch, rmpad, **config):
         return 0.0
 
     with mock.patch("hybridrl.workers.actor.optimizer_step", lambda *args: capture()):
-        metrics, _ = actor.update_policy(DataProto.from_dict(tensors=batch, meta_info={"temperature": 0.7,
-                                                                                   "use_remove_padding": rmpad}))
+        metrics, _ = actor.update_policy(
+            DataProto.from_dict(tensors=batch, meta_info={"temperature": 0.7, "use_remove_padding": rmpad})
+        )
     return grads, metrics
 
 
@@ -149,8 +175,9 @@ def test_full_kl_packed_equals_padded(base_model, make_batch):
             p.add_(0.01 * torch.randn_like(p))
     kls = []
     for rmpad in (False, True):
-        data = DataProto.from_dict(tensors=b, meta_info={"temperature": 1.0, "micro_batch_size": 4,
-                                                         "use_remove_padding": rmpad})
+        data = DataProto.from_dict(
+            tensors=b, meta_info={"temperature": 1.0, "micro_batch_size": 4, "use_remove_padding": rmpad}
+        )
         kls.append(PPOActor(_actor_config(), base_model).compute_full_kl(data, ref))
     valid = b["response_mask"].bool()
     torch.testing.assert_close(kls[1][valid], kls[0][valid], rtol=1e-5, atol=1e-6)
@@ -219,8 +246,9 @@ def test_logits_post_processing_is_kept_or_refused(base_model, make_batch):
         torch.testing.assert_close(packed.log_probs[valid], padded.log_probs[valid], rtol=1e-5, atol=1e-5)
         assert (packed.log_probs[valid] - plain.log_probs[valid]).abs().max() > 0.1  # the scale did apply
         with pytest.raises(HeadOutputError, match="entropy_from_logits_with_chunking=false"):
-            forward_response(capped, micro, 1.0, torch.float32, ForwardOptions(use_remove_padding=True,
-                                                                               logits_chunking=True))
+            forward_response(
+                capped, micro, 1.0, torch.float32, ForwardOptions(use_remove_padding=True, logits_chunking=True)
+            )
 
 
 # ----------------------------------------------------------------------------- critic
@@ -238,12 +266,21 @@ def value_model(tiny_model_dir):
 
 
 def _critic(model, rmpad, dynamic=False, budget=None):
-    cfg = ppo_section("critic", {
-        "ppo_mini_batch_size": 6, "ppo_micro_batch_size_per_gpu": 2, "ppo_epochs": 1, "cliprange_value": 0.5,
-        "loss_agg_mode": "token-mean", "grad_clip": 1.0e6, "use_dynamic_bsz": dynamic,
-        **_budget("ppo_max_token_len_per_gpu", budget), **_budget("forward_max_token_len_per_gpu", budget),
-        "model": {"use_remove_padding": rmpad},
-    })
+    cfg = ppo_section(
+        "critic",
+        {
+            "ppo_mini_batch_size": 6,
+            "ppo_micro_batch_size_per_gpu": 2,
+            "ppo_epochs": 1,
+            "cliprange_value": 0.5,
+            "loss_agg_mode": "token-mean",
+            "grad_clip": 1.0e6,
+            "use_dynamic_bsz": dynamic,
+            **_budget("ppo_max_token_len_per_gpu", budget),
+            **_budget("forward_max_token_len_per_gpu", budget),
+            "model": {"use_remove_padding": rmpad},
+        },
+    )
     module = copy.deepcopy(model)
     critic = PPOCritic(cfg, module, torch.optim.SGD(module.parameters(), lr=0.0))
     grads = {}
@@ -291,14 +328,34 @@ def test_two_sharded_workers_packed_chunked_dynamic_equal_one_padded_worker(ray_
     from tests.tiny_models import actor_batch_sizes
 
     a, m = "actor_rollout_ref.actor", "actor_rollout_ref.model"
-    common = [f"{m}.path={tiny_model_dir}", "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2",
-              f"{a}.ppo_mini_batch_size=4", f"{a}.optim.lr=1e-2", f"{a}.entropy_coeff=0.01",
-              "data.max_prompt_length=6", "data.max_response_length=5",
-              f"{a}.fsdp_config.mixed_precision.param_dtype=fp32"]  # exact comparisons on every CPU
-    plain = load_config(common + [f"{m}.use_remove_padding=false", f"{a}.ppo_micro_batch_size_per_gpu=2",
-                                  "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2"])
-    fast = load_config(common + [f"{m}.use_remove_padding=true", f"{a}.use_dynamic_bsz=true",
-                                 f"{a}.ppo_max_token_len_per_gpu=12", f"{a}.entropy_from_logits_with_chunking=true"])
+    common = [
+        f"{m}.path={tiny_model_dir}",
+        "data.train_batch_size=4",
+        "actor_rollout_ref.rollout.n=2",
+        f"{a}.ppo_mini_batch_size=4",
+        f"{a}.optim.lr=1e-2",
+        f"{a}.entropy_coeff=0.01",
+        "data.max_prompt_length=6",
+        "data.max_response_length=5",
+        f"{a}.fsdp_config.mixed_precision.param_dtype=fp32",
+    ]  # exact comparisons on every CPU
+    plain = load_config(
+        common
+        + [
+            f"{m}.use_remove_padding=false",
+            f"{a}.ppo_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+        ]
+    )
+    fast = load_config(
+        common
+        + [
+            f"{m}.use_remove_padding=true",
+            f"{a}.use_dynamic_bsz=true",
+            f"{a}.ppo_max_token_len_per_gpu=12",
+            f"{a}.entropy_from_logits_with_chunking=true",
+        ]
+    )
     # rank 0 holds 4 long rows (3-4 micro batches of 12 tokens), rank 1 four short ones (1-2)
     b = make_batch([6, 5, 6, 4, 1, 2, 1, 1], [5, 5, 4, 5, 1, 2, 2, 1], seed=0)
     gen = torch.Generator().manual_seed(1)
@@ -306,15 +363,27 @@ def test_two_sharded_workers_packed_chunked_dynamic_equal_one_padded_worker(ray_
     b["advantages"] = torch.randn(b["responses"].shape, generator=gen) * b["response_mask"]
     batch = DataProto.from_dict(tensors=b)
 
-    local = LocalWorkerGroup(ActorRolloutRefWorker, plain.actor_rollout_ref, actor_batch_sizes(plain.actor_rollout_ref),
-                             role="actor_rollout", device="cpu")
+    local = LocalWorkerGroup(
+        ActorRolloutRefWorker,
+        plain.actor_rollout_ref,
+        actor_batch_sizes(plain.actor_rollout_ref),
+        role="actor_rollout",
+        device="cpu",
+    )
     local.init_model()
     expected = [local.compute_log_prob(batch).batch["old_log_probs"]]
     local_metrics = local.update_actor(batch).meta_info["metrics"]
     expected.append(local.compute_log_prob(batch).batch["old_log_probs"])
-    sharded = RayWorkerGroup(RayResourcePool([1, 1]), RayClassWithInitArgs(
-        ActorRolloutRefWorker, fast.actor_rollout_ref, actor_batch_sizes(fast.actor_rollout_ref, 2), role="actor_rollout",
-        device="cpu"))
+    sharded = RayWorkerGroup(
+        RayResourcePool([1, 1]),
+        RayClassWithInitArgs(
+            ActorRolloutRefWorker,
+            fast.actor_rollout_ref,
+            actor_batch_sizes(fast.actor_rollout_ref, 2),
+            role="actor_rollout",
+            device="cpu",
+        ),
+    )
     try:
         sharded.init_model()
         got = [sharded.compute_log_prob(batch).batch["old_log_probs"]]

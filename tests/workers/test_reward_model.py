@@ -8,12 +8,12 @@ import os
 import pytest
 import torch
 from omegaconf import OmegaConf
+from tiny_models import build_tiny_model
 
 from hybridrl.config import ConfigError, load_config
 from hybridrl.controller.local import LocalWorkerGroup
 from hybridrl.data.preference_dataset import encode_rm_inputs
 from hybridrl.models import load_tokenizer, load_value_model
-from tiny_models import build_tiny_model
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.config_check import validate_ppo_config
 from hybridrl.workers.fsdp_workers import RewardModelWorker
@@ -21,15 +21,22 @@ from hybridrl.workers.memory import MEMORY_METRICS
 from hybridrl.workers.reward_model import expand_to_token_level, forward_sequence_scores, last_token_index
 
 HH_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "hh_rlhf"))
-CHATS = [[{"role": "user", "content": "Is the sky blue?"}],
-         [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
-          {"role": "user", "content": "Tell me a joke about a fox"}],
-         [{"role": "user", "content": "Say nothing"}]]
+CHATS = [
+    [{"role": "user", "content": "Is the sky blue?"}],
+    [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "Tell me a joke about a fox"},
+    ],
+    [{"role": "user", "content": "Say nothing"}],
+]
 RESPONSES = ["Yes, on a clear day.", "A fox walks into a bar", ""]
 ENDED = [True, False, True]  # row 1 was cut at the length limit; row 2 is only the EOS token
 # A template unlike SmolLM2's, so a reward model that reads the policy's ids would be wrong.
-OTHER_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                  "{% if add_generation_prompt %}assistant: {% endif %}")
+OTHER_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
 
 
 def make_reward_model(src: str, out: str, seed: int = 0, chat_template: str | None = None) -> str:
@@ -66,8 +73,9 @@ def policy_batch(tokenizer, prompt_length=96, response_length=12) -> DataProto:
     pad = tokenizer.pad_token_id
     rows = []
     for chat, text, ended in zip(CHATS, RESPONSES, ENDED):
-        p = tokenizer(tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False),
-                      add_special_tokens=False)["input_ids"]
+        p = tokenizer(
+            tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False), add_special_tokens=False
+        )["input_ids"]
         r = tokenizer(text, add_special_tokens=False)["input_ids"] + ([tokenizer.eos_token_id] if ended else [])
         rows.append((p, r))
     bs = len(rows)
@@ -75,19 +83,30 @@ def policy_batch(tokenizer, prompt_length=96, response_length=12) -> DataProto:
     responses = torch.full((bs, response_length), pad)
     mask = torch.zeros(bs, prompt_length + response_length, dtype=torch.long)
     for i, (p, r) in enumerate(rows):
-        prompts[i, prompt_length - len(p):] = torch.tensor(p)
+        prompts[i, prompt_length - len(p) :] = torch.tensor(p)
         responses[i, : len(r)] = torch.tensor(r)
-        mask[i, prompt_length - len(p): prompt_length + len(r)] = 1
+        mask[i, prompt_length - len(p) : prompt_length + len(r)] = 1
     return DataProto.from_dict(
-        tensors={"prompts": prompts, "responses": responses, "input_ids": torch.cat([prompts, responses], 1),
-                 "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
-                 "response_mask": mask[:, prompt_length:]},
-        non_tensors={"raw_prompt": CHATS})
+        tensors={
+            "prompts": prompts,
+            "responses": responses,
+            "input_ids": torch.cat([prompts, responses], 1),
+            "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+            "response_mask": mask[:, prompt_length:],
+        },
+        non_tensors={"raw_prompt": CHATS},
+    )
 
 
 def rm_config(path, input_tokenizer=None, micro=2, **extra):
-    cfg = load_config([f"reward_model.model.path={path}", f"reward_model.micro_batch_size_per_gpu={micro}",
-                       "reward_model.model.fsdp_config.mixed_precision.param_dtype=fp32"])  # exact on every CPU
+    cfg = load_config(
+        [
+            f"reward_model.model.path={path}",
+            f"reward_model.micro_batch_size_per_gpu={micro}",
+            "reward_model.model.fsdp_config.mixed_precision.param_dtype=fp32",
+        ]
+    )  # exact on every CPU
     rm = cfg.reward_model
     rm.model.input_tokenizer = input_tokenizer
     for key, value in extra.items():
@@ -188,8 +207,9 @@ def test_two_sharded_ray_workers_score_like_one(ray_cluster, rm_dir, tokenizer):
     local = LocalWorkerGroup(RewardModelWorker, rm_config(rm_dir, micro=1), device="cpu")
     local.init_model()
     expected = local.compute_rm_score(data).batch["rm_scores"]
-    group = RayWorkerGroup(RayResourcePool([1, 1]), RayClassWithInitArgs(RewardModelWorker, rm_config(rm_dir, micro=1),
-                                                                         device="cpu"))
+    group = RayWorkerGroup(
+        RayResourcePool([1, 1]), RayClassWithInitArgs(RewardModelWorker, rm_config(rm_dir, micro=1), device="cpu")
+    )
     try:
         group.init_model()
         torch.testing.assert_close(group.compute_rm_score(data).batch["rm_scores"], expected, atol=1e-5, rtol=0)
@@ -197,17 +217,27 @@ def test_two_sharded_ray_workers_score_like_one(ray_cluster, rm_dir, tokenizer):
         group.shutdown()
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["reward_model.model.path=null"], "reward_model.model.path: Incompatible value 'None'"),  # the typed config
-    (["reward_model.model.path=/nonexistent/rm"], "reward_model.model.path='/nonexistent/rm' does not exist"),
-    (["reward_model.micro_batch_size_per_gpu=null"], "reward_model.micro_batch_size_per_gpu is not set"),
-    (["reward_model.micro_batch_size_per_gpu=0"], "reward_model.micro_batch_size_per_gpu=0 must be"),
-    (["reward_model.max_length=1"], "reward_model.max_length=1 must be"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["reward_model.model.path=null"], "reward_model.model.path: Incompatible value 'None'"),  # the typed config
+        (["reward_model.model.path=/nonexistent/rm"], "reward_model.model.path='/nonexistent/rm' does not exist"),
+        (["reward_model.micro_batch_size_per_gpu=null"], "reward_model.micro_batch_size_per_gpu is not set"),
+        (["reward_model.micro_batch_size_per_gpu=0"], "reward_model.micro_batch_size_per_gpu=0 must be"),
+        (["reward_model.max_length=1"], "reward_model.max_length=1 must be"),
+    ],
+)
 def test_start_up_checks_of_the_reward_model_keys(rm_dir, overrides, message):
-    base = ["algorithm.adv_estimator=grpo", "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-            "reward_model.enable=True", f"reward_model.model.path={rm_dir}", "reward_model.micro_batch_size_per_gpu=2"]
+    base = [
+        "algorithm.adv_estimator=grpo",
+        "data.train_batch_size=4",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "reward_model.enable=True",
+        f"reward_model.model.path={rm_dir}",
+        "reward_model.micro_batch_size_per_gpu=2",
+    ]
     validate_ppo_config(load_config(base))  # the base is fine
     with pytest.raises(ConfigError, match=message):
         validate_ppo_config(load_config(base + overrides))
@@ -227,16 +257,34 @@ def test_ppo_step_takes_its_reward_from_the_reward_model(hh_parquet, tiny_model_
 
     out = tmp_path / "run"
     A = "actor_rollout_ref.actor"
-    assert main([
-        f"data.train_files={hh_parquet}/train.parquet", f"data.val_files={hh_parquet}/test.parquet",
-        "data.train_batch_size=4", "data.max_prompt_length=192", "data.filter_overlong_prompts=True",
-        "data.max_response_length=8", f"actor_rollout_ref.model.path={tiny_model_dir}",
-        f"{A}.ppo_mini_batch_size=2", f"{A}.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.rollout.n=2",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4", "algorithm.adv_estimator=grpo",
-        "reward_model.enable=True", f"reward_model.model.path={rm_dir}", "reward_model.micro_batch_size_per_gpu=4",
-        "trainer.device=cpu", "trainer.logger=['file']", f"trainer.default_local_dir={out}",
-        "trainer.total_training_steps=1", "trainer.test_freq=1", "trainer.val_before_train=False",
-    ]) == 0
+    assert (
+        main(
+            [
+                f"data.train_files={hh_parquet}/train.parquet",
+                f"data.val_files={hh_parquet}/test.parquet",
+                "data.train_batch_size=4",
+                "data.max_prompt_length=192",
+                "data.filter_overlong_prompts=True",
+                "data.max_response_length=8",
+                f"actor_rollout_ref.model.path={tiny_model_dir}",
+                f"{A}.ppo_mini_batch_size=2",
+                f"{A}.ppo_micro_batch_size_per_gpu=2",
+                "actor_rollout_ref.rollout.n=2",
+                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+                "algorithm.adv_estimator=grpo",
+                "reward_model.enable=True",
+                f"reward_model.model.path={rm_dir}",
+                "reward_model.micro_batch_size_per_gpu=4",
+                "trainer.device=cpu",
+                "trainer.logger=['file']",
+                f"trainer.default_local_dir={out}",
+                "trainer.total_training_steps=1",
+                "trainer.test_freq=1",
+                "trainer.val_before_train=False",
+            ]
+        )
+        == 0
+    )
     with open(out / "metrics.jsonl") as f:
         row = [json.loads(line) for line in f][-1]
     assert row["rm/score/min"] < row["rm/score/mean"] < row["rm/score/max"]  # the random head tells rows apart

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from hybridrl.protocol import DataProto
 from hybridrl.workers.rollout.base import get_response_mask
 from hybridrl.workers.rollout.hf import HFRollout
@@ -19,12 +20,14 @@ TEXTS = ["Hello", "What is 2 + 3? Answer:", "The quick brown fox jumps"]
 
 
 def test_response_mask_stops_after_first_eos():
-    responses = torch.tensor([
-        [5, 2, 7, 2],   # eos at 1: keep it, drop the rest (a second eos changes nothing)
-        [2, 9, 9, 9],   # eos first
-        [4, 4, 4, 4],   # no eos: all ones
-        [3, 8, 1, 2],   # 8 is an eos only in the two-id case
-    ])
+    responses = torch.tensor(
+        [
+            [5, 2, 7, 2],  # eos at 1: keep it, drop the rest (a second eos changes nothing)
+            [2, 9, 9, 9],  # eos first
+            [4, 4, 4, 4],  # no eos: all ones
+            [3, 8, 1, 2],  # 8 is an eos only in the two-id case
+        ]
+    )
     expected_one = torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 1, 1]])
     expected_two = torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]])
     assert torch.equal(get_response_mask(responses, [2]), expected_one)
@@ -73,10 +76,19 @@ def prompts(tokenizer):
 
 
 def _rollout_config(dtype, do_sample=False, **extra):
-    return ppo_section("actor_rollout_ref.rollout", {
-        "name": "hf", "dtype": dtype, "response_length": R, "do_sample": do_sample,
-        "temperature": 1.0, "top_p": 1.0, "top_k": -1, **extra,
-    })
+    return ppo_section(
+        "actor_rollout_ref.rollout",
+        {
+            "name": "hf",
+            "dtype": dtype,
+            "response_length": R,
+            "do_sample": do_sample,
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "top_k": -1,
+            **extra,
+        },
+    )
 
 
 @torch.no_grad()
@@ -88,8 +100,9 @@ def _greedy_loop(model, input_ids, attention_mask, steps=R):
     cache, ids, mask, out = DynamicCache(), input_ids, attention_mask, []
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     for _ in range(steps):
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                       past_key_values=cache, use_cache=True).logits[:, -1]
+        logits = model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+        ).logits[:, -1]
         token = logits.float().argmax(-1, keepdim=True)
         out.append(token)
         mask = torch.cat([mask, torch.ones_like(token)], dim=1)
@@ -146,9 +159,14 @@ def test_repetition_penalty_changes_greedy_output(base_model, prompts, greedy_re
     from transformers import GenerationConfig
 
     ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
-    penalised = base_model.generate(input_ids=ids, attention_mask=mask, generation_config=GenerationConfig(
-        max_new_tokens=R, do_sample=False, repetition_penalty=1.5, eos_token_id=None, pad_token_id=2))
-    assert not torch.equal(penalised[:, ids.shape[1]:], greedy_reference("float32"))
+    penalised = base_model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        generation_config=GenerationConfig(
+            max_new_tokens=R, do_sample=False, repetition_penalty=1.5, eos_token_id=None, pad_token_id=2
+        ),
+    )
+    assert not torch.equal(penalised[:, ids.shape[1] :], greedy_reference("float32"))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -197,8 +215,12 @@ def test_model_top_k_default_does_not_truncate_sampling(scrambled_model, prompts
 
 def _mid_sequence_token(reference):
     """(row, step) of a token first emitted at step >= 2 of its row."""
-    return next((r, s) for r in range(len(reference)) for s in range(2, R - 1)
-                if reference[r, s].item() not in reference[r, :s].tolist())
+    return next(
+        (r, s)
+        for r in range(len(reference))
+        for s in range(2, R - 1)
+        if reference[r, s].item() not in reference[r, :s].tolist()
+    )
 
 
 def test_eos_ends_response_and_pads_after(scrambled_model, prompts, tokenizer):
@@ -208,8 +230,12 @@ def test_eos_ends_response_and_pads_after(scrambled_model, prompts, tokenizer):
     row, step = _mid_sequence_token(reference)
     eos = {reference[row, step].item(), tokenizer.eos_token_id}
     pad = tokenizer.pad_token_id
-    rollout = HFRollout(copy.deepcopy(base_model), _rollout_config("float32"), tokenizer,
-                        SimpleNamespace(eos_token_id=[reference[row, step].item()]))
+    rollout = HFRollout(
+        copy.deepcopy(base_model),
+        _rollout_config("float32"),
+        tokenizer,
+        SimpleNamespace(eos_token_id=[reference[row, step].item()]),
+    )
     out = rollout.generate_sequences(prompts)
     _check_layout(out, prompts, tokenizer)
     out = out.batch
@@ -219,8 +245,9 @@ def test_eos_ends_response_and_pads_after(scrambled_model, prompts, tokenizer):
 
     # Every row stops at its first token: generate returns 1 column, padded back to R.
     first = [t for t in reference[:, 0].tolist()]
-    rollout = HFRollout(copy.deepcopy(base_model), _rollout_config("float32"), tokenizer,
-                        SimpleNamespace(eos_token_id=first))
+    rollout = HFRollout(
+        copy.deepcopy(base_model), _rollout_config("float32"), tokenizer, SimpleNamespace(eos_token_id=first)
+    )
     out = rollout.generate_sequences(prompts).batch
     assert out["responses"].shape == (len(first), R)
     assert torch.equal(out["responses"][:, 0], reference[:, 0])
@@ -254,8 +281,12 @@ def test_sync_weights_copies_updated_actor_into_bf16_rollout(base_model, tokeniz
 def test_ignore_eos_generates_full_length(scrambled_model, prompts, tokenizer):
     reference = _greedy_loop(scrambled_model, prompts.batch["input_ids"], prompts.batch["attention_mask"])
     row, step = _mid_sequence_token(reference)
-    rollout = HFRollout(copy.deepcopy(scrambled_model), _rollout_config("float32", ignore_eos=True), tokenizer,
-                        SimpleNamespace(eos_token_id=[reference[row, step].item()]))
+    rollout = HFRollout(
+        copy.deepcopy(scrambled_model),
+        _rollout_config("float32", ignore_eos=True),
+        tokenizer,
+        SimpleNamespace(eos_token_id=[reference[row, step].item()]),
+    )
     out = rollout.generate_sequences(prompts).batch
     assert torch.equal(out["response_mask"], torch.ones(len(reference), R, dtype=out["response_mask"].dtype))
     assert torch.equal(out["responses"], reference)  # the EOS is an ordinary token: decoding goes on

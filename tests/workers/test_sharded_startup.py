@@ -24,14 +24,25 @@ SHAPES = {"hidden_size": 768, "num_layers": 12, "num_heads": 12, "num_kv_heads":
 
 def _peak_after_init(model_dir: str) -> list[float]:
     """Each rank's peak RSS (MB) after ``init_model`` of the actor + rollout + reference role on two workers."""
-    cfg = load_config([f"actor_rollout_ref.model.path={model_dir}", "data.train_batch_size=2",
-                       "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-                       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "actor_rollout_ref.rollout.n=2",
-                       "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
-                       "actor_rollout_ref.rollout.dtype=bfloat16", "actor_rollout_ref.actor.use_kl_loss=true"])
+    cfg = load_config(
+        [
+            f"actor_rollout_ref.model.path={model_dir}",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
+            "actor_rollout_ref.rollout.dtype=bfloat16",
+            "actor_rollout_ref.actor.use_kl_loss=true",
+        ]
+    )
     section = cfg.actor_rollout_ref
-    group = RayWorkerGroup(RayResourcePool([1, 1]), RayClassWithInitArgs(
-        ActorRolloutRefWorker, section, actor_batch_sizes(section, 2), role="actor_rollout_ref", device="cpu"))
+    group = RayWorkerGroup(
+        RayResourcePool([1, 1]),
+        RayClassWithInitArgs(
+            ActorRolloutRefWorker, section, actor_batch_sizes(section, 2), role="actor_rollout_ref", device="cpu"
+        ),
+    )
     try:
         group.init_model()
         return [m["perf/max_memory_allocated_gb"] * 1024 for m in group.get_memory_metrics()]
@@ -56,10 +67,19 @@ def test_no_rank_holds_a_whole_copy_at_start_up(ray_cluster, tokenizer_dir, tmp_
     # glibc's default policy (another test's trainer.cpu_malloc_reuse may have set it for the workers)
     monkeypatch.setenv("HYBRIDRL_CPU_MALLOC_REUSE", "0")
     big = build_tiny_model(tokenizer_dir, str(tmp_path / "big"), **SHAPES)
-    small = build_tiny_model(tokenizer_dir, str(tmp_path / "small"), hidden_size=16, num_layers=1, num_heads=2,
-                             num_kv_heads=1, intermediate_size=32)
+    small = build_tiny_model(
+        tokenizer_dir,
+        str(tmp_path / "small"),
+        hidden_size=16,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        intermediate_size=32,
+    )
     baseline = max(_peak_after_init(small))
     peaks = _peak_after_init(big)
     budget = _budget_mb(big)
     for rank, peak in enumerate(peaks):
-        assert peak - baseline <= budget, f"rank {rank}: {peak - baseline:.0f} MB over the baseline > budget {budget:.0f} MB"
+        assert peak - baseline <= budget, (
+            f"rank {rank}: {peak - baseline:.0f} MB over the baseline > budget {budget:.0f} MB"
+        )

@@ -39,6 +39,7 @@ RESPONSE_LENS = [5, 2, 4, 1, 3, 5, 1, 2]
 
 # ---- one process: layouts -----------------------------------------------------------------------
 
+
 def _simulated_all_to_all(inputs: list[torch.Tensor], scatter_dim: int, gather_dim: int) -> list[torch.Tensor]:
     """What all_to_all_single does between len(inputs) ranks, with the module's own buffers."""
     sends = [send_buffer(x, len(inputs), scatter_dim) for x in inputs]
@@ -49,10 +50,10 @@ def _simulated_all_to_all(inputs: list[torch.Tensor], scatter_dim: int, gather_d
 def test_seq_to_heads_layout_and_round_trip(size):
     full = torch.randn(2, 8, 12, 3)  # (rows, heads, seq, dim)
     seq = 12 // size
-    slices = [full[:, :, r * seq:(r + 1) * seq] for r in range(size)]
+    slices = [full[:, :, r * seq : (r + 1) * seq] for r in range(size)]
     heads = _simulated_all_to_all(slices, scatter_dim=1, gather_dim=2)
     for r, h in enumerate(heads):  # rank r: heads block r of the whole sequence
-        torch.testing.assert_close(h, full[:, r * 8 // size:(r + 1) * 8 // size], rtol=0, atol=0)
+        torch.testing.assert_close(h, full[:, r * 8 // size : (r + 1) * 8 // size], rtol=0, atol=0)
     back = _simulated_all_to_all(heads, scatter_dim=2, gather_dim=1)
     for r in range(size):
         torch.testing.assert_close(back[r], slices[r], rtol=0, atol=0)
@@ -85,8 +86,13 @@ def test_packed_mask_is_the_one_transformers_builds():
     config = LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4)
     config._attn_implementation = "sdpa"
     position_ids = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3, 4], [0, 1, 2, 3, 0, 1, 2, 0, 1, 2]])
-    theirs = create_causal_mask(config=config, inputs_embeds=torch.zeros(2, 10, 32), attention_mask=None,
-                                past_key_values=None, position_ids=position_ids)
+    theirs = create_causal_mask(
+        config=config,
+        inputs_embeds=torch.zeros(2, 10, 32),
+        attention_mask=None,
+        past_key_values=None,
+        position_ids=position_ids,
+    )
     torch.testing.assert_close(packed_causal_mask(position_ids), theirs, rtol=0, atol=0)
 
 
@@ -98,11 +104,14 @@ def test_one_sequence_per_row_needs_no_mask():
     assert packed_causal_mask(torch.tensor([[0, 1, 2, 0, 1, 2]])) is not None  # two sequences
     q, k, v = (torch.randn(2, 4, 6, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
     causal = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-    masked = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(6, 6, dtype=torch.bool).tril())
+    masked = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=torch.ones(6, 6, dtype=torch.bool).tril()
+    )
     torch.testing.assert_close(causal, masked)
 
 
 # ---- one process: what can be split ------------------------------------------------------------
+
 
 def test_heads_rules():
     assert heads_problem(4, 2, 2) is None
@@ -115,8 +124,16 @@ def test_heads_rules():
 def test_use_ulysses_attention_switches_a_llama_and_refuses_others():
     from transformers import BloomConfig, BloomForCausalLM, LlamaConfig, LlamaForCausalLM
 
-    llama = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                                         num_key_value_heads=2, intermediate_size=32))
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=32,
+        )
+    )
     use_ulysses_attention(llama, 2, "k")
     assert llama.config._attn_implementation == "hybridrl"
     with pytest.raises(SequenceParallelError, match=r"k=3: it must divide the model's num_attention_heads \(4\)"):
@@ -128,13 +145,21 @@ def test_use_ulysses_attention_switches_a_llama_and_refuses_others():
 
 # ---- one process: start-up rules ---------------------------------------------------------------
 
+
 def _check(world_size, model_dir, size, *more):
     """The start-up check of a small valid GRPO config (6 prompts x 2 responses, mini batch 3)."""
     from hybridrl.trainer.config_check import validate_ppo_config
 
-    overrides = ["algorithm.adv_estimator=grpo", "data.train_batch_size=6", f"{A}.ppo_mini_batch_size=3", f"{A}.ppo_micro_batch_size_per_gpu=1",
-                 "actor_rollout_ref.rollout.n=2", f"actor_rollout_ref.model.path={model_dir}",
-                 f"{A}.ulysses_sequence_parallel_size={size}", *more]
+    overrides = [
+        "algorithm.adv_estimator=grpo",
+        "data.train_batch_size=6",
+        f"{A}.ppo_mini_batch_size=3",
+        f"{A}.ppo_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.rollout.n=2",
+        f"actor_rollout_ref.model.path={model_dir}",
+        f"{A}.ulysses_sequence_parallel_size={size}",
+        *more,
+    ]
     return validate_ppo_config(load_config(overrides), world_size=world_size)
 
 
@@ -162,8 +187,9 @@ def test_size_needs_remove_padding(tiny_model_dir):
 def test_size_needs_a_splittable_architecture(tmp_path):
     from transformers import BloomConfig
 
-    BloomConfig(vocab_size=64, hidden_size=32, n_layer=1, n_head=4, architectures=["BloomForCausalLM"]) \
-        .save_pretrained(tmp_path)
+    BloomConfig(vocab_size=64, hidden_size=32, n_layer=1, n_head=4, architectures=["BloomForCausalLM"]).save_pretrained(
+        tmp_path
+    )
     with pytest.raises(ConfigError, match="BloomForCausalLM does not use transformers' attention interface"):
         _check(2, str(tmp_path), 2)
 
@@ -176,25 +202,48 @@ def test_size_below_one_and_a_different_reference_size(tiny_model_dir):
 
 
 def test_critic_size_rules(tiny_model_dir):
-    with pytest.raises(ConfigError, match="critic.ulysses_sequence_parallel_size=2 splits packed sequences: it "
-                                          "needs critic.model.use_remove_padding=true"):
-        _check(2, tiny_model_dir, 1, "algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=1",
-               "critic.ulysses_sequence_parallel_size=2", "critic.model.use_remove_padding=false")
+    with pytest.raises(
+        ConfigError,
+        match="critic.ulysses_sequence_parallel_size=2 splits packed sequences: it "
+        "needs critic.model.use_remove_padding=true",
+    ):
+        _check(
+            2,
+            tiny_model_dir,
+            1,
+            "algorithm.adv_estimator=gae",
+            "critic.ppo_micro_batch_size_per_gpu=1",
+            "critic.ulysses_sequence_parallel_size=2",
+            "critic.model.use_remove_padding=false",
+        )
 
 
 # ---- two processes: SP=2 on 2 workers against one worker ----------------------------------------
 
+
 def _actor_config(model_dir: str, sp: int):
     """4 prompts x 2 responses, one mini batch, micro batches of 2 rows; entropy bonus and KL loss on
     (more gradient paths through the gathered outputs); fp32."""
-    cfg = load_config([f"actor_rollout_ref.model.path={model_dir}", "data.train_batch_size=4",
-                       f"{A}.fsdp_config.mixed_precision.param_dtype=fp32", f"{A}.ppo_mini_batch_size=4",
-                       f"{A}.ppo_micro_batch_size_per_gpu=2", f"{A}.optim.lr=1e-2", f"{A}.entropy_coeff=0.01",
-                       f"{A}.use_kl_loss=true", f"{A}.ulysses_sequence_parallel_size={sp}",
-                       "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
-                       f"critic.model.path={model_dir}-value", "critic.ppo_micro_batch_size_per_gpu=2",
-                       "critic.model.fsdp_config.mixed_precision.param_dtype=fp32", "critic.optim.lr=1e-3",
-                       f"critic.ulysses_sequence_parallel_size={sp}"])
+    cfg = load_config(
+        [
+            f"actor_rollout_ref.model.path={model_dir}",
+            "data.train_batch_size=4",
+            f"{A}.fsdp_config.mixed_precision.param_dtype=fp32",
+            f"{A}.ppo_mini_batch_size=4",
+            f"{A}.ppo_micro_batch_size_per_gpu=2",
+            f"{A}.optim.lr=1e-2",
+            f"{A}.entropy_coeff=0.01",
+            f"{A}.use_kl_loss=true",
+            f"{A}.ulysses_sequence_parallel_size={sp}",
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+            f"critic.model.path={model_dir}-value",
+            "critic.ppo_micro_batch_size_per_gpu=2",
+            "critic.model.fsdp_config.mixed_precision.param_dtype=fp32",
+            "critic.optim.lr=1e-3",
+            f"critic.ulysses_sequence_parallel_size={sp}",
+        ]
+    )
     return cfg.actor_rollout_ref, cfg.critic
 
 
@@ -231,8 +280,8 @@ def _run_workers(sp: int, model_dir: str, rank: int = 0) -> dict:
     rank's share of the batch as the driver's dispatch splits it (all of it with one worker)."""
     from hybridrl.config import worker_batch_sizes
     from hybridrl.controller.decorator import Dispatch, dispatch_args
-    from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
     from hybridrl.models.materialize import iter_full_weights
+    from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 
     actor_cfg, critic_cfg = _actor_config(model_dir, sp)
     world = 2 if sp > 1 else 1
@@ -272,16 +321,26 @@ def _kv_repeat_check() -> dict:
     from hybridrl.workers.sequence_parallel import sequence_parallel_group
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=2048, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                         num_key_value_heads=1, intermediate_size=64))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=2048,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            intermediate_size=64,
+        )
+    )
     split = copy.deepcopy(model)
     sp = sequence_parallel_group(2, "k")
     use_ulysses_attention(split, 2, "k")
     batch = _batch().select(batch_keys=["responses", "input_ids", "attention_mask", "position_ids"])
     diffs = {}
     results = []
-    for module, options in ((model, ForwardOptions(use_remove_padding=True)),
-                            (split, ForwardOptions(use_remove_padding=True, sequence_parallel=sp))):
+    for module, options in (
+        (model, ForwardOptions(use_remove_padding=True)),
+        (split, ForwardOptions(use_remove_padding=True, sequence_parallel=sp)),
+    ):
         out = forward_response(module, batch, 0.7, torch.float32, options, calculate_entropy=True)
         grads = torch.autograd.grad(out.log_probs.sum() + out.entropy.sum(), list(module.parameters()))
         results.append((out, grads))
@@ -297,8 +356,14 @@ def _kv_repeat_check() -> dict:
 
 
 def _two_worker_process(rank: int, port: int, model_dir: str, out_dir: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), HYBRIDRL_DIST_TIMEOUT_S="120")
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        HYBRIDRL_DIST_TIMEOUT_S="120",
+    )
     torch.set_num_threads(1)
     import torch.distributed as dist
 
@@ -327,8 +392,9 @@ def runs(tiny_model_dir, tmp_path_factory):
                 p.copy_(torch.randn(p.shape, generator=gen))
     value.save_pretrained(f"{tiny_model_dir}-value")
     out_dir = str(tmp_path_factory.mktemp("ulysses"))
-    torch.multiprocessing.start_processes(_two_worker_process, args=(_free_port(), tiny_model_dir, out_dir),
-                                          nprocs=2, start_method="spawn")
+    torch.multiprocessing.start_processes(
+        _two_worker_process, args=(_free_port(), tiny_model_dir, out_dir), nprocs=2, start_method="spawn"
+    )
     ranks = [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(2)]
     return {"one": _run_workers(1, tiny_model_dir), "ranks": ranks}
 
@@ -372,16 +438,18 @@ def test_actor_update_gives_the_same_loss_gradients_and_weights(runs):
         # weights are compared where the gradient is well above eps
         for name, grad in one["actor_grads"].items():  # every trained parameter (lm_head is tied to the embedding)
             resolved = grad.abs() > 1e-6
-            torch.testing.assert_close(rank["actor_weights"][name][resolved], one["actor_weights"][name][resolved],
-                                       atol=ATOL, rtol=0, msg=name)
+            torch.testing.assert_close(
+                rank["actor_weights"][name][resolved], one["actor_weights"][name][resolved], atol=ATOL, rtol=0, msg=name
+            )
 
 
 def test_critic_values_and_update(runs):
     one, ranks = runs["one"], runs["ranks"]
     torch.testing.assert_close(_rows(runs, "values", None), one["values"], atol=ATOL, rtol=0)
     for key in ("critic/vf_loss", "critic/grad_norm"):
-        assert sum(r["critic_metrics"][key][0] for r in ranks) / 2 == pytest.approx(one["critic_metrics"][key][0],
-                                                                                    abs=ATOL), key
+        assert sum(r["critic_metrics"][key][0] for r in ranks) / 2 == pytest.approx(
+            one["critic_metrics"][key][0], abs=ATOL
+        ), key
     for rank in ranks:
         assert _max_diff(rank["critic_grads"], one["critic_grads"]) < ATOL
     torch.testing.assert_close(_rows(runs, "values_after", None), one["values_after"], atol=ATOL, rtol=0)

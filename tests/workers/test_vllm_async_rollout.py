@@ -17,10 +17,19 @@ import torch
 
 pytest.importorskip("vllm", reason="the vllm extra is not installed (pip install -e '.[vllm]')")
 
-from hybridrl.workers.rollout.base import RolloutEngineError, SampledIds  # noqa: E402
+from vllm_helpers import (
+    TEXTS,
+    R,
+    actor_log_probs,
+    assert_greedy_matches,
+    check_lora_sync,
+    check_weight_sync,
+    grpo_overrides,
+    length_reward_file,
+    make_prompts,
+)
 
-from vllm_helpers import (R, TEXTS, actor_log_probs, assert_greedy_matches, check_lora_sync,  # noqa: E402
-                          check_weight_sync, grpo_overrides, length_reward_file, make_prompts)
+from hybridrl.workers.rollout.base import RolloutEngineError, SampledIds
 
 
 @pytest.fixture
@@ -36,7 +45,9 @@ def test_layout_greedy_and_log_probs_match_the_actor(engine, vllm_model, tokeniz
         assert out[key].shape == (bs, width), key
     mask = out["response_mask"].bool()
     assert (out["responses"][~mask] == tokenizer.pad_token_id).all()
-    torch.testing.assert_close(out["rollout_log_probs"][mask], actor_log_probs(vllm_model, out)[mask], atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        out["rollout_log_probs"][mask], actor_log_probs(vllm_model, out)[mask], atol=1e-4, rtol=0
+    )
     assert_greedy_matches(vllm_model, engine.generate_sequences(make_prompts(tokenizer, TEXTS, do_sample=False)).batch)
 
 
@@ -71,15 +82,17 @@ def test_agent_loops_send_one_request_per_turn_with_log_probs(engine, vllm_model
     from tests.tiny_models import ppo_section
 
     # the rollout section as the run has it (multi_turn, agent: every key), with the engine's settings
-    manager = AgentLoopManager(engine, tokenizer, ppo_section("actor_rollout_ref.rollout",
-                                                              OmegaConf.to_container(engine.config)))
+    manager = AgentLoopManager(
+        engine, tokenizer, ppo_section("actor_rollout_ref.rollout", OmegaConf.to_container(engine.config))
+    )
     prompts = make_prompts(tokenizer, TEXTS, n=2)
     out = manager.generate_sequences(prompts)
     batch = out.batch
     mask = batch["response_mask"].bool()
     assert mask.any(dim=1).all()
-    torch.testing.assert_close(batch["rollout_log_probs"][mask], actor_log_probs(vllm_model, batch)[mask],
-                               atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        batch["rollout_log_probs"][mask], actor_log_probs(vllm_model, batch)[mask], atol=1e-4, rtol=0
+    )
     assert (batch["rollout_log_probs"][~mask] == 0).all()
     seen = []
     original = RequestEngine.generate
@@ -110,8 +123,11 @@ def test_bad_input_and_deadlines_are_one_line(engine, tokenizer):
     saved = engine.timeout_s
     engine.timeout_s = 1e-4
     try:
-        with pytest.raises(RolloutEngineError, match=r"no answer within .*engine_timeout_s=0.0001 s while waiting "
-                                                     r"for 3 generation requests") as err:
+        with pytest.raises(
+            RolloutEngineError,
+            match=r"no answer within .*engine_timeout_s=0.0001 s while waiting "
+            r"for 3 generation requests",
+        ) as err:
             engine.generate_sequences(make_prompts(tokenizer, TEXTS))
         assert "\n" not in str(err.value)
         with pytest.raises(RolloutEngineError, match=r"while waiting for one agent turn"):
@@ -142,8 +158,9 @@ def test_grpo_two_steps_in_async_mode(gsm8k_parquet, vllm_model_dir, tmp_path):
     from hybridrl.trainer.main_ppo import main
 
     out = tmp_path / "run"
-    args = grpo_overrides(gsm8k_parquet, vllm_model_dir, out, length_reward_file(tmp_path),
-                          "actor_rollout_ref.rollout.mode=async")
+    args = grpo_overrides(
+        gsm8k_parquet, vllm_model_dir, out, length_reward_file(tmp_path), "actor_rollout_ref.rollout.mode=async"
+    )
     assert main(args) == 0
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     steps = [r for r in rows if "training/rollout_probs_diff_max" in r]

@@ -15,11 +15,21 @@ import torch
 
 pytest.importorskip("vllm", reason="the vllm extra is not installed (pip install -e '.[vllm]')")
 
-from hybridrl.workers.rollout.base import RolloutEngineError  # noqa: E402
-from hybridrl.workers.rollout.vllm import VLLMRollout  # noqa: E402
+from vllm_helpers import (
+    TEXTS,
+    R,
+    actor_log_probs,
+    assert_greedy_matches,
+    check_lora_sync,
+    check_weight_sync,
+    engine_config,
+    grpo_overrides,
+    length_reward_file,
+    make_prompts,
+)
 
-from vllm_helpers import (R, TEXTS, actor_log_probs, assert_greedy_matches, check_lora_sync,  # noqa: E402
-                          check_weight_sync, engine_config, grpo_overrides, length_reward_file, make_prompts)
+from hybridrl.workers.rollout.base import RolloutEngineError
+from hybridrl.workers.rollout.vllm import VLLMRollout
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +41,15 @@ def test_layout_and_rollout_log_probs_match_the_actor(engine, vllm_model, tokeni
     prompts = make_prompts(tokenizer, TEXTS, n=2)
     out = engine.generate_sequences(prompts).batch
     bs, P = prompts.batch["input_ids"].shape
-    for key, width in (("prompts", P), ("responses", R), ("response_mask", R), ("input_ids", P + R),
-                       ("attention_mask", P + R), ("position_ids", P + R), ("rollout_log_probs", R)):
+    for key, width in (
+        ("prompts", P),
+        ("responses", R),
+        ("response_mask", R),
+        ("input_ids", P + R),
+        ("attention_mask", P + R),
+        ("position_ids", P + R),
+        ("rollout_log_probs", R),
+    ):
         assert out[key].shape == (bs, width), key
     assert torch.equal(out["input_ids"][:, :P], prompts.batch["input_ids"])
     mask = out["response_mask"].bool()
@@ -100,8 +117,9 @@ def test_lora_actor_syncs_its_merged_weights(engine, vllm_model, tokenizer):
 
 def test_token_ids_in_token_ids_out(engine, tokenizer):
     """Unpadded ids in, new ids out: greedily the same tokens generate_sequences gives, no padding."""
-    out = engine.generate_token_ids([tokenizer(t)["input_ids"] for t in TEXTS], max_new_tokens=R,
-                                    sampling_kwargs={"do_sample": False})
+    out = engine.generate_token_ids(
+        [tokenizer(t)["input_ids"] for t in TEXTS], max_new_tokens=R, sampling_kwargs={"do_sample": False}
+    )
     batch = engine.generate_sequences(make_prompts(tokenizer, TEXTS, do_sample=False)).batch
     assert out == [row[mask.bool()].tolist() for row, mask in zip(batch["responses"], batch["response_mask"])]
 
@@ -165,10 +183,22 @@ def test_hybridrl_generate_with_vllm_samples_n_responses(gsm8k_parquet, vllm_mod
     prompts = tmp_path / "prompts.parquet"
     pd.read_parquet(gsm8k_parquet / "test.parquet").head(3).to_parquet(prompts, index=False)
     out = tmp_path / "out.parquet"
-    cfg = load_config([f"data.path={prompts}", f"data.output_path={out}", f"model.path={vllm_model_dir}",
-                       "data.n_samples=2", "data.batch_size=3", "rollout.response_length=6", "rollout.prompt_length=256",
-                       "rollout.dtype=float32", "rollout.name=vllm", "rollout.kv_cache_memory_gb=0.05",
-                       "trainer.device=cpu"], config_name="generation")
+    cfg = load_config(
+        [
+            f"data.path={prompts}",
+            f"data.output_path={out}",
+            f"model.path={vllm_model_dir}",
+            "data.n_samples=2",
+            "data.batch_size=3",
+            "rollout.response_length=6",
+            "rollout.prompt_length=256",
+            "rollout.dtype=float32",
+            "rollout.name=vllm",
+            "rollout.kv_cache_memory_gb=0.05",
+            "trainer.device=cpu",
+        ],
+        config_name="generation",
+    )
     assert run_generation(cfg) == str(out)
     responses = pd.read_parquet(out)["responses"].tolist()
     assert len(responses) == 3 and all(len(r) == 2 for r in responses)

@@ -25,8 +25,12 @@ _VERL_ALIASES = {
     "verl.interactions.gsm8k_interaction.Gsm8kInteraction": "hybridrl.agents.interactions.gsm8k.Gsm8kInteraction",
 }
 # ``class_name`` values of an interaction config; the built-in ones are imported on first use.
-INTERACTIONS = Registry("interaction", "class_name", error=AgentNameError,
-                        builtins={"gsm8k": "hybridrl.agents.interactions.gsm8k:Gsm8kInteraction"})
+INTERACTIONS = Registry(
+    "interaction",
+    "class_name",
+    error=AgentNameError,
+    builtins={"gsm8k": "hybridrl.agents.interactions.gsm8k:Gsm8kInteraction"},
+)
 
 
 class BaseInteraction:
@@ -47,7 +51,9 @@ class BaseInteraction:
         self._instances[instance_id] = dict(kwargs)
         return instance_id
 
-    async def generate_response(self, instance_id: str, messages: list[dict], **kwargs) -> tuple[bool, str, float, dict]:
+    async def generate_response(
+        self, instance_id: str, messages: list[dict], **kwargs
+    ) -> tuple[bool, str, float, dict]:
         """Answer the conversation so far (``messages``: role/content dicts, the model's last
         turn last). Returns ``(should_terminate, response text, turn score, extra)``."""
         raise NotImplementedError
@@ -74,8 +80,9 @@ def _interaction_class(class_name: str, where: str) -> type[BaseInteraction]:
     return resolve_class(INTERACTIONS, class_name, _VERL_ALIASES, BaseInteraction, where)
 
 
-def load_interactions(path: str, config_key: str = "actor_rollout_ref.rollout.multi_turn.interaction_config_path"
-                      ) -> dict[str, Any]:
+def load_interactions(
+    path: str, config_key: str = "actor_rollout_ref.rollout.multi_turn.interaction_config_path"
+) -> dict[str, Any]:
     """Build the interactions of a verl interaction config; returns name -> instance.
 
     Raises:

@@ -12,8 +12,7 @@ from hybridrl.rewards.gsm8k import compute_score
 __all__ = ["Gsm8kInteraction"]
 
 CORRECT = "Your answer is correct!"
-INCORRECT = ("Your answer is incorrect. Check your reasoning and try again; "
-             "write the final answer after \"####\".")
+INCORRECT = 'Your answer is incorrect. Check your reasoning and try again; write the final answer after "####".'
 
 
 @register_interaction("gsm8k")
@@ -37,9 +36,13 @@ class Gsm8kInteraction(BaseInteraction):
         self._instances[instance_id].update(ground_truth=ground_truth, response="")
         return instance_id
 
-    async def generate_response(self, instance_id: str, messages: list[dict], **kwargs) -> tuple[bool, str, float, dict]:
+    async def generate_response(
+        self, instance_id: str, messages: list[dict], **kwargs
+    ) -> tuple[bool, str, float, dict]:
         state = self._instances[instance_id]
-        state["response"] = next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "assistant"), "")
+        state["response"] = next(
+            (m.get("content") or "" for m in reversed(messages) if m.get("role") == "assistant"), ""
+        )
         score = await self.calculate_score(instance_id)
         if score == 1.0:
             return True, CORRECT, score, {}
@@ -49,5 +52,6 @@ class Gsm8kInteraction(BaseInteraction):
         state = self._instances[instance_id]
         if state.get("ground_truth") is None:
             return 0.0
-        return compute_score(state["response"], str(state["ground_truth"]), method=self.method,
-                             format_score=0.0, score=1.0)
+        return compute_score(
+            state["response"], str(state["ground_truth"]), method=self.method, format_score=0.0, score=1.0
+        )

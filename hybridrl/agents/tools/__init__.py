@@ -12,8 +12,14 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["BaseTool", "OpenAIFunction", "OpenAIFunctionParameters", "OpenAIFunctionToolSchema", "load_tools",
-           "register_tool"]
+__all__ = [
+    "BaseTool",
+    "OpenAIFunction",
+    "OpenAIFunctionParameters",
+    "OpenAIFunctionToolSchema",
+    "load_tools",
+    "register_tool",
+]
 
 
 def __getattr__(name: str) -> Any:

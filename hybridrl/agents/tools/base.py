@@ -46,11 +46,16 @@ _VERL_ALIASES = {
     "verl.tools.search_tool.SearchTool": "hybridrl.agents.tools.search.SearchTool",
 }
 # ``class_name`` values of a tool config; the built-in tools are imported on first use.
-TOOLS = Registry("tool", "class_name", error=AgentNameError, builtins={
-    "calc_gsm8k_reward": "hybridrl.agents.tools.gsm8k:Gsm8kTool",
-    "calculator": "hybridrl.agents.tools.gsm8k:CalculatorTool",
-    "search": "hybridrl.agents.tools.search:SearchTool",
-})
+TOOLS = Registry(
+    "tool",
+    "class_name",
+    error=AgentNameError,
+    builtins={
+        "calc_gsm8k_reward": "hybridrl.agents.tools.gsm8k:Gsm8kTool",
+        "calculator": "hybridrl.agents.tools.gsm8k:CalculatorTool",
+        "search": "hybridrl.agents.tools.search:SearchTool",
+    },
+)
 
 
 class OpenAIFunctionParameters(BaseModel):
@@ -94,8 +99,9 @@ class BaseTool:
         schema = tool_schema if tool_schema is not None else self.DEFAULT_SCHEMA
         if schema is None:
             raise AgentConfigError(f"tool {type(self).__name__}: give a tool_schema (it has no default one)")
-        self.tool_schema = (schema if isinstance(schema, OpenAIFunctionToolSchema)
-                            else OpenAIFunctionToolSchema.model_validate(schema))
+        self.tool_schema = (
+            schema if isinstance(schema, OpenAIFunctionToolSchema) else OpenAIFunctionToolSchema.model_validate(schema)
+        )
         self.name = self.tool_schema.function.name
         self.timeout_s = float(self.config.get("timeout", DEFAULT_TIMEOUT_S))
         self._instances: dict[str, dict] = {}
@@ -136,7 +142,9 @@ def _tool_class(class_name: str, where: str) -> type[BaseTool]:
     return resolve_class(TOOLS, class_name, _VERL_ALIASES, BaseTool, where, " (my_pkg.my_tools.MyTool)")
 
 
-def load_tools(path: str, config_key: str = "actor_rollout_ref.rollout.multi_turn.tool_config_path") -> dict[str, BaseTool]:
+def load_tools(
+    path: str, config_key: str = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
+) -> dict[str, BaseTool]:
     """Build the tools of a verl tool config file; returns tool name -> instance.
 
     Raises:
@@ -153,7 +161,9 @@ def load_tools(path: str, config_key: str = "actor_rollout_ref.rollout.multi_tur
             tool = cls(config=entry.get("config") or {}, tool_schema=entry.get("tool_schema"))
         except ValidationError as exc:
             first = exc.errors()[0]
-            raise AgentConfigError(f"{where}: bad tool_schema at {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+            raise AgentConfigError(
+                f"{where}: bad tool_schema at {'.'.join(map(str, first['loc']))}: {first['msg']}"
+            ) from None
         if tool.name in tools:
             raise AgentConfigError(f"{where}: a second tool named {tool.name!r}; tool names must be unique")
         tools[tool.name] = tool

@@ -55,8 +55,13 @@ class Gsm8kTool(BaseTool):
     def _score(self, state: dict) -> float:
         if state["ground_truth"] is None:
             return 0.0
-        return compute_score(state["response"], str(state["ground_truth"]),
-                             method=self.config.get("method", "flexible"), format_score=0.0, score=1.0)
+        return compute_score(
+            state["response"],
+            str(state["ground_truth"]),
+            method=self.config.get("method", "flexible"),
+            format_score=0.0,
+            score=1.0,
+        )
 
     async def execute(self, instance_id: str, parameters: dict, **kwargs) -> tuple[str, float, dict]:
         state = self._instances[instance_id]
@@ -96,7 +101,7 @@ def _bounded_pow(a, b):
         raise _TooLarge(f"the power would exceed {MAX_INT_BITS} bits")
     if isinstance(b, (int, float)) and abs(b) > MAX_INT_BITS:
         raise _TooLarge(f"exponent {b} is larger than {MAX_INT_BITS}")
-    return a ** b
+    return a**b
 
 
 def _bounded_operators() -> dict:
@@ -123,7 +128,9 @@ class CalculatorTool(BaseTool):
             "description": "Evaluate an arithmetic expression, e.g. '(48 + 12) / 5'.",
             "parameters": {
                 "type": "object",
-                "properties": {"expression": {"type": "string", "description": "numbers, + - * / // % ** and parentheses"}},
+                "properties": {
+                    "expression": {"type": "string", "description": "numbers, + - * / // % ** and parentheses"}
+                },
                 "required": ["expression"],
             },
         },
@@ -137,8 +144,11 @@ class CalculatorTool(BaseTool):
             value = SimpleEval(operators=_bounded_operators(), functions={}, names={}).eval(expression)
         except (InvalidExpression, ArithmeticError, SyntaxError, TypeError, ValueError, KeyError) as exc:
             return f"Error: cannot evaluate {expression!r}: {type(exc).__name__}: {exc}", 0.0, {"error": 1}
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-                isinstance(value, float) and not math.isfinite(value)):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or (isinstance(value, float) and not math.isfinite(value))
+        ):
             return f"Error: {expression!r} is not a finite number", 0.0, {"error": 1}
         if isinstance(value, float) and value.is_integer():
             value = int(value)

@@ -81,8 +81,10 @@ async def run_on_tool_loop(coro: Coroutine, timeout_s: float, what: str):
             _overrunning.append((what, ended))
         reason = f"{what} did not finish within {timeout_s:g} s"
         if blocker is not None:
-            reason += (f": the tools' event loop is still blocked by {blocker}, which overran its timeout "
-                       "(blocking code such as time.sleep inside async def; run it with await asyncio.to_thread)")
+            reason += (
+                f": the tools' event loop is still blocked by {blocker}, which overran its timeout "
+                "(blocking code such as time.sleep inside async def; run it with await asyncio.to_thread)"
+            )
         raise ToolLoopTimeout(reason) from None
     finally:
         future.cancel()  # no-op once done; else the task on the tools' loop is cancelled

@@ -35,8 +35,13 @@ class SearchTool(BaseTool):
             "description": "Searches the knowledge base for passages relevant to each query.",
             "parameters": {
                 "type": "object",
-                "properties": {"query_list": {"type": "array", "items": {"type": "string"},
-                                              "description": "one or more search queries"}},
+                "properties": {
+                    "query_list": {
+                        "type": "array",
+                        "items": {"type": "string"},
+                        "description": "one or more search queries",
+                    }
+                },
                 "required": ["query_list"],
             },
         },
@@ -59,13 +64,19 @@ class SearchTool(BaseTool):
             cfg = self.config
             url = cfg.get("retrieval_service_url") or cfg.get("url")
             if url or cfg.get("corpus_path") or cfg.get("index_dir"):
-                self._retriever = make_retriever(url=url, corpus_path=cfg.get("corpus_path"),
-                                                 index_dir=cfg.get("index_dir"), timeout_s=self.timeout_s)
+                self._retriever = make_retriever(
+                    url=url,
+                    corpus_path=cfg.get("corpus_path"),
+                    index_dir=cfg.get("index_dir"),
+                    timeout_s=self.timeout_s,
+                )
             elif self._default_retriever is not None:
                 self._retriever = self._default_retriever()
             else:
-                raise AgentConfigError(f"tool {self.name}: no retriever; set retriever.url or retriever.corpus_path "
-                                       "(or url / corpus_path in the tool's config)")
+                raise AgentConfigError(
+                    f"tool {self.name}: no retriever; set retriever.url or retriever.corpus_path "
+                    "(or url / corpus_path in the tool's config)"
+                )
         return self._retriever
 
     async def execute(self, instance_id: str, parameters: dict, **kwargs) -> tuple[str, float, dict]:

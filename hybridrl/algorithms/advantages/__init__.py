@@ -19,23 +19,54 @@ REINFORCE++-baseline), :mod:`.gdpo` and :mod:`.token_baseline`, each imported he
 """
 
 from . import gdpo, group, token_baseline, token_level  # noqa: F401  (each registers its estimators)
-from .base import (ADV_ESTIMATOR_NEEDS_GROUP, ADV_ESTIMATOR_REGISTRY, ADV_ESTIMATORS,
-                   estimator_needs, get_adv_estimator_fn, register_adv_est)
+from .base import (
+    ADV_ESTIMATOR_NEEDS_GROUP,
+    ADV_ESTIMATOR_REGISTRY,
+    ADV_ESTIMATORS,
+    estimator_needs,
+    get_adv_estimator_fn,
+    register_adv_est,
+)
 from .gdpo import compute_gdpo_outcome_advantage
-from .group import (GroupStats, compute_gpg_outcome_advantage, compute_group_stats, compute_grpo_outcome_advantage,
-                    compute_grpo_passk_outcome_advantage, compute_grpo_vectorized_outcome_advantage,
-                    compute_opo_outcome_advantage, compute_reinforce_plus_plus_baseline_outcome_advantage,
-                    compute_rloo_outcome_advantage, compute_rloo_vectorized_outcome_advantage)
+from .group import (
+    GroupStats,
+    compute_gpg_outcome_advantage,
+    compute_group_stats,
+    compute_grpo_outcome_advantage,
+    compute_grpo_passk_outcome_advantage,
+    compute_grpo_vectorized_outcome_advantage,
+    compute_opo_outcome_advantage,
+    compute_reinforce_plus_plus_baseline_outcome_advantage,
+    compute_rloo_outcome_advantage,
+    compute_rloo_vectorized_outcome_advantage,
+)
 from .token_baseline import compute_optimal_token_baseline_advantage
-from .token_level import (compute_gae_advantage_return, compute_reinforce_plus_plus_outcome_advantage,
-                          compute_remax_outcome_advantage)
+from .token_level import (
+    compute_gae_advantage_return,
+    compute_reinforce_plus_plus_outcome_advantage,
+    compute_remax_outcome_advantage,
+)
 
 __all__ = [
-    "ADV_ESTIMATORS", "ADV_ESTIMATOR_REGISTRY", "ADV_ESTIMATOR_NEEDS_GROUP", "register_adv_est",
-    "estimator_needs", "get_adv_estimator_fn", "GroupStats", "compute_group_stats", "compute_gae_advantage_return",
-    "compute_reinforce_plus_plus_outcome_advantage", "compute_remax_outcome_advantage",
-    "compute_grpo_outcome_advantage", "compute_grpo_vectorized_outcome_advantage", "compute_grpo_passk_outcome_advantage",
-    "compute_rloo_outcome_advantage", "compute_rloo_vectorized_outcome_advantage", "compute_opo_outcome_advantage",
-    "compute_gpg_outcome_advantage", "compute_reinforce_plus_plus_baseline_outcome_advantage",
-    "compute_gdpo_outcome_advantage", "compute_optimal_token_baseline_advantage",
+    "ADV_ESTIMATORS",
+    "ADV_ESTIMATOR_REGISTRY",
+    "ADV_ESTIMATOR_NEEDS_GROUP",
+    "register_adv_est",
+    "estimator_needs",
+    "get_adv_estimator_fn",
+    "GroupStats",
+    "compute_group_stats",
+    "compute_gae_advantage_return",
+    "compute_reinforce_plus_plus_outcome_advantage",
+    "compute_remax_outcome_advantage",
+    "compute_grpo_outcome_advantage",
+    "compute_grpo_vectorized_outcome_advantage",
+    "compute_grpo_passk_outcome_advantage",
+    "compute_rloo_outcome_advantage",
+    "compute_rloo_vectorized_outcome_advantage",
+    "compute_opo_outcome_advantage",
+    "compute_gpg_outcome_advantage",
+    "compute_reinforce_plus_plus_baseline_outcome_advantage",
+    "compute_gdpo_outcome_advantage",
+    "compute_optimal_token_baseline_advantage",
 ]

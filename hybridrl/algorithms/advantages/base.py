@@ -10,8 +10,12 @@ from hybridrl.registry import Registry
 
 from ..errors import AlgorithmInputError, UnknownAlgorithmError
 
-ADV_ESTIMATORS = Registry("advantage estimator", "algorithm.adv_estimator", error=UnknownAlgorithmError,
-                          hint="register your own with @register_adv_est")
+ADV_ESTIMATORS = Registry(
+    "advantage estimator",
+    "algorithm.adv_estimator",
+    error=UnknownAlgorithmError,
+    hint="register your own with @register_adv_est",
+)
 ADV_ESTIMATOR_REGISTRY = ADV_ESTIMATORS.table  # verl's name: the live name -> function dict
 
 # Names of registered estimators that compare the responses to one prompt with each other, so
@@ -19,8 +23,9 @@ ADV_ESTIMATOR_REGISTRY = ADV_ESTIMATORS.table  # verl's name: the live name -> f
 ADV_ESTIMATOR_NEEDS_GROUP = ADV_ESTIMATORS.having("needs_group")
 
 
-def register_adv_est(name: "str | Enum", needs_group: bool = False, needs_values: bool = False,
-                     needs_reward_baselines: bool = False) -> Callable:
+def register_adv_est(
+    name: "str | Enum", needs_group: bool = False, needs_values: bool = False, needs_reward_baselines: bool = False
+) -> Callable:
     """Decorator: register an advantage estimator under ``name`` (a value of
     ``algorithm.adv_estimator``; an ``Enum`` member such as verl's ``AdvantageEstimator.GRPO``
     stands for its value).
@@ -35,8 +40,9 @@ def register_adv_est(name: "str | Enum", needs_group: bool = False, needs_values
     Raises:
         UnknownAlgorithmError (a ValueError): another function is already registered under ``name``.
     """
-    return ADV_ESTIMATORS.register(name, needs_group=needs_group, needs_values=needs_values,
-                                   needs_reward_baselines=needs_reward_baselines)
+    return ADV_ESTIMATORS.register(
+        name, needs_group=needs_group, needs_values=needs_values, needs_reward_baselines=needs_reward_baselines
+    )
 
 
 def estimator_needs(name: "str | Enum", capability: str) -> bool:
@@ -64,8 +70,7 @@ def _describe(x: Any) -> str:
 def _check_mask(response_mask: torch.Tensor) -> None:
     if not isinstance(response_mask, torch.Tensor) or response_mask.dim() != 2:
         raise AlgorithmInputError(
-            f"response_mask is {_describe(response_mask)}; it must be a 2-D tensor "
-            "(bs, response_length) of 0/1"
+            f"response_mask is {_describe(response_mask)}; it must be a 2-D tensor (bs, response_length) of 0/1"
         )
 
 
@@ -75,8 +80,12 @@ def _check_finite(name: str, tensor: torch.Tensor, fix: str) -> None:
         raise AlgorithmInputError(f"{name} has NaN/inf at {bad} positions; {fix}")
 
 
-def _check_same_shape(name: str, tensor: Optional[torch.Tensor], response_mask: torch.Tensor,
-                      missing: str = "this advantage estimator needs it") -> None:
+def _check_same_shape(
+    name: str,
+    tensor: Optional[torch.Tensor],
+    response_mask: torch.Tensor,
+    missing: str = "this advantage estimator needs it",
+) -> None:
     """``tensor`` must be a finite ``(bs, response_length)`` tensor like ``response_mask``."""
     _check_mask(response_mask)
     if tensor is None:
@@ -86,8 +95,13 @@ def _check_same_shape(name: str, tensor: Optional[torch.Tensor], response_mask: 
             f"{name} has shape {_describe(tensor)} but response_mask has {tuple(response_mask.shape)}; "
             "both must be (bs, response_length)"
         )
-    _check_finite(name, tensor, "check the reward function and the KL penalty that produce it"
-                  if name == "token_level_rewards" else f"check what produced {name}")
+    _check_finite(
+        name,
+        tensor,
+        "check the reward function and the KL penalty that produce it"
+        if name == "token_level_rewards"
+        else f"check what produced {name}",
+    )
 
 
 def _float_dtype(tensor: torch.Tensor) -> torch.dtype:
@@ -127,8 +141,7 @@ def _group_ids(index: Sequence, bs: int) -> torch.Tensor:
     index = np.asarray(index, dtype=object).reshape(-1)
     if index.shape[0] != bs:
         raise AlgorithmInputError(
-            f"index has {index.shape[0]} entries but the batch has {bs} responses; pass one uid "
-            "per response"
+            f"index has {index.shape[0]} entries but the batch has {bs} responses; pass one uid per response"
         )
     ids: Dict = {}
     return torch.tensor([ids.setdefault(uid, len(ids)) for uid in index], dtype=torch.long)

@@ -22,7 +22,8 @@ def _component_scores(non_tensor_batch: dict, keys: Sequence[str], response_mask
     if missing:
         raise AlgorithmInputError(
             f"algorithm.gdpo_reward_keys {missing} are not in the reward function's output (it gave: "
-            f"{sorted(k for k in non_tensor_batch if k != 'uid')}); return them in the dict of compute_score")
+            f"{sorted(k for k in non_tensor_batch if k != 'uid')}); return them in the dict of compute_score"
+        )
     last = ((response_mask.cumsum(-1) == response_mask.sum(-1, keepdim=True)) & (response_mask > 0)).float()
     scores = []
     for key in keys:
@@ -75,8 +76,10 @@ def compute_gdpo_outcome_advantage(
         components = [token_level_rewards]
     weights = list(weights) if weights is not None else [1.0] * len(components)
     if len(weights) != len(components):
-        raise AlgorithmConfigError(f"algorithm.gdpo_reward_weights has {len(weights)} values for "
-                                   f"{len(components)} gdpo_reward_keys; give one weight per key or null")
+        raise AlgorithmConfigError(
+            f"algorithm.gdpo_reward_weights has {len(weights)} values for "
+            f"{len(components)} gdpo_reward_keys; give one weight per key or null"
+        )
     total = torch.zeros_like(token_level_rewards, dtype=torch.float32)
     for weight, scores in zip(weights, components):
         advantage, _ = compute_grpo_outcome_advantage(scores, response_mask, index, epsilon, norm_adv_by_std_in_grpo)

@@ -29,8 +29,7 @@ class GroupStats(NamedTuple):
     std: torch.Tensor  # unbiased (n - 1) std of the group's scores; 0 for a group of one
 
 
-def _group_reduce(values: torch.Tensor, group: torch.Tensor, num_groups: int,
-                  reduce: str = "sum") -> torch.Tensor:
+def _group_reduce(values: torch.Tensor, group: torch.Tensor, num_groups: int, reduce: str = "sum") -> torch.Tensor:
     """``(num_groups,)`` reduction (``sum``/``amax``/``amin``) of ``values (bs,)`` per group."""
     return values.new_zeros(num_groups).scatter_reduce(0, group, values, reduce=reduce, include_self=False)
 

@@ -72,7 +72,8 @@ def compute_optimal_token_baseline_advantage(
     if old_log_probs is None or sum_pi_squared is None:
         raise AlgorithmInputError(
             "the optimal token baseline needs old_log_probs and sum_pi_squared from the old-log-prob pass; "
-            "set actor_rollout_ref.actor.calculate_sum_pi_squared=true")
+            "set actor_rollout_ref.actor.calculate_sum_pi_squared=true"
+        )
     with torch.no_grad():
         mask = response_mask.bool()
         maskf = mask.to(torch.float32)
@@ -98,7 +99,7 @@ def compute_optimal_token_baseline_advantage(
                 ordered = lengths[rows].sort().values
                 longest = (lengths[rows] == ordered[-1]).nonzero(as_tuple=True)[0]
                 if longest.numel() == 1 and ordered[-1] > ordered[-2]:
-                    baseline[rows[longest[0]], int(ordered[-2]):] = 0.0
+                    baseline[rows[longest[0]], int(ordered[-2]) :] = 0.0
         rows_all = torch.arange(mask.shape[0], device=mask.device)[:, None].expand_as(rank)
         b_tokens = torch.zeros_like(returns)
         b_tokens[mask] = baseline[rows_all[mask], rank[mask]]

@@ -49,9 +49,13 @@ def compute_gae_advantage_return(
         AlgorithmInputError: ``values`` is None, shapes differ, a tensor holds NaN/inf, or the
             mask has no valid token.
     """
-    _check_same_shape("values", values, response_mask,
-                      "the gae estimator needs the critic's values (bs, response_length); run "
-                      "critic_wg.compute_values before compute_advantage")
+    _check_same_shape(
+        "values",
+        values,
+        response_mask,
+        "the gae estimator needs the critic's values (bs, response_length); run "
+        "critic_wg.compute_values before compute_advantage",
+    )
     _check_same_shape("token_level_rewards", token_level_rewards, response_mask)
     with torch.no_grad():
         values = values.to(_float_dtype(values))

@@ -21,20 +21,53 @@ A policy loss is called as::
 
 from ..functional import LOSS_AGG_MODES, agg_loss
 from . import bypass, trust_region, vanilla, variants  # noqa: F401  (each registers its losses)
-from .base import (POLICY_LOSS_KEYS, POLICY_LOSS_REGISTRY, POLICY_LOSSES, PolicyLossConfig, apply_rollout_is_weights,
-                   get_policy_loss_fn, register_policy_loss)
+from .base import (
+    POLICY_LOSS_KEYS,
+    POLICY_LOSS_REGISTRY,
+    POLICY_LOSSES,
+    PolicyLossConfig,
+    apply_rollout_is_weights,
+    get_policy_loss_fn,
+    register_policy_loss,
+)
 from .bypass import compute_policy_loss_bypass_mode, compute_policy_loss_reinforce
-from .trust_region import (compute_policy_loss_dppo_kl, compute_policy_loss_dppo_tv, compute_policy_loss_dro,
-                           compute_policy_loss_sapo)
+from .trust_region import (
+    compute_policy_loss_dppo_kl,
+    compute_policy_loss_dppo_tv,
+    compute_policy_loss_dro,
+    compute_policy_loss_sapo,
+)
 from .vanilla import compute_policy_loss_vanilla
-from .variants import (compute_policy_loss_cispo, compute_policy_loss_clip_cov, compute_policy_loss_geo_mean,
-                       compute_policy_loss_gpg, compute_policy_loss_gspo, compute_policy_loss_kl_cov)
+from .variants import (
+    compute_policy_loss_cispo,
+    compute_policy_loss_clip_cov,
+    compute_policy_loss_geo_mean,
+    compute_policy_loss_gpg,
+    compute_policy_loss_gspo,
+    compute_policy_loss_kl_cov,
+)
 
 __all__ = [
-    "POLICY_LOSSES", "POLICY_LOSS_REGISTRY", "POLICY_LOSS_KEYS", "LOSS_AGG_MODES", "PolicyLossConfig", "agg_loss",
-    "apply_rollout_is_weights", "get_policy_loss_fn", "register_policy_loss", "compute_policy_loss_vanilla",
-    "compute_policy_loss_gspo", "compute_policy_loss_gpg", "compute_policy_loss_clip_cov",
-    "compute_policy_loss_kl_cov", "compute_policy_loss_geo_mean", "compute_policy_loss_cispo",
-    "compute_policy_loss_sapo", "compute_policy_loss_dppo_tv", "compute_policy_loss_dppo_kl",
-    "compute_policy_loss_dro", "compute_policy_loss_bypass_mode", "compute_policy_loss_reinforce",
+    "POLICY_LOSSES",
+    "POLICY_LOSS_REGISTRY",
+    "POLICY_LOSS_KEYS",
+    "LOSS_AGG_MODES",
+    "PolicyLossConfig",
+    "agg_loss",
+    "apply_rollout_is_weights",
+    "get_policy_loss_fn",
+    "register_policy_loss",
+    "compute_policy_loss_vanilla",
+    "compute_policy_loss_gspo",
+    "compute_policy_loss_gpg",
+    "compute_policy_loss_clip_cov",
+    "compute_policy_loss_kl_cov",
+    "compute_policy_loss_geo_mean",
+    "compute_policy_loss_cispo",
+    "compute_policy_loss_sapo",
+    "compute_policy_loss_dppo_tv",
+    "compute_policy_loss_dppo_kl",
+    "compute_policy_loss_dro",
+    "compute_policy_loss_bypass_mode",
+    "compute_policy_loss_reinforce",
 ]

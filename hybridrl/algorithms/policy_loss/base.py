@@ -17,8 +17,12 @@ from ..rollout_corr import RolloutCorrectionConfig
 
 logger = logging.getLogger(__name__)
 
-POLICY_LOSSES = Registry("policy loss", "actor_rollout_ref.actor.policy_loss.loss_mode", error=UnknownAlgorithmError,
-                         hint="register your own with @register_policy_loss")
+POLICY_LOSSES = Registry(
+    "policy loss",
+    "actor_rollout_ref.actor.policy_loss.loss_mode",
+    error=UnknownAlgorithmError,
+    hint="register your own with @register_policy_loss",
+)
 POLICY_LOSS_REGISTRY = POLICY_LOSSES.table  # verl's name: the live name -> function dict
 
 
@@ -97,8 +101,10 @@ class PolicyLossConfig:
                 setattr(self, field.name, _as_float(field.name, getattr(self, field.name)))
         for key in ("tau_pos", "tau_neg"):
             if not getattr(self, key) > 0:
-                raise AlgorithmConfigError(f"{_full_key(key)}={getattr(self, key)} must be > 0 (SAPO's gate "
-                                           "temperature; the paper uses tau_pos=1.0, tau_neg=1.05)")
+                raise AlgorithmConfigError(
+                    f"{_full_key(key)}={getattr(self, key)} must be > 0 (SAPO's gate "
+                    "temperature; the paper uses tau_pos=1.0, tau_neg=1.05)"
+                )
         for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
             if getattr(self, key) < 0:
                 raise AlgorithmConfigError(
@@ -181,8 +187,10 @@ def apply_rollout_is_weights(pg_losses: torch.Tensor, rollout_is_weights: Option
     if rollout_is_weights is None:
         return pg_losses
     if rollout_is_weights.shape != pg_losses.shape:
-        raise AlgorithmInputError(f"rollout_is_weights {tuple(rollout_is_weights.shape)} must have the per-token "
-                                  f"losses' shape {tuple(pg_losses.shape)}")
+        raise AlgorithmInputError(
+            f"rollout_is_weights {tuple(rollout_is_weights.shape)} must have the per-token "
+            f"losses' shape {tuple(pg_losses.shape)}"
+        )
     return pg_losses * rollout_is_weights.detach().to(pg_losses.dtype)
 
 
@@ -207,5 +215,8 @@ def note_fixed_aggregation(loss_mode: str, loss_agg_mode: str, used: str) -> Non
         _LOGGED_FIXED_AGG.add((loss_mode, loss_agg_mode))
         logger.warning(
             "policy loss %r aggregates as %s; %s.loss_agg_mode=%s applies only to the entropy and KL terms",
-            loss_mode, used, _ACTOR, loss_agg_mode,
+            loss_mode,
+            used,
+            _ACTOR,
+            loss_agg_mode,
         )

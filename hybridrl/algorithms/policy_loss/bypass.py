@@ -51,8 +51,9 @@ def compute_policy_loss_reinforce(
     """
     loss_config(config)  # type check only
     pg_losses = apply_rollout_is_weights(-advantages * log_prob, rollout_is_weights)
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, dp_size, batch_num_tokens,
-                       global_batch_size, loss_scale_factor)
+    pg_loss = agg_loss(
+        pg_losses, response_mask, loss_agg_mode, dp_size, batch_num_tokens, global_batch_size, loss_scale_factor
+    )
     return pg_loss, pg_metrics(0.0, 0.0, masked_mean(rollout_log_prob - log_prob.detach(), response_mask))
 
 
@@ -91,18 +92,47 @@ def compute_policy_loss_bypass_mode(
     cfg = loss_config(config)
     corr = cfg.rollout_correction
     if corr is None:
-        raise AlgorithmConfigError("policy_loss.loss_mode=bypass_mode needs algorithm.rollout_correction; set "
-                                   "algorithm.rollout_correction.bypass_mode=true instead of the loss mode")
+        raise AlgorithmConfigError(
+            "policy_loss.loss_mode=bypass_mode needs algorithm.rollout_correction; set "
+            "algorithm.rollout_correction.bypass_mode=true instead of the loss mode"
+        )
     with torch.no_grad():
         weights, mask, corr_metrics = compute_rollout_correction_and_rejection_mask(
-            log_prob.detach(), old_log_prob, response_mask, corr.rollout_is, corr.rollout_is_threshold,
-            corr.rollout_is_batch_normalize, corr.rollout_rs, corr.rollout_rs_threshold)
+            log_prob.detach(),
+            old_log_prob,
+            response_mask,
+            corr.rollout_is,
+            corr.rollout_is_threshold,
+            corr.rollout_is_batch_normalize,
+            corr.rollout_rs,
+            corr.rollout_rs_threshold,
+        )
     if corr.loss_type == "reinforce":
-        pg_loss, metrics = compute_policy_loss_reinforce(old_log_prob, log_prob, advantages, mask, loss_agg_mode,
-                                                         cfg, weights, dp_size, batch_num_tokens,
-                       global_batch_size, loss_scale_factor)
+        pg_loss, metrics = compute_policy_loss_reinforce(
+            old_log_prob,
+            log_prob,
+            advantages,
+            mask,
+            loss_agg_mode,
+            cfg,
+            weights,
+            dp_size,
+            batch_num_tokens,
+            global_batch_size,
+            loss_scale_factor,
+        )
     else:
-        pg_loss, metrics = compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, mask, loss_agg_mode,
-                                                       cfg, None, dp_size, batch_num_tokens,
-                       global_batch_size, loss_scale_factor)
+        pg_loss, metrics = compute_policy_loss_vanilla(
+            old_log_prob,
+            log_prob,
+            advantages,
+            mask,
+            loss_agg_mode,
+            cfg,
+            None,
+            dp_size,
+            batch_num_tokens,
+            global_batch_size,
+            loss_scale_factor,
+        )
     return pg_loss, {**metrics, **corr_metrics}

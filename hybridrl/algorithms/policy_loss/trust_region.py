@@ -57,16 +57,28 @@ def compute_policy_loss_sapo(
     cfg = loss_config(config)
     note_fixed_aggregation("sapo", loss_agg_mode, "seq-mean-token-mean")
     log_ratio = token_log_ratio(log_prob, old_log_prob)
-    tau = torch.where(advantages > 0, torch.full_like(advantages, cfg.tau_pos), torch.full_like(advantages, cfg.tau_neg))
+    tau = torch.where(
+        advantages > 0, torch.full_like(advantages, cfg.tau_pos), torch.full_like(advantages, cfg.tau_neg)
+    )
     gates = torch.sigmoid(tau * (torch.exp(log_ratio) - 1.0)) * (4.0 / tau)
     pg_losses = apply_rollout_is_weights(-gates * advantages, rollout_is_weights)
-    pg_loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean", dp_size, batch_num_tokens,
-                       global_batch_size, loss_scale_factor)
+    pg_loss = agg_loss(
+        pg_losses, response_mask, "seq-mean-token-mean", dp_size, batch_num_tokens, global_batch_size, loss_scale_factor
+    )
     return pg_loss, pg_metrics(0.0, 0.0, masked_mean(-log_ratio, response_mask))
 
 
-def _dppo_loss(divergence_ok: torch.Tensor, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
-               cfg: PolicyLossConfig, rollout_is_weights, *global_counts) -> LossOutput:
+def _dppo_loss(
+    divergence_ok: torch.Tensor,
+    old_log_prob,
+    log_prob,
+    advantages,
+    response_mask,
+    loss_agg_mode,
+    cfg: PolicyLossConfig,
+    rollout_is_weights,
+    *global_counts,
+) -> LossOutput:
     """The DPPO surrogate given the trust-region mask ``divergence_ok`` (bool, per token);
     ``global_counts`` are :func:`agg_loss`'s ``dp_size, batch_num_tokens, global_batch_size, loss_scale_factor``."""
     log_ratio = token_log_ratio(log_prob, old_log_prob)
@@ -117,13 +129,27 @@ def compute_policy_loss_dppo_tv(
     cfg = loss_config(config)
     moved = torch.exp(log_prob) - torch.exp(old_log_prob)  # the binary total variation, signed
     ok = torch.where(advantages > 0, moved <= cfg.clip_ratio_high, moved >= -cfg.clip_ratio_low)
-    return _dppo_loss(ok, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, cfg, rollout_is_weights,
-                      dp_size, batch_num_tokens, global_batch_size, loss_scale_factor)
+    return _dppo_loss(
+        ok,
+        old_log_prob,
+        log_prob,
+        advantages,
+        response_mask,
+        loss_agg_mode,
+        cfg,
+        rollout_is_weights,
+        dp_size,
+        batch_num_tokens,
+        global_batch_size,
+        loss_scale_factor,
+    )
 
 
 compute_policy_loss_dppo_tv.__doc__ = _DPPO_DOC.format(
-    variant="Binary-TV", name="dppo_tv",
-    mask="for ``A > 0`` it needs ``p - p_old <= clip_ratio_high``, otherwise ``p - p_old >= -clip_ratio_low``")
+    variant="Binary-TV",
+    name="dppo_tv",
+    mask="for ``A > 0`` it needs ``p - p_old <= clip_ratio_high``, otherwise ``p - p_old >= -clip_ratio_low``",
+)
 
 
 @register_policy_loss("dppo_kl")
@@ -143,17 +169,36 @@ def compute_policy_loss_dppo_kl(
     cfg = loss_config(config)
     p, p_old = torch.exp(log_prob), torch.exp(old_log_prob)
     binary_kl = p_old * (old_log_prob - log_prob) + (1 - p_old) * torch.log((1.0 - p_old + 1e-8) / (1.0 - p + 1e-8))
-    ok = torch.where(advantages > 0, (binary_kl <= cfg.clip_ratio_high) | (p <= p_old),
-                     (binary_kl <= cfg.clip_ratio_low) | (p >= p_old))
-    return _dppo_loss(ok, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, cfg, rollout_is_weights,
-                      dp_size, batch_num_tokens, global_batch_size, loss_scale_factor)
+    ok = torch.where(
+        advantages > 0,
+        (binary_kl <= cfg.clip_ratio_high) | (p <= p_old),
+        (binary_kl <= cfg.clip_ratio_low) | (p >= p_old),
+    )
+    return _dppo_loss(
+        ok,
+        old_log_prob,
+        log_prob,
+        advantages,
+        response_mask,
+        loss_agg_mode,
+        cfg,
+        rollout_is_weights,
+        dp_size,
+        batch_num_tokens,
+        global_batch_size,
+        loss_scale_factor,
+    )
 
 
 compute_policy_loss_dppo_kl.__doc__ = _DPPO_DOC.format(
-    variant="Binary-KL", name="dppo_kl",
-    mask=("with ``KL_b = p_old log(p_old / p) + (1 - p_old) log((1 - p_old) / (1 - p))``, a token "
-          "moving towards the advantage's direction needs ``KL_b <= clip_ratio_high`` (``A > 0``) or "
-          "``KL_b <= clip_ratio_low`` (otherwise); moving the other way is always kept"))
+    variant="Binary-KL",
+    name="dppo_kl",
+    mask=(
+        "with ``KL_b = p_old log(p_old / p) + (1 - p_old) log((1 - p_old) / (1 - p))``, a token "
+        "moving towards the advantage's direction needs ``KL_b <= clip_ratio_high`` (``A > 0``) or "
+        "``KL_b <= clip_ratio_low`` (otherwise); moving the other way is always kept"
+    ),
+)
 
 
 @register_policy_loss("dro")
@@ -188,11 +233,15 @@ def compute_policy_loss_dro(
     """
     cfg = loss_config(config)
     if cfg.dro_beta is None or not cfg.dro_beta > 0:
-        raise AlgorithmConfigError(f"actor_rollout_ref.actor.policy_loss.dro_beta={cfg.dro_beta} must be > 0 for "
-                                   "loss_mode=dro (the weight of its quadratic log-ratio penalty); set it, e.g. 0.1")
+        raise AlgorithmConfigError(
+            f"actor_rollout_ref.actor.policy_loss.dro_beta={cfg.dro_beta} must be > 0 for "
+            "loss_mode=dro (the weight of its quadratic log-ratio penalty); set it, e.g. 0.1"
+        )
     log_ratio = log_prob - old_log_prob
-    pg_losses = apply_rollout_is_weights(-(log_prob * advantages - 0.5 * cfg.dro_beta * log_ratio.square()),
-                                         rollout_is_weights)
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, dp_size, batch_num_tokens, global_batch_size,
-                       loss_scale_factor)
+    pg_losses = apply_rollout_is_weights(
+        -(log_prob * advantages - 0.5 * cfg.dro_beta * log_ratio.square()), rollout_is_weights
+    )
+    pg_loss = agg_loss(
+        pg_losses, response_mask, loss_agg_mode, dp_size, batch_num_tokens, global_batch_size, loss_scale_factor
+    )
     return pg_loss, pg_metrics(0.0, 0.0, masked_mean(-log_ratio, response_mask))

@@ -67,6 +67,7 @@ def compute_policy_loss_vanilla(
     pg_losses = torch.where(negative, torch.minimum(clip_losses, losses_dual), clip_losses)
 
     pg_losses = apply_rollout_is_weights(pg_losses, rollout_is_weights)
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, dp_size, batch_num_tokens,
-                       global_batch_size, loss_scale_factor)
+    pg_loss = agg_loss(
+        pg_losses, response_mask, loss_agg_mode, dp_size, batch_num_tokens, global_batch_size, loss_scale_factor
+    )
     return pg_loss, pg_metrics(clipfrac, clipfrac_lower, masked_mean(-log_ratio, response_mask))

@@ -76,8 +76,9 @@ def compute_policy_loss_gspo(
     ratio = torch.exp(torch.clamp(log_ratio, max=10.0))
     pg_losses, clipped = clipped_surrogate(ratio, advantages, cfg)
     pg_losses = apply_rollout_is_weights(pg_losses, rollout_is_weights)
-    pg_loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean", dp_size, batch_num_tokens,
-                       global_batch_size, loss_scale_factor)
+    pg_loss = agg_loss(
+        pg_losses, response_mask, "seq-mean-token-mean", dp_size, batch_num_tokens, global_batch_size, loss_scale_factor
+    )
     clipfrac = masked_mean(clipped.float(), response_mask)
     return pg_loss, pg_metrics(clipfrac, 0.0, _ppo_kl(log_prob, old_log_prob, response_mask))
 
@@ -111,8 +112,9 @@ def compute_policy_loss_gpg(
     loss_config(config)  # type check only: GPG has no hyper-parameter
     pg_losses = -advantages * log_prob
     pg_losses = apply_rollout_is_weights(pg_losses, rollout_is_weights)
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, dp_size, batch_num_tokens,
-                       global_batch_size, loss_scale_factor)
+    pg_loss = agg_loss(
+        pg_losses, response_mask, loss_agg_mode, dp_size, batch_num_tokens, global_batch_size, loss_scale_factor
+    )
     return pg_loss, pg_metrics(0.0, 0.0, _ppo_kl(log_prob, old_log_prob, response_mask))
 
 
@@ -179,10 +181,13 @@ def compute_policy_loss_clip_cov(
         removed = _flat_mask(index, candidates)
     pg_losses = torch.where(removed, torch.zeros_like(clip_losses), clip_losses)
     pg_losses = apply_rollout_is_weights(pg_losses, rollout_is_weights)
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, dp_size, batch_num_tokens,
-                       global_batch_size, loss_scale_factor)
+    pg_loss = agg_loss(
+        pg_losses, response_mask, loss_agg_mode, dp_size, batch_num_tokens, global_batch_size, loss_scale_factor
+    )
     return pg_loss, pg_metrics(
-        masked_mean(clipped.float(), response_mask), 0.0, masked_mean(-log_ratio, response_mask),
+        masked_mean(clipped.float(), response_mask),
+        0.0,
+        masked_mean(-log_ratio, response_mask),
         clip_cov_frac=masked_mean(removed.float(), response_mask),
     )
 
@@ -234,8 +239,9 @@ def compute_policy_loss_kl_cov(
     abs_kl = torch.where(penalised, log_prob - old_log_prob, torch.zeros_like(log_prob)).abs()
     pg_losses = -advantages * torch.exp(log_ratio) + cfg.ppo_kl_coef * abs_kl
     pg_losses = apply_rollout_is_weights(pg_losses, rollout_is_weights)
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, dp_size, batch_num_tokens,
-                       global_batch_size, loss_scale_factor)
+    pg_loss = agg_loss(
+        pg_losses, response_mask, loss_agg_mode, dp_size, batch_num_tokens, global_batch_size, loss_scale_factor
+    )
     return pg_loss, pg_metrics(
         0.0, 0.0, masked_mean(-log_ratio, response_mask), kl_cov_frac=masked_mean(penalised.float(), response_mask)
     )
@@ -288,12 +294,14 @@ def compute_policy_loss_geo_mean(
     seq_ratio = torch.exp(masked_mean(pessimistic, response_mask, axis=-1))  # (bs,)
     seq_losses = -masked_mean(advantages, response_mask, axis=-1) * seq_ratio
     if rollout_is_weights is not None:  # one weight per sequence: the tokens' geometric mean (as verl)
-        seq_losses = seq_losses * torch.exp(masked_mean(torch.log(rollout_is_weights.detach() + 1e-10),
-                                                        response_mask, axis=-1))
+        seq_losses = seq_losses * torch.exp(
+            masked_mean(torch.log(rollout_is_weights.detach() + 1e-10), response_mask, axis=-1)
+        )
     has_tokens = (response_mask.sum(dim=-1) > 0).unsqueeze(-1)
     # One column per sequence: agg_loss's sequence mean (and global_batch_size) applies as is.
-    pg_loss = agg_loss(seq_losses.unsqueeze(-1), has_tokens, "seq-mean-token-sum", dp_size,
-                       global_batch_size=global_batch_size)
+    pg_loss = agg_loss(
+        seq_losses.unsqueeze(-1), has_tokens, "seq-mean-token-sum", dp_size, global_batch_size=global_batch_size
+    )
     clipfrac = masked_mean(((advantages > 0) & (log_ratio > cfg.clip_ratio_high)).float(), response_mask)
     clipfrac_lower = masked_mean(((advantages < 0) & (log_ratio < -cfg.clip_ratio_low)).float(), response_mask)
     return pg_loss, pg_metrics(clipfrac, clipfrac_lower, _ppo_kl(log_prob, old_log_prob, response_mask))
@@ -337,7 +345,8 @@ def compute_policy_loss_cispo(
     weight = torch.clamp(ratio, 1 - cfg.clip_ratio_low, 1 + cfg.clip_ratio_high)
     pg_losses = -weight * advantages * log_prob
     pg_losses = apply_rollout_is_weights(pg_losses, rollout_is_weights)
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, dp_size, batch_num_tokens,
-                       global_batch_size, loss_scale_factor)
+    pg_loss = agg_loss(
+        pg_losses, response_mask, loss_agg_mode, dp_size, batch_num_tokens, global_batch_size, loss_scale_factor
+    )
     clipfrac = masked_mean((weight != ratio).float(), response_mask)
     return pg_loss, pg_metrics(clipfrac, 0.0, masked_mean(-log_ratio, response_mask))

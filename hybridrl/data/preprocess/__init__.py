@@ -48,8 +48,10 @@ def write_splits(rows_by_split: dict[str, list[dict]], local_dir: str) -> tuple[
 def main(argv: list[str]) -> int:
     """``hybridrl preprocess <task> [args]``: runs the task's own ``main(args)``."""
     if not argv or argv[0] not in TASKS:
-        print(f"hybridrl: error: preprocess needs a task, one of {sorted(TASKS)}; "
-              f"e.g. hybridrl preprocess gsm8k --help", file=sys.stderr)
+        print(
+            f"hybridrl: error: preprocess needs a task, one of {sorted(TASKS)}; e.g. hybridrl preprocess gsm8k --help",
+            file=sys.stderr,
+        )
         return 2
     importlib.import_module(TASKS[argv[0]]).main(argv[1:])
     return 0

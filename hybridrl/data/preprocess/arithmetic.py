@@ -55,8 +55,9 @@ def evaluate(operands: list[int], ops: list[str]) -> int:
     return sum(s * t for s, t in zip(signs, terms))
 
 
-def make_problem(rng: random.Random, min_terms: int, max_terms: int, max_value: int,
-                 max_factor: int, operators: str) -> tuple[str, int]:
+def make_problem(
+    rng: random.Random, min_terms: int, max_terms: int, max_value: int, max_factor: int, operators: str
+) -> tuple[str, int]:
     """Draw one expression; returns ``(expression, answer)``, e.g. ``("4 + 9 * 2", 22)``.
 
     Operands of ``*`` are drawn from 0..max_factor (times-table size, so products stay
@@ -74,19 +75,18 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.train_size < 0 or args.test_size < 0:
         raise ArithmeticConfigError("--train_size/--test_size must be >= 0")
     if not 2 <= args.min_terms <= args.max_terms:
-        raise ArithmeticConfigError(f"need 2 <= --min_terms <= --max_terms, got "
-                                    f"{args.min_terms}, {args.max_terms}")
+        raise ArithmeticConfigError(f"need 2 <= --min_terms <= --max_terms, got {args.min_terms}, {args.max_terms}")
     if args.max_value < 1 or args.max_factor < 1:
-        raise ArithmeticConfigError(f"--max_value and --max_factor must be >= 1, got "
-                                    f"{args.max_value}, {args.max_factor}")
+        raise ArithmeticConfigError(
+            f"--max_value and --max_factor must be >= 1, got {args.max_value}, {args.max_factor}"
+        )
     bad = set(args.operators) - set(_OPERATORS)
     if not args.operators or bad:
         raise ArithmeticConfigError(f"--operators {args.operators!r}: use only the characters + - *")
 
 
 def _draw(rng: random.Random, args: argparse.Namespace) -> tuple[str, int]:
-    return make_problem(rng, args.min_terms, args.max_terms, args.max_value, args.max_factor,
-                        args.operators)
+    return make_problem(rng, args.min_terms, args.max_terms, args.max_value, args.max_factor, args.operators)
 
 
 def generate_questions(args: argparse.Namespace) -> tuple[list, list]:
@@ -107,7 +107,8 @@ def generate_questions(args: argparse.Namespace) -> tuple[list, list]:
         if budget < 0:
             raise ArithmeticConfigError(
                 f"only {len(test)} distinct expressions found for --test_size {args.test_size}; "
-                "raise --max_value or --max_terms, or lower --test_size")
+                "raise --max_value or --max_terms, or lower --test_size"
+            )
         expr, answer = _draw(rng, args)
         if expr not in seen:
             seen.add(expr)
@@ -118,7 +119,8 @@ def generate_questions(args: argparse.Namespace) -> tuple[list, list]:
         if budget < 0:
             raise ArithmeticConfigError(
                 "the test set covers almost every expression, none left for training; raise "
-                "--max_value or --max_terms, or lower --test_size")
+                "--max_value or --max_terms, or lower --test_size"
+            )
         expr, answer = _draw(rng, args)
         if expr not in seen:
             train.append((expr, answer))
@@ -155,8 +157,13 @@ def main(argv: list[str] | None = None) -> tuple[str, str]:
     """Generate the data and write ``train.parquet`` and ``test.parquet``; returns their paths."""
     args = build_parser().parse_args(argv)
     test_pairs, train_pairs = generate_questions(args)
-    return write_splits({split: [make_row(e, a, split, i) for i, (e, a) in enumerate(pairs)]
-                         for split, pairs in (("train", train_pairs), ("test", test_pairs))}, args.local_dir)
+    return write_splits(
+        {
+            split: [make_row(e, a, split, i) for i, (e, a) in enumerate(pairs)]
+            for split, pairs in (("train", train_pairs), ("test", test_pairs))
+        },
+        args.local_dir,
+    )
 
 
 if __name__ == "__main__":

@@ -28,9 +28,11 @@ from hybridrl.data.errors import DataError
 from hybridrl.data.preprocess import write_splits
 
 DATA_SOURCE = "code_tasks"
-PROMPT_TEMPLATE = ("Write a Python function `{name}({params})` that {description}. For example, "
-                   "{name}({example_args}) returns {example_output}. "
-                   "Reply with the function in a ```python code block.")
+PROMPT_TEMPLATE = (
+    "Write a Python function `{name}({params})` that {description}. For example, "
+    "{name}({example_args}) returns {example_output}. "
+    "Reply with the function in a ```python code block."
+)
 
 
 @dataclass(frozen=True)
@@ -50,12 +52,22 @@ TEMPLATES = (
     Template("add", "int", "returns x plus {c}", lambda c, x: x + c, tuple(range(1, 21))),
     Template("subtract", "int", "returns x minus {c}", lambda c, x: x - c, tuple(range(1, 21))),
     Template("multiply", "int", "returns x multiplied by {c}", lambda c, x: x * c, tuple(range(2, 21))),
-    Template("divide", "int", "returns x divided by {c}, rounded down (integer division)",
-             lambda c, x: x // c, tuple(range(2, 11))),
+    Template(
+        "divide",
+        "int",
+        "returns x divided by {c}, rounded down (integer division)",
+        lambda c, x: x // c,
+        tuple(range(2, 11)),
+    ),
     Template("remainder", "int", "returns the remainder of x divided by {c}", lambda c, x: x % c, tuple(range(2, 13))),
-    Template("power", "int", "returns x to the power of {c}", lambda c, x: x ** c, (2, 3, 4)),
-    Template("greater_than", "int", "returns True if x is greater than {c}, otherwise False",
-             lambda c, x: x > c, tuple(range(0, 31))),
+    Template("power", "int", "returns x to the power of {c}", lambda c, x: x**c, (2, 3, 4)),
+    Template(
+        "greater_than",
+        "int",
+        "returns True if x is greater than {c}, otherwise False",
+        lambda c, x: x > c,
+        tuple(range(0, 31)),
+    ),
     Template("square", "int", "returns x squared (x times x)", lambda c, x: x * x),
     Template("is_even", "int", "returns True if x is even, otherwise False", lambda c, x: x % 2 == 0),
     Template("absolute", "signed", "returns the absolute value of x", lambda c, x: abs(x)),
@@ -65,10 +77,20 @@ TEMPLATES = (
     Template("total", "list", "returns the sum of the numbers in the list xs", lambda c, xs: sum(xs)),
     Template("count", "list", "returns the number of elements in the list xs", lambda c, xs: len(xs)),
     Template("largest", "nonempty", "returns the largest number in the list xs", lambda c, xs: max(xs)),
-    Template("count_value", "digits", "returns how many times {c} appears in the list xs",
-             lambda c, xs: xs.count(c), tuple(range(0, 10))),
-    Template("contains", "digits", "returns True if {c} is in the list xs, otherwise False",
-             lambda c, xs: c in xs, tuple(range(0, 10))),
+    Template(
+        "count_value",
+        "digits",
+        "returns how many times {c} appears in the list xs",
+        lambda c, xs: xs.count(c),
+        tuple(range(0, 10)),
+    ),
+    Template(
+        "contains",
+        "digits",
+        "returns True if {c} is in the list xs, otherwise False",
+        lambda c, xs: c in xs,
+        tuple(range(0, 10)),
+    ),
     Template("reverse", "word", "returns the string s reversed", lambda c, s: s[::-1]),
     Template("shout", "word", "returns the string s in upper case", lambda c, s: s.upper()),
     Template("first_char", "word", "returns the first character of the string s", lambda c, s: s[0]),
@@ -109,16 +131,25 @@ def make_row(template: Template, c: Any, rng: random.Random, num_tests: int, spl
     example = draw_args(rng, template.args)
     tests = draw_tests(template, c, rng, num_tests)
     content = PROMPT_TEMPLATE.format(
-        name=template.name, params=_PARAMS[template.args], description=description,
-        example_args=", ".join(repr(a) for a in example), example_output=repr(template.fn(c, *example)))
+        name=template.name,
+        params=_PARAMS[template.args],
+        description=description,
+        example_args=", ".join(repr(a) for a in example),
+        example_output=repr(template.fn(c, *example)),
+    )
     ground_truth = {"fn_name": template.name, "inputs": tests, "outputs": [template.fn(c, *a) for a in tests]}
     return {
         "data_source": DATA_SOURCE,
         "prompt": [{"role": "user", "content": content}],
         "ability": "code",
         "reward_model": {"style": "rule", "ground_truth": json.dumps(ground_truth)},
-        "extra_info": {"split": split, "index": index, "question": f"{template.name}: {description}",
-                       "template": template.name, "constant": c},
+        "extra_info": {
+            "split": split,
+            "index": index,
+            "question": f"{template.name}: {description}",
+            "template": template.name,
+            "constant": c,
+        },
     }
 
 
@@ -140,11 +171,14 @@ def generate_rows(train_size: int, test_size: int, num_tests: int, seed: int) ->
         DataError: a negative size, ``num_tests < 1``, or ``test_size > MAX_TEST_SIZE``.
     """
     if train_size < 0 or test_size < 0 or num_tests < 1:
-        raise DataError(f"--train_size/--test_size must be >= 0 and --num_tests >= 1, got "
-                        f"{train_size}, {test_size}, {num_tests}")
+        raise DataError(
+            f"--train_size/--test_size must be >= 0 and --num_tests >= 1, got {train_size}, {test_size}, {num_tests}"
+        )
     if test_size > MAX_TEST_SIZE:
-        raise DataError(f"--test_size {test_size}: at most {MAX_TEST_SIZE} problems can be held out (each "
-                        "template keeps one for training); lower --test_size")
+        raise DataError(
+            f"--test_size {test_size}: at most {MAX_TEST_SIZE} problems can be held out (each "
+            "template keeps one for training); lower --test_size"
+        )
     rng, in_test, test = random.Random(seed), set(), []
     for i in range(test_size):
         template, c = _draw_problem(rng, in_test, keep_one=True)

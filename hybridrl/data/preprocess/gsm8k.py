@@ -75,7 +75,7 @@ def load_hub_splits() -> dict[str, list[dict]]:
         ) from None
     try:
         ds = datasets.load_dataset(DATA_SOURCE, "main")
-    except Exception as exc:  # offline, hub errors: all mean "use local files"
+    except Exception as exc:  # noqa: BLE001 - offline, hub errors: all mean "use local files"
         raise DataError(
             f"could not load {DATA_SOURCE} from the hub ({type(exc).__name__}); "
             "pass --input_dir with GSM8K train.jsonl and test.jsonl (e.g. ../shared/data/gsm8k)"
@@ -107,8 +107,9 @@ def convert(
     return written
 
 
-def load_splits(input_dir: str | None, train_size: int | None = None,
-                test_size: int | None = None) -> dict[str, list[dict]]:
+def load_splits(
+    input_dir: str | None, train_size: int | None = None, test_size: int | None = None
+) -> dict[str, list[dict]]:
     """GSM8K ``{"question", "answer"}`` examples by split (``train``, ``test``): from the jsonl
     files of ``input_dir``, or from the hub when it is None; the first ``*_size`` of each.
 
@@ -121,8 +122,9 @@ def load_splits(input_dir: str | None, train_size: int | None = None,
         input_dir = os.path.expanduser(input_dir)
         splits = {s: read_jsonl(os.path.join(input_dir, f"{s}.jsonl")) for s in ("train", "test")}
     sizes = {"train": train_size, "test": test_size}
-    return {split: examples[: sizes[split]] if sizes[split] is not None else examples
-            for split, examples in splits.items()}
+    return {
+        split: examples[: sizes[split]] if sizes[split] is not None else examples for split, examples in splits.items()
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

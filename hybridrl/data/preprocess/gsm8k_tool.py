@@ -45,12 +45,17 @@ def make_row(question: str, answer: str, split: str, index: int, interaction: bo
     return {
         "data_source": DATA_SOURCE,
         "agent_name": AGENT_NAME,
-        "prompt": [{"role": "system", "content": SYSTEM_PROMPT},
-                   {"role": "user", "content": question + " " + INSTRUCTION}],
+        "prompt": [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": question + " " + INSTRUCTION},
+        ],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": ground_truth},
         "extra_info": {
-            "split": split, "index": index, "answer": answer, "question": question,
+            "split": split,
+            "index": index,
+            "answer": answer,
+            "question": question,
             "need_tools_kwargs": True,
             "tools_kwargs": {TOOL_NAME: {"create_kwargs": {"ground_truth": ground_truth}}},
             "interaction_kwargs": interaction_kwargs,
@@ -58,8 +63,13 @@ def make_row(question: str, answer: str, split: str, index: int, interaction: bo
     }
 
 
-def convert(input_dir: str | None, local_dir: str, train_size: int | None = None, test_size: int | None = None,
-            interaction: bool = False) -> dict[str, str]:
+def convert(
+    input_dir: str | None,
+    local_dir: str,
+    train_size: int | None = None,
+    test_size: int | None = None,
+    interaction: bool = False,
+) -> dict[str, str]:
     """Write ``train.parquet`` and ``test.parquet`` into ``local_dir`` (atomically); returns split -> path.
 
     Raises:
@@ -78,8 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--local_dir", default="~/data/gsm8k_tool", help="output folder")
     parser.add_argument("--train_size", type=int, default=None, help="keep the first N train rows")
     parser.add_argument("--test_size", type=int, default=None, help="keep the first N test rows")
-    parser.add_argument("--interaction", action="store_true",
-                        help="name the gsm8k interaction in interaction_kwargs (feedback and retries)")
+    parser.add_argument(
+        "--interaction",
+        action="store_true",
+        help="name the gsm8k interaction in interaction_kwargs (feedback and retries)",
+    )
     return parser
 
 

@@ -55,8 +55,7 @@ def parse_dialogue(text: str) -> list[dict]:
     parts = _TURN.split(text)
     if parts[0].strip() or len(parts) < 3:
         raise DataError(f"not an HH-RLHF dialogue (it must start with '\\n\\nHuman:'): {text[:60]!r}")
-    return [{"role": _ROLES[speaker], "content": content.strip()}
-            for speaker, content in zip(parts[1::2], parts[2::2])]
+    return [{"role": _ROLES[speaker], "content": content.strip()} for speaker, content in zip(parts[1::2], parts[2::2])]
 
 
 def split_pair(chosen: str, rejected: str) -> tuple[list[dict], str, str] | None:
@@ -75,8 +74,8 @@ def split_pair(chosen: str, rejected: str) -> tuple[list[dict], str, str] | None
         raise DataError(f"an HH-RLHF dialogue has no '\\n\\nAssistant:' turn: {text[:60]!r}")
     if chosen[:cut_c] != rejected[:cut_r]:
         return None
-    response_c = chosen[cut_c + len(ASSISTANT_MARKER):].strip()
-    response_r = rejected[cut_r + len(ASSISTANT_MARKER):].strip()
+    response_c = chosen[cut_c + len(ASSISTANT_MARKER) :].strip()
+    response_r = rejected[cut_r + len(ASSISTANT_MARKER) :].strip()
     messages = parse_dialogue(chosen[:cut_c])
     if response_c == response_r or messages[-1]["role"] != "user":
         return None
@@ -121,8 +120,10 @@ def find_split_files(input_dir: str, subset: str | None) -> dict[str, list[str]]
         DataError: the folder is missing or holds no matching file.
     """
     if not os.path.isdir(input_dir):
-        raise DataError(f"--input_dir: {input_dir} is not a folder; pass the folder holding the HH-RLHF "
-                        "*.jsonl.gz files (e.g. ../shared/data/hh_rlhf)")
+        raise DataError(
+            f"--input_dir: {input_dir} is not a folder; pass the folder holding the HH-RLHF "
+            "*.jsonl.gz files (e.g. ../shared/data/hh_rlhf)"
+        )
     files: dict[str, list[str]] = {"train": [], "test": []}
     for root, _, names in sorted(os.walk(input_dir)):
         for name in sorted(names):
@@ -134,8 +135,10 @@ def find_split_files(input_dir: str, subset: str | None) -> dict[str, list[str]]
                     files[split].append(os.path.join(root, name))
     if not files["train"] and not files["test"]:
         wanted = f" of subset {subset!r}" if subset else ""
-        raise DataError(f"--input_dir: no *train*/*test* .jsonl(.gz) files{wanted} in {input_dir}; "
-                        "pass the folder holding the HH-RLHF files (e.g. ../shared/data/hh_rlhf)")
+        raise DataError(
+            f"--input_dir: no *train*/*test* .jsonl(.gz) files{wanted} in {input_dir}; "
+            "pass the folder holding the HH-RLHF files (e.g. ../shared/data/hh_rlhf)"
+        )
     return files
 
 
@@ -144,13 +147,17 @@ def load_hub_splits(subset: str | None) -> dict[str, list[tuple[dict, str]]]:
     try:
         import datasets
     except ImportError:
-        raise DataError("the `datasets` library is not installed, so Anthropic/hh-rlhf cannot be loaded "
-                        "from the hub; pass --input_dir (e.g. ../shared/data/hh_rlhf)") from None
+        raise DataError(
+            "the `datasets` library is not installed, so Anthropic/hh-rlhf cannot be loaded "
+            "from the hub; pass --input_dir (e.g. ../shared/data/hh_rlhf)"
+        ) from None
     try:
         ds = datasets.load_dataset(DATA_SOURCE, data_dir=subset)
-    except Exception as exc:  # offline, hub errors: all mean "use local files"
-        raise DataError(f"could not load {DATA_SOURCE} from the hub ({type(exc).__name__}); "
-                        "pass --input_dir (e.g. ../shared/data/hh_rlhf)") from None
+    except Exception as exc:  # noqa: BLE001 - offline, hub errors: all mean "use local files"
+        raise DataError(
+            f"could not load {DATA_SOURCE} from the hub ({type(exc).__name__}); "
+            "pass --input_dir (e.g. ../shared/data/hh_rlhf)"
+        ) from None
     source = f"hub:{DATA_SOURCE}/{subset or 'all'}"
     return {split: [(r, source) for r in ds[split].to_list()] for split in ("train", "test") if split in ds}
 
@@ -163,13 +170,22 @@ def _local_splits(input_dir: str, subset: str | None, test_ratio: float, seed: i
         random.Random(seed).shuffle(pool)
         n_test = max(1, round(len(pool) * test_ratio))
         splits = {"train": pool[n_test:], "test": pool[:n_test]}
-        print(f"hh_rlhf: no train file in {input_dir}: {len(splits['train'])} pairs for train, "
-              f"{n_test} held out for test (--test_ratio={test_ratio}, --seed={seed})")
+        print(
+            f"hh_rlhf: no train file in {input_dir}: {len(splits['train'])} pairs for train, "
+            f"{n_test} held out for test (--test_ratio={test_ratio}, --seed={seed})"
+        )
     return splits
 
 
-def convert(input_dir: str | None, local_dir: str, subset: str | None = None, train_size: int | None = None,
-            test_size: int | None = None, test_ratio: float = 0.1, seed: int = 0) -> dict[str, str]:
+def convert(
+    input_dir: str | None,
+    local_dir: str,
+    subset: str | None = None,
+    train_size: int | None = None,
+    test_size: int | None = None,
+    test_ratio: float = 0.1,
+    seed: int = 0,
+) -> dict[str, str]:
     """Write ``train.parquet`` and ``test.parquet`` into ``local_dir``; returns split -> path.
 
     Raises:
@@ -195,23 +211,30 @@ def convert(input_dir: str | None, local_dir: str, subset: str | None = None, tr
         if not rows:
             raise DataError(f"hh_rlhf: no {split} pair left to write (dropped {dropped}); check --input_dir/--subset")
         if dropped:
-            print(f"hh_rlhf: {split}: dropped {dropped} pairs without a clean preference "
-                  "(different prompts or identical responses)")
+            print(
+                f"hh_rlhf: {split}: dropped {dropped} pairs without a clean preference "
+                "(different prompts or identical responses)"
+            )
         written[split] = write_split(rows, local_dir, split)
     return written
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        description="Write Anthropic HH-RLHF pairs as parquet (prompt + chosen + rejected, verl RL columns).")
-    parser.add_argument("--input_dir", default=None, help="folder with HH-RLHF *train*/*test* .jsonl(.gz) files; "
-                        "without it the hub dataset is loaded")
+        description="Write Anthropic HH-RLHF pairs as parquet (prompt + chosen + rejected, verl RL columns)."
+    )
+    parser.add_argument(
+        "--input_dir",
+        default=None,
+        help="folder with HH-RLHF *train*/*test* .jsonl(.gz) files; without it the hub dataset is loaded",
+    )
     parser.add_argument("--local_dir", default="~/data/hh_rlhf", help="output folder")
     parser.add_argument("--subset", default=None, help="e.g. harmless-base or helpful-base (default: all files)")
     parser.add_argument("--train_size", type=int, default=None, help="keep the first N train pairs")
     parser.add_argument("--test_size", type=int, default=None, help="keep the first N test pairs")
-    parser.add_argument("--test_ratio", type=float, default=0.1,
-                        help="share of pairs held out as test when the input has no train file")
+    parser.add_argument(
+        "--test_ratio", type=float, default=0.1, help="share of pairs held out as test when the input has no train file"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of that hold-out split")
     return parser
 
@@ -220,8 +243,9 @@ def main(argv: list[str] | None = None) -> None:
     """CLI entry; a ``DataError`` exits with its one-line message and status 1."""
     args = build_parser().parse_args(argv)
     try:
-        written = convert(args.input_dir, args.local_dir, args.subset, args.train_size, args.test_size,
-                          args.test_ratio, args.seed)
+        written = convert(
+            args.input_dir, args.local_dir, args.subset, args.train_size, args.test_size, args.test_ratio, args.seed
+        )
     except DataError as exc:
         sys.exit(f"hh_rlhf preprocess: error: {exc}")
     for split, path in written.items():

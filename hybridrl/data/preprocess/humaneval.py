@@ -33,16 +33,19 @@ from hybridrl.data.preprocess import write_split
 
 DATA_SOURCE = "humaneval"
 HUB_NAME = "openai/openai_humaneval"
-INSTRUCTION = ("Complete the following Python function. Reply with the complete function, its "
-               "signature included, in a ```python code block.")
+INSTRUCTION = (
+    "Complete the following Python function. Reply with the complete function, its "
+    "signature included, in a ```python code block."
+)
 FIELDS = ("task_id", "prompt", "entry_point", "canonical_solution", "test")
 _HINT = "pass --input with HumanEval.jsonl(.gz) (e.g. ../shared/data/humaneval/HumanEval.jsonl.gz)"
 
 
 def make_ground_truth(problem: dict) -> str:
     """The assert-style ground truth of one problem, as a JSON string (see the module doc)."""
-    return json.dumps({"test_code": problem["test"], "entry_point": problem["entry_point"],
-                       "prefix": problem["prompt"]})
+    return json.dumps(
+        {"test_code": problem["test"], "entry_point": problem["entry_point"], "prefix": problem["prompt"]}
+    )
 
 
 def make_row(problem: dict, index: int, split: str = "test") -> dict:
@@ -52,8 +55,12 @@ def make_row(problem: dict, index: int, split: str = "test") -> dict:
         "prompt": [{"role": "user", "content": f"{INSTRUCTION}\n\n```python\n{problem['prompt']}```"}],
         "ability": "code",
         "reward_model": {"style": "rule", "ground_truth": make_ground_truth(problem)},
-        "extra_info": {"split": split, "index": index, "task_id": problem["task_id"],
-                       "canonical_solution": problem["canonical_solution"]},
+        "extra_info": {
+            "split": split,
+            "index": index,
+            "task_id": problem["task_id"],
+            "canonical_solution": problem["canonical_solution"],
+        },
     }
 
 
@@ -84,7 +91,7 @@ def load_hub_split() -> list[dict]:
         raise DataError(f"the `datasets` library is not installed, so {HUB_NAME} cannot be loaded; {_HINT}") from None
     try:
         return datasets.load_dataset(HUB_NAME, split="test").to_list()
-    except Exception as exc:  # offline, hub errors: all mean "use the local file"
+    except Exception as exc:  # noqa: BLE001 - offline, hub errors: all mean "use the local file"
         raise DataError(f"could not load {HUB_NAME} from the hub ({type(exc).__name__}); {_HINT}") from None
 
 

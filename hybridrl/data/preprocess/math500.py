@@ -63,11 +63,12 @@ def load_hub_split() -> list[dict]:
     try:
         import datasets
     except ImportError:
-        raise DataError(f"the `datasets` library is not installed, so {DATA_SOURCE} cannot be loaded "
-                        f"from the hub; {_HINT}") from None
+        raise DataError(
+            f"the `datasets` library is not installed, so {DATA_SOURCE} cannot be loaded from the hub; {_HINT}"
+        ) from None
     try:
         return datasets.load_dataset(DATA_SOURCE, split="test").to_list()
-    except Exception as exc:  # offline, hub errors: all mean "use local files"
+    except Exception as exc:  # noqa: BLE001 - offline, hub errors: all mean "use local files"
         raise DataError(f"could not load {DATA_SOURCE} from the hub ({type(exc).__name__}); {_HINT}") from None
 
 

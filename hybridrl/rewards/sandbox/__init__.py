@@ -18,14 +18,30 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from hybridrl.rewards.sandbox.base import (RUN_STATUSES, Sandbox, SandboxConfigError, SandboxLimits,
-                                           SandboxResult, SandboxUnavailableError)
+from hybridrl.rewards.sandbox.base import (
+    RUN_STATUSES,
+    Sandbox,
+    SandboxConfigError,
+    SandboxLimits,
+    SandboxResult,
+    SandboxUnavailableError,
+)
 from hybridrl.rewards.sandbox.fusion import SandboxFusionClient
 from hybridrl.rewards.sandbox.local import LocalSandbox
 
-__all__ = ["RUN_STATUSES", "Sandbox", "SandboxConfigError", "SandboxLimits", "SandboxResult",
-           "SandboxUnavailableError", "SandboxFusionClient", "LocalSandbox", "build_sandbox",
-           "current_sandbox", "set_sandbox"]
+__all__ = [
+    "RUN_STATUSES",
+    "Sandbox",
+    "SandboxConfigError",
+    "SandboxLimits",
+    "SandboxResult",
+    "SandboxUnavailableError",
+    "SandboxFusionClient",
+    "LocalSandbox",
+    "build_sandbox",
+    "current_sandbox",
+    "set_sandbox",
+]
 
 _lock = threading.Lock()
 _current: Sandbox | None = None
@@ -60,10 +76,18 @@ def build_sandbox(sandbox_cfg: Any, fusion_cfg: Any) -> Sandbox:
         SandboxConfigError: a limit that is not > 0, or a ``url`` that is not http(s) (one line
             naming the key).
     """
-    limits = SandboxLimits(timeout_s=sandbox_cfg.timeout_s, cpu_time_s=sandbox_cfg.cpu_time_s,
-                           memory_limit_mb=sandbox_cfg.memory_limit_mb, max_processes=sandbox_cfg.max_processes,
-                           max_file_size_mb=sandbox_cfg.max_file_size_mb)
+    limits = SandboxLimits(
+        timeout_s=sandbox_cfg.timeout_s,
+        cpu_time_s=sandbox_cfg.cpu_time_s,
+        memory_limit_mb=sandbox_cfg.memory_limit_mb,
+        max_processes=sandbox_cfg.max_processes,
+        max_file_size_mb=sandbox_cfg.max_file_size_mb,
+    )
     if fusion_cfg.url:
-        return SandboxFusionClient(fusion_cfg.url, max_concurrent=fusion_cfg.max_concurrent,
-                                   memory_limit_mb=fusion_cfg.memory_limit_mb, timeout_s=limits.timeout_s)
+        return SandboxFusionClient(
+            fusion_cfg.url,
+            max_concurrent=fusion_cfg.max_concurrent,
+            memory_limit_mb=fusion_cfg.memory_limit_mb,
+            timeout_s=limits.timeout_s,
+        )
     return LocalSandbox(limits, unsafe_no_isolation=sandbox_cfg.unsafe_no_isolation)

@@ -8,8 +8,7 @@ from typing import Protocol
 
 from hybridrl.rewards.custom import RewardConfigError
 
-__all__ = ["SandboxLimits", "SandboxResult", "Sandbox", "SandboxConfigError", "SandboxUnavailableError",
-           "RUN_STATUSES"]
+__all__ = ["SandboxLimits", "SandboxResult", "Sandbox", "SandboxConfigError", "SandboxUnavailableError", "RUN_STATUSES"]
 
 # ok: exit code 0. error: another exit code. timeout: wall or CPU time ran out. memory: the memory
 # limit was hit. output_limit: a file or stdout/stderr grew over max_file_size_mb. killed: a signal

@@ -39,11 +39,14 @@ class SandboxFusionClient:
         SandboxConfigError: a bad url, max_concurrent or memory_limit_mb.
     """
 
-    def __init__(self, url: str, max_concurrent: int = 64, memory_limit_mb: int = 1024,
-                 timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, url: str, max_concurrent: int = 64, memory_limit_mb: int = 1024, timeout_s: float = 10.0
+    ) -> None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise SandboxConfigError(f"reward_model.sandbox_fusion.url={url!r} must be an http(s) URL of the "
-                                     "service's run_code endpoint, e.g. http://localhost:8080/run_code")
+            raise SandboxConfigError(
+                f"reward_model.sandbox_fusion.url={url!r} must be an http(s) URL of the "
+                "service's run_code endpoint, e.g. http://localhost:8080/run_code"
+            )
         for key, value in (("max_concurrent", max_concurrent), ("memory_limit_mb", memory_limit_mb)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SandboxConfigError(f"reward_model.sandbox_fusion.{key}={value!r} must be a whole number >= 1")
@@ -65,26 +68,45 @@ class SandboxFusionClient:
         gives status ``sandbox_error`` (the program is not at fault).
         """
         timeout = float(timeout_s or self.timeout_s)
-        payload = {"code": source, "language": "python", "stdin": stdin, "run_timeout": timeout,
-                   "compile_timeout": timeout, "memory_limit_MB": self.memory_limit_mb}
+        payload = {
+            "code": source,
+            "language": "python",
+            "stdin": stdin,
+            "run_timeout": timeout,
+            "compile_timeout": timeout,
+            "memory_limit_MB": self.memory_limit_mb,
+        }
         started = time.perf_counter()
         deadline = timeout + _REQUEST_OVERHEAD_S
         if not self._slots.acquire(timeout=deadline):
-            return SandboxResult("sandbox_error", None, "", "", time.perf_counter() - started,
-                                 f"no free request slot within {deadline:g} s "
-                                 f"(reward_model.sandbox_fusion.max_concurrent={self.max_concurrent})")
+            return SandboxResult(
+                "sandbox_error",
+                None,
+                "",
+                "",
+                time.perf_counter() - started,
+                f"no free request slot within {deadline:g} s "
+                f"(reward_model.sandbox_fusion.max_concurrent={self.max_concurrent})",
+            )
         try:
             answer = self._post(payload, deadline)
         except (urllib.error.URLError, OSError, ValueError) as exc:
-            return SandboxResult("sandbox_error", None, "", "", time.perf_counter() - started,
-                                 f"Sandbox Fusion at {self.url} failed: {' '.join(str(exc).split())}")
+            return SandboxResult(
+                "sandbox_error",
+                None,
+                "",
+                "",
+                time.perf_counter() - started,
+                f"Sandbox Fusion at {self.url} failed: {' '.join(str(exc).split())}",
+            )
         finally:
             self._slots.release()
         return _to_result(answer, time.perf_counter() - started, timeout)
 
     def _post(self, payload: dict, timeout: float) -> dict:
-        request = urllib.request.Request(self.url, data=json.dumps(payload).encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            self.url, data=json.dumps(payload).encode(), method="POST", headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(request, timeout=timeout) as response:
             answer = json.loads(response.read().decode("utf-8"))
         if not isinstance(answer, dict):

@@ -56,9 +56,10 @@ def _check(ret: int, what: str) -> None:
 
 
 def _mount(source, target, fstype, flags, data=None) -> None:
-    enc = (lambda s: s.encode() if s is not None else None)
-    _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
-           f"mount {target}")
+    def enc(s):
+        return s.encode() if s is not None else None
+
+    _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
 
 
 def _kept_flags(path: str) -> int:
@@ -97,8 +98,13 @@ def build_root(spec: dict) -> None:
         open(f"{ROOT}/dev/{name}", "a").close()
         _mount(f"/dev/{name}", f"{ROOT}/dev/{name}", None, MS_BIND)
     os.makedirs(ROOT + "/sandbox")
-    _mount("tmpfs", ROOT + "/sandbox", "tmpfs", MS_NOSUID | MS_NODEV,
-           f"size={spec['limits']['max_file_size_mb']}m,mode=0777")
+    _mount(
+        "tmpfs",
+        ROOT + "/sandbox",
+        "tmpfs",
+        MS_NOSUID | MS_NODEV,
+        f"size={spec['limits']['max_file_size_mb']}m,mode=0777",
+    )
     _write(ROOT + "/sandbox/main.py", spec["source"])
     os.symlink("/sandbox", ROOT + "/tmp")
     _mount(None, ROOT, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
@@ -108,12 +114,14 @@ def build_root(spec: dict) -> None:
 
 def set_limits(limits: dict) -> None:
     mib = 1024 * 1024
-    for res, value in ((resource.RLIMIT_AS, limits["memory_limit_mb"] * mib),
-                       (resource.RLIMIT_CPU, limits["cpu_seconds"]),
-                       (resource.RLIMIT_NPROC, limits["max_processes"]),
-                       (resource.RLIMIT_FSIZE, limits["max_file_size_mb"] * mib),
-                       (resource.RLIMIT_NOFILE, 256),
-                       (resource.RLIMIT_CORE, 0)):
+    for res, value in (
+        (resource.RLIMIT_AS, limits["memory_limit_mb"] * mib),
+        (resource.RLIMIT_CPU, limits["cpu_seconds"]),
+        (resource.RLIMIT_NPROC, limits["max_processes"]),
+        (resource.RLIMIT_FSIZE, limits["max_file_size_mb"] * mib),
+        (resource.RLIMIT_NOFILE, 256),
+        (resource.RLIMIT_CORE, 0),
+    ):
         hard = value + 1 if res == resource.RLIMIT_CPU else value  # SIGXCPU first, then SIGKILL
         resource.setrlimit(res, (value, hard))
 
@@ -156,8 +164,10 @@ def run_keeper(spec: dict, status_fd: int, as_root: bool, ready_w: int, mapped_r
     """Unshare the namespaces, wait for the uid map (root) or write it (others), fork the init."""
     _check(_libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0), "parent-death signal")
     uid, gid = os.getuid(), os.getgid()
-    _check(_libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS),
-           "unshare (user namespaces disabled?)")
+    _check(
+        _libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS),
+        "unshare (user namespaces disabled?)",
+    )
     if as_root:
         os.write(ready_w, b"u")
         if os.read(mapped_r, 1) != b"m":

@@ -37,8 +37,13 @@ logger = logging.getLogger(__name__)
 JAIL = Path(__file__).with_name("jail.py")
 _JAIL_SETUP_FAILED = 125
 # What a program sees of the environment: nothing of the trainer's (no tokens, no keys).
-_CLEAN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/sandbox", "TMPDIR": "/sandbox",
-              "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
+_CLEAN_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": "/sandbox",
+    "TMPDIR": "/sandbox",
+    "LANG": "C.UTF-8",
+    "PYTHONIOENCODING": "utf-8",
+}
 _TOP_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _PROBE_TIMEOUT_S = 30.0
 _probe_lock = threading.Lock()
@@ -56,8 +61,9 @@ class LocalSandbox:
         python: the interpreter programs run with; default: this one (its packages visible).
     """
 
-    def __init__(self, limits: SandboxLimits | None = None, unsafe_no_isolation: bool = False,
-                 python: str | None = None) -> None:
+    def __init__(
+        self, limits: SandboxLimits | None = None, unsafe_no_isolation: bool = False, python: str | None = None
+    ) -> None:
         self.limits = limits or SandboxLimits()
         self.unsafe_no_isolation = bool(unsafe_no_isolation)
         self.python = python or sys.executable
@@ -89,7 +95,8 @@ class LocalSandbox:
             f"reward_model.sandbox: model-written code cannot be isolated on this machine ({why_not}); "
             "code rewards need Linux user, network, mount and PID namespaces. Set "
             "reward_model.sandbox_fusion.url to a Sandbox Fusion service, or "
-            "reward_model.sandbox.unsafe_no_isolation=true to run it unisolated (a throwaway machine only)")
+            "reward_model.sandbox.unsafe_no_isolation=true to run it unisolated (a throwaway machine only)"
+        )
 
     def _run_in(self, work: Path, source: str, stdin: str, timeout: float, isolated: bool) -> SandboxResult:
         (work / "stdin").write_text(stdin, encoding="utf-8")
@@ -101,17 +108,26 @@ class LocalSandbox:
             (work / "box").mkdir()
             (work / "box" / "main.py").write_text(source, encoding="utf-8")
             env = {**_CLEAN_ENV, "HOME": str(work / "box"), "TMPDIR": str(work / "box")}
-            popen = {"args": [self.python, "-I", "-B", "main.py"], "cwd": str(work / "box"), "env": env,
-                     "preexec_fn": self._unisolated_limits}
+            popen = {
+                "args": [self.python, "-I", "-B", "main.py"],
+                "cwd": str(work / "box"),
+                "env": env,
+                "preexec_fn": self._unisolated_limits,
+            }
         started = time.perf_counter()
-        with open(work / "stdin", "rb") as fin, open(work / "stdout", "wb") as fout, \
-                open(work / "stderr", "wb") as ferr:
+        with (
+            open(work / "stdin", "rb") as fin,
+            open(work / "stdout", "wb") as fout,
+            open(work / "stderr", "wb") as ferr,
+        ):
             proc = subprocess.Popen(stdin=fin, stdout=fout, stderr=ferr, start_new_session=True, **popen)
             timed_out = _wait_or_kill(proc, timeout)
         wall = time.perf_counter() - started
         stdout, stderr = (self._read(work / name) for name in ("stdout", "stderr"))
         if timed_out:
-            return SandboxResult("timeout", None, stdout, stderr, wall, f"ran over the wall-time limit of {timeout:g} s")
+            return SandboxResult(
+                "timeout", None, stdout, stderr, wall, f"ran over the wall-time limit of {timeout:g} s"
+            )
         if isolated:
             status = status_file.read_text().strip()
             if proc.returncode != 0 or not status:
@@ -124,9 +140,15 @@ class LocalSandbox:
 
     def _isolated_popen(self, work: Path, source: str, status_file: Path) -> dict:
         """Popen arguments of an isolated run (the jail script, with its spec file)."""
-        spec = {"status_file": str(status_file), "source": source, "python": self.python, "env": _CLEAN_ENV,
-                "binds": self._binds(), "symlinks": [(d, os.readlink(d)) for d in _TOP_DIRS if os.path.islink(d)],
-                "limits": {**vars(self.limits), "cpu_seconds": self.limits.cpu_seconds}}
+        spec = {
+            "status_file": str(status_file),
+            "source": source,
+            "python": self.python,
+            "env": _CLEAN_ENV,
+            "binds": self._binds(),
+            "symlinks": [(d, os.readlink(d)) for d in _TOP_DIRS if os.path.islink(d)],
+            "limits": {**vars(self.limits), "cpu_seconds": self.limits.cpu_seconds},
+        }
         (work / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
         return {"args": [self.python, "-I", "-S", str(JAIL), str(work / "spec.json")], "cwd": "/", "env": {}}
 
@@ -158,8 +180,9 @@ class LocalSandbox:
         """Read-only paths of the jail: the system libraries and this Python's install."""
         paths = ["/usr", "/etc/ld.so.cache"]
         paths += [d for d in _TOP_DIRS if os.path.isdir(d) and not os.path.islink(d)]
-        for prefix in {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix,
-                                                      os.path.dirname(os.path.realpath(self.python)))}:
+        for prefix in {
+            os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(self.python)))
+        }:
             if not any(prefix == p or prefix.startswith(p + "/") for p in paths):
                 paths.append(prefix)
         return [p for p in paths if os.path.exists(p)]
@@ -196,7 +219,7 @@ def _last_line(text: str) -> str:
 
 
 def _probe(sandbox: LocalSandbox) -> str:
-    """"" if isolated runs work for this interpreter, else why not (cached per process)."""
+    """ "" if isolated runs work for this interpreter, else why not (cached per process)."""
     with _probe_lock:
         if sandbox.python not in _probe_results:
             _probe_results[sandbox.python] = _why_no_isolation(sandbox)

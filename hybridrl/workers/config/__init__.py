@@ -8,7 +8,22 @@ from .model import CriticModelConfig, PolicyModelConfig, RewardModelModelConfig
 from .reward_model import RewardModelConfig
 from .rollout import EngineConfig, RolloutConfig, SamplingConfig
 
-__all__ = ["ActorConfig", "ActorRolloutRefConfig", "PolicyLossConfig", "RefConfig", "CriticConfig",
-           "CheckpointConfig", "FSDPConfig", "MixedPrecisionConfig", "OptimConfig", "TrainingFSDPConfig",
-           "CriticModelConfig", "PolicyModelConfig", "RewardModelModelConfig", "RewardModelConfig",
-           "EngineConfig", "RolloutConfig", "SamplingConfig"]
+__all__ = [
+    "ActorConfig",
+    "ActorRolloutRefConfig",
+    "PolicyLossConfig",
+    "RefConfig",
+    "CriticConfig",
+    "CheckpointConfig",
+    "FSDPConfig",
+    "MixedPrecisionConfig",
+    "OptimConfig",
+    "TrainingFSDPConfig",
+    "CriticModelConfig",
+    "PolicyModelConfig",
+    "RewardModelModelConfig",
+    "RewardModelConfig",
+    "EngineConfig",
+    "RolloutConfig",
+    "SamplingConfig",
+]

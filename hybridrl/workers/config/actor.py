@@ -32,8 +32,10 @@ def check_sequence_parallel_size(value, key: str) -> None:
         ConfigError: one line naming ``key``.
     """
     if isinstance(value, int) and value < 1:
-        raise ConfigError(f"{key}={value} must be >= 1 (1: no sequence parallelism; S > 1: each packed "
-                          "sequence is split over S workers, docs/distributed.md)")
+        raise ConfigError(
+            f"{key}={value} must be >= 1 (1: no sequence parallelism; S > 1: each packed "
+            "sequence is split over S workers, docs/distributed.md)"
+        )
 
 
 @dataclass
@@ -93,8 +95,9 @@ class ActorConfig:
     fsdp_config: TrainingFSDPConfig = field(default_factory=TrainingFSDPConfig)
 
     def __post_init__(self):
-        check_sequence_parallel_size(self.ulysses_sequence_parallel_size,
-                                     "actor_rollout_ref.actor.ulysses_sequence_parallel_size")
+        check_sequence_parallel_size(
+            self.ulysses_sequence_parallel_size, "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+        )
 
 
 @dataclass
@@ -113,8 +116,9 @@ class RefConfig:
     entropy_checkpointing: bool = False
 
     def __post_init__(self):
-        check_sequence_parallel_size(self.ulysses_sequence_parallel_size,
-                                     "actor_rollout_ref.ref.ulysses_sequence_parallel_size")
+        check_sequence_parallel_size(
+            self.ulysses_sequence_parallel_size, "actor_rollout_ref.ref.ulysses_sequence_parallel_size"
+        )
 
 
 @dataclass

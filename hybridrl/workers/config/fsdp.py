@@ -16,8 +16,16 @@ _FSDP_SINGLE = "FSDP sharding needs more than one worker; a single worker keeps 
 _OFFLOAD_CPU = "offload moves state from an accelerator to host memory; on the CPU it lives there already"
 _ALWAYS_SAVED = "checkpoints always hold model, optimizer and extra state (no HF-format copy)"
 
-__all__ = ["WrapPolicyConfig", "MixedPrecisionConfig", "TrainingMixedPrecisionConfig", "FSDPConfig",
-           "RefFSDPConfig", "TrainingFSDPConfig", "OptimConfig", "CheckpointConfig"]
+__all__ = [
+    "WrapPolicyConfig",
+    "MixedPrecisionConfig",
+    "TrainingMixedPrecisionConfig",
+    "FSDPConfig",
+    "RefFSDPConfig",
+    "TrainingFSDPConfig",
+    "OptimConfig",
+    "CheckpointConfig",
+]
 
 
 @dataclass
@@ -62,8 +70,10 @@ class RefFSDPConfig(FSDPConfig):
     """The reference policy's: the initial actor, frozen, held in the dtype it computes in
     (``mixed_precision.param_dtype``, the actor's: bf16 where the precision rule picks it, as verl)."""
 
-    model_dtype: str = ignored("${actor_rollout_ref.actor.fsdp_config.model_dtype}",
-                               "the reference is held in its compute dtype, ref.fsdp_config.mixed_precision.param_dtype")
+    model_dtype: str = ignored(
+        "${actor_rollout_ref.actor.fsdp_config.model_dtype}",
+        "the reference is held in its compute dtype, ref.fsdp_config.mixed_precision.param_dtype",
+    )
     mixed_precision: TrainingMixedPrecisionConfig = "${actor_rollout_ref.actor.fsdp_config.mixed_precision}"
 
 
@@ -88,8 +98,9 @@ class OptimConfig:
     min_lr_ratio: Optional[float] = 0.0
     num_cycles: float = 0.5
     warmup_style: str = "constant"
-    total_training_steps: int = ignored(-1, "the schedule runs over the run's steps (trainer.total_training_steps, "
-                                            "or total_epochs x batches per epoch)")
+    total_training_steps: int = ignored(
+        -1, "the schedule runs over the run's steps (trainer.total_training_steps, or total_epochs x batches per epoch)"
+    )
     weight_decay: float = 0.01
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
 

@@ -17,8 +17,10 @@ from .rollout import EngineConfig
 __all__ = ["RewardModelConfig"]
 
 # verl's reward model has the key too; its forwards score short (prompt, response) pairs once per step
-NO_SEQUENCE_PARALLEL = ("the reward model scores whole sequences on each worker; sequence parallelism splits "
-                        "the actor, reference and critic only")
+NO_SEQUENCE_PARALLEL = (
+    "the reward model scores whole sequences on each worker; sequence parallelism splits "
+    "the actor, reference and critic only"
+)
 
 
 @dataclass
@@ -35,11 +37,14 @@ class RewardModelConfig:
     micro_batch_size_per_gpu: Optional[int] = None
     max_length: Optional[int] = None
     ulysses_sequence_parallel_size: int = ignored(1, NO_SEQUENCE_PARALLEL)
-    use_dynamic_bsz: bool = ignored("${critic.use_dynamic_bsz}", "not in this build yet (same results, only slower) "
-                                    "for the reward model; its micro batches count rows")
+    use_dynamic_bsz: bool = ignored(
+        "${critic.use_dynamic_bsz}",
+        "not in this build yet (same results, only slower) for the reward model; its micro batches count rows",
+    )
     forward_max_token_len_per_gpu: int = ignored(
         "${critic.forward_max_token_len_per_gpu}",
-        "read only with reward_model.use_dynamic_bsz, which is not in this build yet")
+        "read only with reward_model.use_dynamic_bsz, which is not in this build yet",
+    )
     reward_manager: str = "naive"
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     launch_reward_fn_async: bool = False
@@ -50,7 +55,8 @@ class RewardModelConfig:
     retries: int = 2
     timeout_s: float = 60
     use_reward_loop: bool = ignored(
-        False, "the manager named in reward_model.reward_manager scores (judge: a generative reward model)")
+        False, "the manager named in reward_model.reward_manager scores (judge: a generative reward model)"
+    )
     rollout: EngineConfig = field(default_factory=EngineConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     num_workers: Optional[int] = None

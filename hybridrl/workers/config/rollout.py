@@ -44,12 +44,14 @@ class EngineConfig:
     # the vLLM engine's keys; with the HF engine they are noted as ignored when set
     disable_log_stats: bool = ignored(True, _HF_ENGINE, "hf")
     tensor_model_parallel_size: int = ignored(
-        1, "the HF engine is not tensor-parallel; each worker generates with its own full copy", "hf")
+        1, "the HF engine is not tensor-parallel; each worker generates with its own full copy", "hf"
+    )
     gpu_memory_utilization: float = ignored(0.5, "the HF engine has no KV-cache pool to size", "hf")
     kv_cache_memory_gb: Optional[float] = ignored(None, _HF_ENGINE, "hf")
     enforce_eager: bool = ignored(True, _HF_ENGINE + " (no CUDA graphs)", "hf")
     max_model_len: Optional[int] = ignored(
-        None, _HF_ENGINE + "; it generates up to response_length tokens after each prompt", "hf")
+        None, _HF_ENGINE + "; it generates up to response_length tokens after each prompt", "hf"
+    )
     max_num_seqs: int = ignored(1024, _HF_ENGINE + " (no sequence scheduler)", "hf")
     max_num_batched_tokens: int = ignored(8192, _HF_ENGINE + " (no token scheduler)", "hf")
     enable_prefix_caching: bool = ignored(True, _HF_ENGINE, "hf")
@@ -91,9 +93,12 @@ class RolloutConfig(EngineConfig):
     free_cache_engine: bool = ignored(True, _HF_ENGINE + " (no cache engine to free)", "hf")
     load_format: str = ignored("dummy_dtensor", "weights go from the actor to the HF engine directly", "hf")
     engine_kwargs: Dict[str, Any] = ignored(
-        factory=lambda: {"vllm": {"swap_space": None, "disable_mm_preprocessor_cache": False},
-                         "sglang": {"attention_backend": None}},
-        subkeys={"vllm": (_HF_ENGINE, "hf"), "sglang.attention_backend": ("this build has no SGLang engine", "always")})
+        factory=lambda: {
+            "vllm": {"swap_space": None, "disable_mm_preprocessor_cache": False},
+            "sglang": {"attention_backend": None},
+        },
+        subkeys={"vllm": (_HF_ENGINE, "hf"), "sglang.attention_backend": ("this build has no SGLang engine", "always")},
+    )
     use_fire_sampling: bool = refused(False, "FIRE sampling (arXiv:2410.21236)")
     nnodes: int = 0
     n_gpus_per_node: int = 1

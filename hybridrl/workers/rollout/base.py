@@ -32,13 +32,19 @@ class RolloutNameError(RegistryError):
     """``actor_rollout_ref.rollout.name`` names no engine, or a second class takes a name (a ValueError)."""
 
 
-_HINT = (f"also accepted, generating with the HF engine: {', '.join(sorted(OPTIONAL_ENGINES))}; "
-         "register your own with @register_rollout")
+_HINT = (
+    f"also accepted, generating with the HF engine: {', '.join(sorted(OPTIONAL_ENGINES))}; "
+    "register your own with @register_rollout"
+)
 ROLLOUTS = Registry("rollout engine", "actor_rollout_ref.rollout.name", error=RolloutNameError, hint=_HINT)
-ASYNC_ROLLOUTS = Registry("async rollout engine", "actor_rollout_ref.rollout.name", error=RolloutNameError,
-                          hint="register your own with @register_rollout(name, mode='async')")
-ROLLOUT_REGISTRY: dict[str, type["BaseRollout"]] = ROLLOUTS.table  # live dicts, read by the config check
-ASYNC_ROLLOUT_REGISTRY: dict[str, type["BaseRollout"]] = ASYNC_ROLLOUTS.table
+ASYNC_ROLLOUTS = Registry(
+    "async rollout engine",
+    "actor_rollout_ref.rollout.name",
+    error=RolloutNameError,
+    hint="register your own with @register_rollout(name, mode='async')",
+)
+ROLLOUT_REGISTRY: dict[str, type[BaseRollout]] = ROLLOUTS.table  # live dicts, read by the config check
+ASYNC_ROLLOUT_REGISTRY: dict[str, type[BaseRollout]] = ASYNC_ROLLOUTS.table
 
 
 class SampledIds(list):
@@ -52,7 +58,7 @@ class SampledIds(list):
         if self.log_probs is not None and len(self.log_probs) != len(self):
             raise ValueError(f"SampledIds: {len(self)} ids but {len(self.log_probs)} log-probs")
 
-    def head(self, k: int) -> "SampledIds":
+    def head(self, k: int) -> SampledIds:
         """The first ``k`` ids with their log-probs."""
         return SampledIds(self[:k], None if self.log_probs is None else self.log_probs[:k])
 
@@ -66,7 +72,7 @@ def register_rollout(name: str, mode: str = "sync"):
     return (ASYNC_ROLLOUTS if mode == "async" else ROLLOUTS).register(name)
 
 
-def get_rollout_cls(name: str, mode: str = "sync") -> type["BaseRollout"]:
+def get_rollout_cls(name: str, mode: str = "sync") -> type[BaseRollout]:
     """Engine class for ``actor_rollout_ref.rollout.name`` and ``.mode``.
 
     A name in :data:`OPTIONAL_ENGINES` (sglang, sglang_async) with no
@@ -82,7 +88,8 @@ def get_rollout_cls(name: str, mode: str = "sync") -> type["BaseRollout"]:
             return ASYNC_ROLLOUTS.get(name)
         raise RolloutEngineError(
             f"actor_rollout_ref.rollout.mode=async: the {name!r} engine has no async server mode "
-            f"(engines with one: {', '.join(ASYNC_ROLLOUTS.names())}); set rollout.name=vllm or rollout.mode=sync")
+            f"(engines with one: {', '.join(ASYNC_ROLLOUTS.names())}); set rollout.name=vllm or rollout.mode=sync"
+        )
     if name in OPTIONAL_ENGINES and name not in ROLLOUTS:
         return ROLLOUTS.get("hf")
     return ROLLOUTS.get(name)
@@ -135,12 +142,13 @@ class BaseRollout(abc.ABC):
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Responses for ``prompts``; the layout above."""
 
-    def sync_weights(self, actor_module: torch.nn.Module) -> None:
+    def sync_weights(self, actor_module: torch.nn.Module) -> None:  # noqa: B027 - a no-op unless overridden
         """Bring the engine's weights up to date with the actor (see the class docstring)."""
 
 
-def policy_weights(actor_module: torch.nn.Module, everything: bool = False, dtype: torch.dtype | None = None,
-                   gather: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+def policy_weights(
+    actor_module: torch.nn.Module, everything: bool = False, dtype: torch.dtype | None = None, gather: bool = True
+) -> Iterator[tuple[str, torch.Tensor]]:
     """What an engine's copy of the policy needs from the actor, as ``(name, whole tensor)``
     pairs named as in the plain HF model, one tensor gathered at a time (the peak is one tensor,
     not a state dict; a collective on a sharded actor: every rank consumes the whole iterator).
@@ -154,7 +162,9 @@ def policy_weights(actor_module: torch.nn.Module, everything: bool = False, dtyp
     if not is_lora_model(actor_module):
         return iter_full_weights(actor_module, dtype=dtype, gather=gather)
     merged = merged_lora_weights(actor_module)
-    return itertools.chain(iter_full_weights(actor_module, dtype=dtype, gather=gather), merged) if everything else merged
+    return (
+        itertools.chain(iter_full_weights(actor_module, dtype=dtype, gather=gather), merged) if everything else merged
+    )
 
 
 def resolve_sampling(meta_info: dict, config) -> dict:
@@ -175,8 +185,13 @@ def resolve_sampling(meta_info: dict, config) -> dict:
     }
 
 
-def rollout_output(prompts: DataProto, responses: torch.Tensor, response_mask: torch.Tensor,
-                   rollout_log_probs: torch.Tensor | None, pad_token_id: int) -> DataProto:
+def rollout_output(
+    prompts: DataProto,
+    responses: torch.Tensor,
+    response_mask: torch.Tensor,
+    rollout_log_probs: torch.Tensor | None,
+    pad_token_id: int,
+) -> DataProto:
     """The :class:`BaseRollout` output of an engine's ``(bs, R)`` responses and mask: responses
     padded with ``pad_token_id`` where the mask is 0, the full ids / masks / positions, and
     ``rollout_log_probs`` (zeroed outside the mask) unless it is None."""

@@ -26,8 +26,9 @@ def _warpers(top_k: int, top_p: float) -> list:
     """transformers' top-k and top-p warpers, in ``generate``'s order (none when off)."""
     from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
-    return ([TopKLogitsWarper(int(top_k))] if top_k and top_k > 0 else []) + \
-           ([TopPLogitsWarper(float(top_p))] if top_p < 1.0 else [])
+    return ([TopKLogitsWarper(int(top_k))] if top_k and top_k > 0 else []) + (
+        [TopPLogitsWarper(float(top_p))] if top_p < 1.0 else []
+    )
 
 
 def _token_log_probs(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -49,6 +50,7 @@ class _LogProbSteps:
             recorded = torch.stack(self.steps[:n_tokens], dim=1).cpu()
             out[:, : recorded.shape[1]] = recorded
         return out
+
 
 class InverseCDFSampler(_LogProbSteps):
     """A transformers ``LogitsProcessor`` that samples the next token and returns scores that are

@@ -10,8 +10,15 @@ from hybridrl.models.loader import empty_copy
 from hybridrl.models.lora import is_lora_model
 from hybridrl.models.materialize import copy_weights
 from hybridrl.protocol import DataProto
-from hybridrl.workers.rollout.base import (BaseRollout, SampledIds, get_response_mask, policy_weights,
-                                           register_rollout, resolve_sampling, rollout_output)
+from hybridrl.workers.rollout.base import (
+    BaseRollout,
+    SampledIds,
+    get_response_mask,
+    policy_weights,
+    register_rollout,
+    resolve_sampling,
+    rollout_output,
+)
 from hybridrl.workers.rollout.decoding import InverseCDFSampler, SampledLogProbRecorder
 from hybridrl.workers.sharding import is_sharded
 
@@ -73,8 +80,9 @@ class HFRollout(BaseRollout):
 
     def _generation_config(self, sampling: dict, **fields) -> tuple:
         """``(GenerationConfig, processor)`` for one ``generate`` call with ``sampling``
-        (:func:`~hybridrl.workers.rollout.base.resolve_sampling`). The processor records the generated tokens' log-probs: with
-        fast decoding and sampling it is :class:`InverseCDFSampler` itself (under greedy
+        (:func:`~hybridrl.workers.rollout.base.resolve_sampling`). The processor records the
+        generated tokens' log-probs: with fast decoding and sampling it is
+        :class:`InverseCDFSampler` itself (under greedy
         selection), else a :class:`SampledLogProbRecorder` beside transformers' own sampling."""
         from transformers import GenerationConfig
 
@@ -92,19 +100,30 @@ class HFRollout(BaseRollout):
         response_length = int(prompts.meta_info.get("response_length", self.config.response_length))
         stop_ids = [] if self.config.ignore_eos else self.eos_token_ids
         sampling = resolve_sampling(prompts.meta_info, self.config)
-        fields = dict(max_new_tokens=response_length, eos_token_id=stop_ids or None, pad_token_id=self.pad_token_id,
-                      use_cache=True)
+        fields = dict(
+            max_new_tokens=response_length,
+            eos_token_id=stop_ids or None,
+            pad_token_id=self.pad_token_id,
+            use_cache=True,
+        )
         chunk = self.config.micro_batch_size or len(prompts)
-        parts = [self._generate(part.batch["input_ids"], part.batch["attention_mask"], sampling, fields, response_length)
-                 for part in prompts.split(chunk)]
+        parts = [
+            self._generate(part.batch["input_ids"], part.batch["attention_mask"], sampling, fields, response_length)
+            for part in prompts.split(chunk)
+        ]
         responses = torch.cat([r for r, _ in parts])
         response_mask = get_response_mask(responses, stop_ids) if stop_ids else torch.ones_like(responses)
         log_probs = torch.cat([lp for _, lp in parts]) if self.config.calculate_log_probs else None
         return rollout_output(prompts, responses, response_mask, log_probs, self.pad_token_id)
 
     @torch.no_grad()
-    def generate_token_ids(self, prompt_ids: list[list[int]], max_new_tokens: int, sampling_kwargs: dict | None = None,
-                           stop_strings: list[str] | None = None) -> list[SampledIds]:
+    def generate_token_ids(
+        self,
+        prompt_ids: list[list[int]],
+        max_new_tokens: int,
+        sampling_kwargs: dict | None = None,
+        stop_strings: list[str] | None = None,
+    ) -> list[SampledIds]:
         """Token-in, token-out generation for the agent loops (``hybridrl.agents.engine``).
 
         Args:
@@ -121,8 +140,13 @@ class HFRollout(BaseRollout):
         """
         self.module.eval()
         sampling = resolve_sampling(sampling_kwargs or {}, self.config)
-        fields = dict(max_new_tokens=int(max_new_tokens), eos_token_id=self.eos_token_ids, pad_token_id=self.pad_token_id,
-                      use_cache=True, stop_strings=list(stop_strings) if stop_strings else None)
+        fields = dict(
+            max_new_tokens=int(max_new_tokens),
+            eos_token_id=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+            use_cache=True,
+            stop_strings=list(stop_strings) if stop_strings else None,
+        )
         width = max(len(ids) for ids in prompt_ids)
         input_ids = torch.tensor([[self.pad_token_id] * (width - len(ids)) + list(ids) for ids in prompt_ids])
         attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompt_ids])
@@ -131,15 +155,17 @@ class HFRollout(BaseRollout):
         out = []
         for start in range(0, len(prompt_ids), chunk):
             rows = slice(start, start + chunk)
-            new, log_probs = self._generate(input_ids[rows], attention_mask[rows], sampling, fields, int(max_new_tokens),
-                                            **extra)
+            new, log_probs = self._generate(
+                input_ids[rows], attention_mask[rows], sampling, fields, int(max_new_tokens), **extra
+            )
             for ids, lp in zip(new.tolist(), log_probs.tolist()):
                 ids = _trim_new_ids(ids, self.eos_token_ids, stop_strings, self.tokenizer)
                 out.append(SampledIds(ids, lp[: len(ids)]))
         return out
 
-    def _generate(self, input_ids, attention_mask, sampling: dict, fields: dict, response_length: int,
-                  **generate_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    def _generate(
+        self, input_ids, attention_mask, sampling: dict, fields: dict, response_length: int, **generate_kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(responses, log_probs)``, each ``(bs, response_length)``: the generated ids right-padded
         with the pad token, and their fp32 log-probs under the sampling distribution (0 after the
         last generated position)."""
@@ -148,10 +174,13 @@ class HFRollout(BaseRollout):
         gen_config, processor = self._generation_config(sampling, **fields)
         device = next(self.module.parameters()).device
         output = self.module.generate(
-            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), generation_config=gen_config,
-            logits_processor=LogitsProcessorList([processor]), **generate_kwargs,
+            input_ids=input_ids.to(device),
+            attention_mask=attention_mask.to(device),
+            generation_config=gen_config,
+            logits_processor=LogitsProcessorList([processor]),
+            **generate_kwargs,
         ).cpu()
-        responses = output[:, input_ids.shape[1]:]
+        responses = output[:, input_ids.shape[1] :]
         if isinstance(processor, SampledLogProbRecorder):
             processor.finish(responses)
         log_probs = processor.log_probs(response_length, responses.shape[0])

@@ -149,11 +149,14 @@ class RolloutStream:
         sampling = resolve_sampling(prompts.meta_info, config)
         samples = await asyncio.gather(*(self._sample(_Sample(ids), sampling, response_length) for ids in prompt_ids))
         out = self.engine.rollout_rows(prompts, [s.sampled() for s in samples], response_length)
-        out.non_tensor_batch.update({
-            "uid": np.array(prompts.non_tensor_batch["uid"], dtype=object),
-            START_VERSION_KEY: np.array([s.versions[0] for s in samples], dtype=object),
-            END_VERSION_KEY: np.array([s.versions[-1] for s in samples], dtype=object),
-            RESUMES_KEY: np.array([len(s.versions) - 1 for s in samples], dtype=object)})
+        out.non_tensor_batch.update(
+            {
+                "uid": np.array(prompts.non_tensor_batch["uid"], dtype=object),
+                START_VERSION_KEY: np.array([s.versions[0] for s in samples], dtype=object),
+                END_VERSION_KEY: np.array([s.versions[-1] for s in samples], dtype=object),
+                RESUMES_KEY: np.array([len(s.versions) - 1 for s in samples], dtype=object),
+            }
+        )
         return out
 
     async def _sample(self, sample: _Sample, sampling: dict, response_length: int) -> _Sample:
@@ -162,7 +165,9 @@ class RolloutStream:
             version, left = self.version, response_length - len(sample.ids)
             self._count_request(+1)
             try:
-                output = await self._request(sample.prompt_ids + sample.ids, self.engine._sampling_params(sampling, left))
+                output = await self._request(
+                    sample.prompt_ids + sample.ids, self.engine._sampling_params(sampling, left)
+                )
             finally:
                 self._count_request(-1)
             completion = output.outputs[0]
@@ -219,7 +224,9 @@ class RolloutStream:
         self._open.clear()
         while self._submitting:  # requests on their way in would run on the next weights
             await asyncio.sleep(0.001)
-        await self._engine(self.engine.llm.pause_generation(mode="abort", clear_cache=True), "pausing for a weight sync")
+        await self._engine(
+            self.engine.llm.pause_generation(mode="abort", clear_cache=True), "pausing for a weight sync"
+        )
 
     async def _resume(self, version: int) -> None:
         self.version = version

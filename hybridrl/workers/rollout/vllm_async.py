@@ -33,8 +33,13 @@ import weakref
 
 import torch
 
-from hybridrl.workers.rollout.base import (RolloutEngineError, SampledIds, policy_weights, register_rollout,
-                                           resolve_sampling)
+from hybridrl.workers.rollout.base import (
+    RolloutEngineError,
+    SampledIds,
+    policy_weights,
+    register_rollout,
+    resolve_sampling,
+)
 from hybridrl.workers.rollout.vllm import VLLMRollout, _hidden_unscannable_globals, _write_model_folder, sampled_ids
 
 DEFAULT_ENGINE_TIMEOUT_S = 900.0
@@ -68,7 +73,7 @@ def sweep_orphan_folders(parent: str | None) -> list[str]:
     parent = parent or tempfile.gettempdir()
     removed = []
     for name in os.listdir(parent):
-        owner = name[len(FOLDER_PREFIX):].split("-", 1)[0] if name.startswith(FOLDER_PREFIX) else ""
+        owner = name[len(FOLDER_PREFIX) :].split("-", 1)[0] if name.startswith(FOLDER_PREFIX) else ""
         if owner.isdigit() and not _pid_alive(int(owner)):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
             removed.append(os.path.join(parent, name))
@@ -176,12 +181,14 @@ class AsyncVLLMRollout(VLLMRollout):
     def _timeout(self, what: str) -> RolloutEngineError:
         return RolloutEngineError(
             f"vLLM async engine: no answer within actor_rollout_ref.rollout.engine_timeout_s={self.timeout_s:g} s "
-            f"while waiting for {what}; raise the deadline for long generations, or check the engine process")
+            f"while waiting for {what}; raise the deadline for long generations, or check the engine process"
+        )
 
     def _dead(self, exc: Exception, what: str) -> RolloutEngineError:
         return RolloutEngineError(
             f"vLLM async engine: its process died while {what} ({type(exc).__name__}); the lines above from "
-            "EngineCore say why (often memory: lower rollout.kv_cache_memory_gb or max_num_seqs)")
+            "EngineCore say why (often memory: lower rollout.kv_cache_memory_gb or max_num_seqs)"
+        )
 
     async def _one(self, request: dict, params):
         """The final ``RequestOutput`` of one request (runs on the engine's loop)."""
@@ -242,8 +249,9 @@ class AsyncVLLMRollout(VLLMRollout):
         from vllm.v1.engine.exceptions import EngineDeadError
 
         try:
-            await self.llm.collective_rpc("reload_weights", kwargs={"weights_path": self._folder.name,
-                                                                    "is_checkpoint_format": True})
+            await self.llm.collective_rpc(
+                "reload_weights", kwargs={"weights_path": self._folder.name, "is_checkpoint_format": True}
+            )
             await self.llm.reset_prefix_cache()
         except EngineDeadError as exc:
             raise self._dead(exc, "reloading weights") from None
@@ -267,8 +275,13 @@ class AsyncVLLMRollout(VLLMRollout):
 
         return self._call(run_all(), f"{len(requests)} generation requests")
 
-    async def agenerate(self, prompt_ids: list[int], sampling_kwargs: dict | None, max_new_tokens: int,
-                        stop_strings: list[str] | None = None) -> SampledIds:
+    async def agenerate(
+        self,
+        prompt_ids: list[int],
+        sampling_kwargs: dict | None,
+        max_new_tokens: int,
+        stop_strings: list[str] | None = None,
+    ) -> SampledIds:
         """One sequence's next turn, from any event loop: a request of its own.
 
         Args:
