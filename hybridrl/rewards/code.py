@@ -17,9 +17,10 @@ The facts of verl's ``prime_code`` scorer carry over (its code does not):
     tuples equal lists) or ``outputs[i][0]`` (APPS wraps outputs in a list). PRIME's string
     cases (``"1\\n2"``: one JSON argument a line, output ``"3"``) are decoded first.
   - assert-style ``{"test_code": str, "entry_point": str, "prefix": str}`` (HumanEval):
-    ``prefix`` (the prompt), the program, ``test_code`` and ``check(<entry_point>)`` run as one
-    script. A program that defines ``entry_point`` comes after the prefix (whose imports and
-    helper functions stay in reach); one that does not continues it, so a bare body works.
+    ``prefix`` (the prompt) and the program run, then ``test_code`` and ``check(<entry_point>)``
+    in the same namespace. A program that defines ``entry_point`` comes after the prefix (whose
+    imports and helper functions stay in reach); one that does not continues it, so a bare body
+    works.
 - **Scores.** ``continuous=False``: 1.0 when every case passes, else 0.0; cases run in order,
   judging stops at the first failure. ``continuous=True`` (what verl uses for codecontests,
   apps, codeforces and taco): the fraction of the first :data:`MAX_CONTINUOUS_CASES` cases
@@ -32,6 +33,24 @@ The facts of verl's ``prime_code`` scorer carry over (its code does not):
   cases of a program run in one process, each under its own alarm, so a case over time fails
   only itself; when the sandbox ends such a run for time after some cases finished (the CPU
   limit covers the whole run), a fresh run resumes with the interrupted case.
+
+- **Passed means the harness reached its end, never the exit status.** A program can end its
+  process with status 0 before a test fails (``sys.exit(0)``, ``os._exit(0)``, ``raise
+  SystemExit`` in the program or in the function under test, an exit from ``sys.excepthook`` or
+  ``atexit``). So each run gets a fresh random nonce: assert-style, the harness reads it from stdin
+  before the program starts (the program finds stdin at its end, the nonce in neither the source
+  nor the environment) and prints it only after ``check()`` returned; the scorer looks for it in
+  stdout. This works the same on every sandbox, the Sandbox Fusion service included (it returns
+  the run's stdout). Between the program and the tests the harness restores the builtins and
+  removes trace and profile hooks, so patching ``abs`` or jumping over ``assert`` lines does not
+  carry into the tests. Call-based cases are judged from the values the harness reports, marked
+  by a nonce in the source: a program that prints such a line must still hold the right value,
+  which only the scorer knows. stdin/stdout cases are judged from the output itself.
+- **The limit.** The tests run in the program's process (they call its function), so a program
+  that searches the interpreter (the harness's frame, the garbage collector, ``ctypes``) can find
+  the nonce, and one that patches what the tests use beyond the builtins (a module's functions, a
+  result that equals everything) can pass an ``assert``. Closing that needs the function under
+  test in another process than the tests; not done.
 
 Every program runs in :func:`hybridrl.rewards.sandbox.current_sandbox`; nothing runs here.
 """
@@ -110,6 +129,31 @@ def __hybridrl_run_cases(nonce, fn_name, cases_json, timeout_s):
 """
 
 
+# Assert-style: the nonce comes on stdin, read before the program runs (byte by byte, so nothing
+# after it is taken) and printed only once the tests returned. Everything the harness calls after
+# the program is bound before it, since the program may patch builtins and modules.
+_ASSERT_HARNESS = """
+def __hybridrl_check(program, tests):
+    import builtins, os, sys
+    nonce = b""
+    while not nonce.endswith(b"\\n"):
+        byte = os.read(0, 1)
+        if not byte:
+            break
+        nonce += byte
+    run, compile_, namespace, write = exec, compile, globals(), os.write
+    settrace, setprofile, kept, table = sys.settrace, sys.setprofile, dict(vars(builtins)), vars(builtins)
+    run(compile_(program, "<program>", "exec", optimize=0), namespace)
+    settrace(None)
+    setprofile(None)
+    for name in [name for name in table if name not in kept]:
+        table.pop(name)
+    table.update(kept)
+    run(compile_(tests, "<tests>", "exec", optimize=0), namespace)
+    write(1, b"\\n" + nonce.strip() + b' {"done": true}\\n')
+"""
+
+
 class CodeSandboxError(RuntimeError):
     """The sandbox itself failed (status ``sandbox_error``), so the program was not judged."""
 
@@ -183,19 +227,33 @@ def _why(result) -> str:
     if result.status == "error":
         lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
         return _short(lines[-1] if lines else result.reason or f"exit status {result.returncode}", 200)
-    if result.status == "ok":
-        return "the program exited before the case returned"
+    if result.status == "ok":  # exit status 0, yet the harness did not report
+        return "the program exited before the tests finished"
     return _short(f"{result.status}: {result.reason}" if result.reason else result.status, 200)
 
 
+def _new_nonce() -> str:
+    """A fresh marker for the harness's lines, which a program cannot guess (64 random bits)."""
+    return "@hybridrl-" + secrets.token_hex(8)
+
+
 def run_assert(program: str, tests: CodeTests) -> tuple[int, str]:
-    """Assert-style: ``(1, "")`` when ``check(entry_point)`` passes, else ``(0, reason)``."""
+    """Assert-style: ``(1, "")`` when ``check(entry_point)`` returned (the harness printed the
+    run's nonce), else ``(0, reason)``, whatever the exit status.
+
+    Raises:
+        CodeSandboxError: the sandbox, not the program, failed.
+    """
     if defines_name(program, tests.entry_point):
         body = f"{tests.prefix}\n{program}" if tests.prefix else program
     else:
         body = tests.prefix + program
-    result = _run(f"{body}\n\n{tests.test_code}\n\ncheck({tests.entry_point})\n")
-    return (1, "") if result.status == "ok" else (0, f"check({tests.entry_point}): {_why(result)}")
+    nonce = _new_nonce()
+    checks = f"{tests.test_code}\n\ncheck({tests.entry_point})\n"
+    result = _run(_ASSERT_HARNESS + f"\n__hybridrl_check({body!r}, {checks!r})\n", stdin=nonce + "\n")
+    if any(report.get("done") is True for report in _reports(result.stdout, nonce)):
+        return 1, ""
+    return 0, f"check({tests.entry_point}): {_why(result)}"
 
 
 def run_stdio_cases(program: str, tests: CodeTests, n: int, stop_at_failure: bool) -> tuple[int, str]:
@@ -244,7 +302,7 @@ def run_call_cases(program: str, tests: CodeTests, n: int, stop_at_failure: bool
     a new run resumes with the next case); ``(passed, first reason)``."""
     passed, reason, start = 0, "", 0
     while start < n:
-        nonce = "@hybridrl-" + secrets.token_hex(8)
+        nonce = _new_nonce()
         cases = json.dumps(list(tests.inputs[start:n]))
         timeout = case_timeout_s()
         source = (

@@ -218,6 +218,70 @@ def test_assert_style_failure_and_missing_function():
     assert "NameError" in compute_score("def other(x):\n    return 4", no_prefix)["reason"]
 
 
+# Ways a program ends its run with exit status 0, or empties the tests, without passing check().
+ABS_GT = {
+    **ASSERT_GT,
+    "test_code": "def check(c):\n    assert abs(c(16) - 4) < 1e-9\n    assert abs(c(17) - 4) < 1e-9\n",
+}
+WRONG = "def root(x):\n    return -1"
+REWARD_HACKS = {
+    "sys.exit(0)": "import sys\nsys.exit(0)",
+    "os._exit(0)": "import os\nos._exit(0)",
+    "raise SystemExit": "raise SystemExit",
+    "SystemExit from the function": "def root(x):\n    raise SystemExit(0)",
+    "os._exit from the function": "import os\ndef root(x):\n    os._exit(0)",
+    "excepthook exits 0": f"import os, sys\nsys.excepthook = lambda *a: os._exit(0)\n{WRONG}",
+    "atexit exits 0": f"import atexit, os\natexit.register(os._exit, 0)\n{WRONG}",
+    "SIGKILL the parent": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos._exit(0)",
+    "SIGINT the parent": "import os, signal, time\nos.kill(os.getppid(), signal.SIGINT)\ntime.sleep(0.5)\nos._exit(0)",
+    "fake success marker": 'print("\\n@hybridrl-0 {\\"done\\": true}")\nimport sys\nsys.exit(0)',
+    "rerun without asserts": (
+        "import os, sys\nif not sys.flags.optimize:\n    os.execv(sys.executable, [sys.executable, '-O', *sys.argv])\n"
+        + WRONG
+    ),
+    "trace hook swaps the candidate": (
+        "import sys\ndef swap(frame, event, arg):\n    if event == 'call' and frame.f_code.co_name == 'check':\n"
+        "        frame.f_locals['c'] = lambda x: 4\nsys.settrace(swap)\n" + WRONG
+    ),
+    "redefined check": f"import sys\ndef check(c):\n    sys.exit(0)\n{WRONG}",
+}
+
+
+@pytest.mark.parametrize("program", REWARD_HACKS.values(), ids=REWARD_HACKS.keys())
+def test_assert_style_scores_zero_for_ending_the_run_early(program):
+    """Exit status 0 is no pass: only the harness's nonce, printed after check() returned, is."""
+    result = compute_score(fenced(program), ASSERT_GT)
+    assert (result["score"], result["passed"]) == (0.0, 0)
+    assert result["reason"].startswith("check(root):")
+
+
+def test_assert_style_patched_builtins_do_not_reach_the_tests():
+    assert compute_score(fenced("def root(x):\n    return math.isqrt(x)"), ABS_GT)["score"] == 1.0
+    hack = f"import builtins\nbuiltins.abs = lambda x: 0\n{WRONG}"
+    assert compute_score(fenced(hack), ABS_GT)["score"] == 0.0
+
+
+class _Recording:
+    """The local sandbox, keeping what each run was given."""
+
+    def __init__(self):
+        self.runs, self.sandbox = [], LocalSandbox()
+
+    def run(self, source, stdin="", timeout_s=None):
+        self.runs.append((source, stdin))
+        return self.sandbox.run(source, stdin=stdin, timeout_s=timeout_s)
+
+
+def test_assert_style_nonce_travels_on_stdin_not_in_the_program(monkeypatch):
+    """The program finds neither the nonce in its source nor anything left on stdin."""
+    recording = _Recording()
+    monkeypatch.setattr(code, "current_sandbox", lambda: recording)
+    program = "import sys\nassert sys.stdin.read() == ''\ndef root(x):\n    return math.isqrt(x)"
+    assert compute_score(fenced(program), ASSERT_GT)["score"] == 1.0
+    [(source, stdin)] = recording.runs
+    assert stdin.startswith("@hybridrl-") and stdin.strip() not in source
+
+
 # ------------------------------------------------------------------ empty response, bad input, sandbox failure
 
 

@@ -1,12 +1,16 @@
 """The Sandbox Fusion client against a stand-in service that answers as Sandbox Fusion does."""
 
 import json
+import subprocess
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from hybridrl.rewards import code
 from hybridrl.rewards.sandbox import SandboxFusionClient
+from tests.rewards.test_code_reward import ASSERT_GT, REWARD_HACKS, fenced
 
 
 class _Service(BaseHTTPRequestHandler):
@@ -27,6 +31,19 @@ class _Service(BaseHTTPRequestHandler):
                     "stdout": "",
                     "stderr": "",
                     "execution_time": 3.0,
+                },
+            }
+        elif "__hybridrl_check" in code:  # the code scorer's assert-style harness: run it (unisolated)
+            run = subprocess.run(
+                [sys.executable, "-I", "-c", code], input=body["stdin"], capture_output=True, text=True, timeout=30
+            )
+            answer = {
+                "status": "Success" if run.returncode == 0 else "Failed",
+                "run_result": {
+                    "status": "Finished",
+                    "return_code": run.returncode,
+                    "stdout": run.stdout,
+                    "stderr": run.stderr,
                 },
             }
         elif code == "raise":
@@ -91,3 +108,14 @@ def test_the_client_pickles_for_the_scoring_pool(service):
 
     client = pickle.loads(pickle.dumps(SandboxFusionClient(service, max_concurrent=3)))
     assert client.run("x", stdin="ok").stdout == "OK" and client.max_concurrent == 3
+
+
+@pytest.mark.parametrize(
+    "hack", ["sys.exit(0)", "os._exit(0)", "raise SystemExit", "excepthook exits 0", "fake success marker"]
+)
+def test_code_scores_from_the_nonce_in_the_services_stdout_not_its_exit_code(service, monkeypatch, hack):
+    """Through the service, as locally: a run that exits 0 early scores 0, a right program 1."""
+    client = SandboxFusionClient(service, timeout_s=10)
+    monkeypatch.setattr(code, "current_sandbox", lambda: client)
+    assert code.compute_score(fenced(REWARD_HACKS[hack]), ASSERT_GT)["score"] == 0.0
+    assert code.compute_score(fenced("def root(x):\n    return math.isqrt(x)"), ASSERT_GT)["score"] == 1.0

@@ -6,6 +6,13 @@ Sandbox Fusion (github.com/bytedance/SandboxFusion) runs code in its own contain
 has a top-level ``status`` (``Success`` | ``Failed`` | ``SandboxError``) and a ``run_result``
 with ``status`` (``Finished`` | ``TimeLimitExceeded`` | ...), ``return_code``, ``stdout``,
 ``stderr`` and ``execution_time``. Only the standard library is used for the HTTP call.
+
+The code scorer does not trust the run's exit status (a program can exit 0 before its tests
+fail): its harness prints a nonce it read from ``stdin`` once the tests returned, and the scorer
+looks for it in the ``stdout`` the service returns (:mod:`hybridrl.rewards.code`). So the service
+must pass ``stdin`` to the program, as Sandbox Fusion does; one that drops it scores every
+assert-style program 0, visibly, never 1. The service runs the program on its own machines, so
+signals and limits are its business.
 """
 
 from __future__ import annotations

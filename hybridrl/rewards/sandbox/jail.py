@@ -13,9 +13,10 @@ Three processes, all started here:
   fresh tmpfs ``/sandbox`` holding ``main.py``, the only writable place, /tmp pointing at it),
   chroots there, sets the resource limits (address space, CPU time, processes, file size, open
   files, no core dumps), gives up every privilege for good (capability bounding set emptied,
-  then uid ``nobody`` under root or no capabilities otherwise, no_new_privs), forks the program
-  (the interpreter on ``/sandbox/main.py`` with a clean environment), waits for it and writes
-  its wait status to the status file. When the init exits, the kernel kills all that is left.
+  then uid ``nobody`` under root or no capabilities otherwise, no_new_privs), ignores SIGINT (the
+  one signal Python handles, so the program cannot kill its parent), forks the program (the
+  interpreter on ``/sandbox/main.py`` with a clean environment), waits for it and writes its
+  wait status to the status file. When the init exits, the kernel kills all that is left.
 
 Under root the program runs as host ``nobody`` because the kernel never applies the process
 limit to uid 0. The program is not PID 1 because PID 1 ignores signals it has no handler for
@@ -27,6 +28,7 @@ import ctypes
 import json
 import os
 import resource
+import signal
 import sys
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
@@ -148,8 +150,12 @@ def run_init(spec: dict, status_fd: int, as_root: bool) -> None:
     build_root(spec)
     set_limits(spec["limits"])
     drop_privileges(to_nobody=as_root)
+    # The program may signal its parent, this init: the kernel only delivers what it has a handler
+    # for, and Python's SIGINT handler would end the run as a sandbox error instead of a score.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     pid = os.fork()
     if pid == 0:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # the program gets Python's usual SIGINT
         python = spec["python"]
         try:
             os.execve(python, [python, "-I", "-B", "/sandbox/main.py"], spec["env"])
