@@ -21,6 +21,7 @@ from hybridrl.rewards.manager import load_reward_manager
 from hybridrl.rewards.pool import build_reward_pool
 from hybridrl.rewards.sandbox import build_sandbox, set_sandbox
 from hybridrl.trainer.checkpoint import find_latest_checkpoint
+from hybridrl.trainer.checkpoint_lock import run_folder_lock
 from hybridrl.trainer.config_check import validate_ppo_config
 from hybridrl.trainer.plan_cli import startup_line
 from hybridrl.trainer.ppo_config import typed_ppo_config
@@ -83,10 +84,9 @@ def run_ppo(config) -> None:
 
     Raises:
         ConfigError: a key the config has no field for, a value of the wrong type, or a broken
-            rule (:func:`~hybridrl.trainer.config_check.validate_ppo_config`); DataError: bad data.
+            rule (:func:`~hybridrl.trainer.config_check.validate_ppo_config`); DataError: bad data;
+            RunFolderBusy: another run holds ``trainer.default_local_dir``.
     """
-    import torch
-
     config = typed_ppo_config(config)
     _check_train_files(config)
     _, world_size = resolve_backend(config.trainer, rollout_pool_spec(config))
@@ -96,6 +96,14 @@ def run_ppo(config) -> None:
     for note in validate_ppo_config(config, world_size=world_size):
         print(f"hybridrl: note: {note}", flush=True)
     print_memory_plan(config)
+    with run_folder_lock(config.trainer.default_local_dir):  # one run per folder: a second one stops here
+        _train(config)
+
+
+def _train(config) -> None:
+    """The run of :func:`run_ppo` once its config is checked and its folder locked."""
+    import torch
+
     torch.manual_seed(config.data.seed)
 
     model_cfg = config.actor_rollout_ref.model

@@ -24,6 +24,7 @@ import torch
 from hybridrl.errors import CheckpointError
 from hybridrl.protocol import DataProto
 from hybridrl.trainer import checkpoint
+from hybridrl.trainer.checkpoint_lock import run_folder_lock
 from hybridrl.trainer.merge import merge
 from hybridrl.trainer.metrics import reduce_metrics
 from hybridrl.trainer.tracking import tracker_for_run
@@ -172,23 +173,27 @@ def run_supervised(config, worker_cls, trainer_cls, build_data: Callable) -> Sup
     Returns:
         the trainer after ``fit()`` (``global_steps``, ``export_dir``: the exported HF folder
         or None, and its subclass's last metrics).
+
+    Raises:
+        RunFolderBusy: another run holds ``trainer.default_local_dir``.
     """
-    torch.manual_seed(config.trainer.seed)
-    train_dataloader, val_data = build_data(config)
-    trainer_cfg = config.trainer
-    total_steps = int(trainer_cfg.total_training_steps or len(train_dataloader) * trainer_cfg.total_epochs)
-    resume = checkpoint.resume_checkpoint_path(trainer_cfg)
-    groups = launch_worker_groups(config, {MODEL_DIR: (worker_cls, (config, total_steps), {})})
-    try:
-        trainer = trainer_cls(config, groups.groups[MODEL_DIR], train_dataloader, val_data, total_steps)
-        if resume:
-            trainer.load_checkpoint(resume)
-        tracker = tracker_for_run(config, total_steps)
+    with run_folder_lock(config.trainer.default_local_dir):  # one run per folder: a second one stops here
+        torch.manual_seed(config.trainer.seed)
+        train_dataloader, val_data = build_data(config)
+        trainer_cfg = config.trainer
+        total_steps = int(trainer_cfg.total_training_steps or len(train_dataloader) * trainer_cfg.total_epochs)
+        resume = checkpoint.resume_checkpoint_path(trainer_cfg)
+        groups = launch_worker_groups(config, {MODEL_DIR: (worker_cls, (config, total_steps), {})})
         try:
-            trainer.fit(tracker)
+            trainer = trainer_cls(config, groups.groups[MODEL_DIR], train_dataloader, val_data, total_steps)
+            if resume:
+                trainer.load_checkpoint(resume)
+            tracker = tracker_for_run(config, total_steps)
+            try:
+                trainer.fit(tracker)
+            finally:
+                tracker.finish()
         finally:
-            tracker.finish()
-    finally:
-        groups.shutdown()
-    trainer.export_dir = trainer.export()
+            groups.shutdown()
+        trainer.export_dir = trainer.export()
     return trainer

@@ -430,3 +430,14 @@ def test_data_without_ground_truth_stops_at_start_up(tiny_model_dir, tmp_path, c
     err = capsys.readouterr().err.strip()
     assert err.startswith("hybridrl: error: data.train_files: row 0 of ") and "has no reward_model column" in err
     assert "\n" not in err and not (tmp_path / "run").exists()  # before any model or run folder
+
+
+def test_a_second_run_on_the_same_folder_stops_at_once_with_one_line(gsm8k_parquet, tiny_model_dir, tmp_path, capsys):
+    from hybridrl.trainer.checkpoint_lock import run_folder_lock
+
+    out = tmp_path / "run"
+    with run_folder_lock(str(out)):  # as a running `hybridrl train` holds it
+        assert main(_overrides(gsm8k_parquet, tiny_model_dir, out, *GRPO)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"hybridrl: error: trainer.default_local_dir={out} is in use"), err
+    assert f"pid {os.getpid()}" in err[0] and not (out / "config.yaml").exists()

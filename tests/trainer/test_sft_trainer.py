@@ -263,3 +263,14 @@ def test_too_long_row_message_names_the_row_and_the_limit(gsm8k_parquet, tiny_mo
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert f"row 0 of {gsm8k_parquet}/train.parquet is " in err and "more than data.max_length=64" in err
+
+
+def test_a_second_run_on_the_same_folder_stops_at_once_with_one_line(gsm8k_parquet, tiny_model_dir, tmp_path, capsys):
+    from hybridrl.trainer.checkpoint_lock import run_folder_lock
+
+    out = tmp_path / "run"
+    with run_folder_lock(str(out)):  # as a running `hybridrl sft` holds it
+        assert main(_overrides(gsm8k_parquet, tiny_model_dir, out, "trainer.total_training_steps=1")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"hybridrl: error: trainer.default_local_dir={out} is in use"), err
+    assert f"pid {os.getpid()}" in err[0] and not (out / "metrics.jsonl").exists()
