@@ -256,6 +256,20 @@ def read_checkpoint(path: str) -> tuple[dict, dict | None]:
     return trainer_state, dataloader_state
 
 
+def run_is_complete(global_step: int, total_training_steps: int) -> bool:
+    """Whether a run resumed at ``global_step`` has nothing left to train (its checkpoint is at or
+    past ``total_training_steps``), in which case it says so in one line."""
+    if global_step < total_training_steps:
+        return False
+    print(
+        f"hybridrl: the run is complete: its checkpoint is at step {global_step} of "
+        f"trainer.total_training_steps={total_training_steps}; nothing to train (raise "
+        "trainer.total_training_steps or trainer.total_epochs to train on)",
+        flush=True,
+    )
+    return True
+
+
 def resume_checkpoint_path(trainer_cfg) -> str | None:
     """The step folder a run resumes from (``trainer.resume_mode``): the newest intact one in
     ``default_local_dir`` (``auto``), ``resume_from_path`` (``resume_path``), or None (fresh start).

@@ -435,12 +435,13 @@ class PPOTrainer:
         return freq > 0 and (is_last or self.global_steps % freq == 0)
 
     def fit(self, tracker) -> None:
-        """Trains until ``total_training_steps``; validates and checkpoints on schedule."""
+        """Trains until ``total_training_steps``; validates and checkpoints on schedule. A run
+        resumed at (or past) its last step trains nothing."""
         trainer_cfg = self.config.trainer
         self.load_checkpoint()
         if self.val_dataloader is not None and trainer_cfg.val_before_train and self.global_steps == 0:
             tracker.log(self.validate(), step=self.global_steps)
-        if trainer_cfg.val_only:
+        if trainer_cfg.val_only or checkpoint.run_is_complete(self.global_steps, self.total_training_steps):
             return
         self.global_steps += 1
         batches = self._train_batches()

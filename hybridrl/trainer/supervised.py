@@ -131,10 +131,13 @@ class SupervisedTrainer:
         return bool(freq) and freq > 0 and (is_last or self.global_steps % freq == 0)
 
     def fit(self, tracker) -> None:
-        """Trains until ``total_training_steps``; validates and checkpoints when due."""
+        """Trains until ``total_training_steps``; validates and checkpoints when due. A run resumed
+        at (or past) its last step trains nothing."""
         trainer_cfg = self.config.trainer
         if self.has_validation() and trainer_cfg.val_before_train and self.global_steps == 0:
             tracker.log(self.validate(), step=0)
+        if checkpoint.run_is_complete(self.global_steps, self.total_training_steps):
+            return
         self.global_steps += 1
         while self.global_steps <= self.total_training_steps:
             batches, self._resumed_batches = self._resumed_batches or iter(self.train_dataloader), None
@@ -153,8 +156,7 @@ class SupervisedTrainer:
     def export(self) -> str | None:
         """``hybridrl merge`` of the last step's checkpoint into its ``huggingface/`` folder
         (written atomically); the folder, or None when the last step saved no checkpoint."""
-        last = min(self.global_steps, self.total_training_steps)  # fit() stops one past a finished run
-        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{last}")
+        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
         if not os.path.isdir(os.path.join(folder, MODEL_DIR)):
             return None
         return merge(os.path.join(folder, MODEL_DIR), os.path.join(folder, HF_DIR))

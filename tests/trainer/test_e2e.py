@@ -150,7 +150,9 @@ def test_ppo_with_critic_two_steps(gsm8k_parquet, tiny_model_dir, tmp_path, rewa
     assert rows[1]["critic/values/mean"] != 0.0
 
 
-def test_resume_continues_at_the_next_step_as_if_never_stopped(gsm8k_parquet, tiny_model_dir, tmp_path, reward_file):
+def test_resume_continues_at_the_next_step_as_if_never_stopped(
+    gsm8k_parquet, tiny_model_dir, tmp_path, reward_file, capsys
+):
     custom = [f"custom_reward_function.path={reward_file}", "custom_reward_function.name=length_reward"]
     common = [*GRPO, *custom, "trainer.val_before_train=False", "trainer.test_freq=-1"]
     out = tmp_path / "run"
@@ -162,6 +164,13 @@ def test_resume_continues_at_the_next_step_as_if_never_stopped(gsm8k_parquet, ti
     rows = _read_metrics(out)
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert (out / "global_step_3").is_dir()
+    # the finished run launched again: one line says so, nothing trains
+    capsys.readouterr()
+    assert main(base + ["trainer.total_training_steps=3"]) == 0
+    assert "hybridrl: the run is complete: its checkpoint is at step 3 of trainer.total_training_steps=3" in (
+        capsys.readouterr().out
+    )
+    assert _read_metrics(out) == rows and not (out / "global_step_4").exists()
 
     # The same three steps without stopping: step 3 sees the same batch, weights, optimizer
     # state and sampling RNG, so it produces the same numbers.

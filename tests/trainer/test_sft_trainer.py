@@ -191,7 +191,7 @@ def test_lora_checkpoint_has_adapter_and_merged_model_that_ppo_trains_from(
         assert json.loads(f.readline())["step"] == 1
 
 
-def test_resume_continues_at_the_next_step_as_if_never_stopped(gsm8k_parquet, tiny_model_dir, tmp_path):
+def test_resume_continues_at_the_next_step_as_if_never_stopped(gsm8k_parquet, tiny_model_dir, tmp_path, capsys):
     import shutil
 
     from safetensors.torch import load_file
@@ -224,6 +224,13 @@ def test_resume_continues_at_the_next_step_as_if_never_stopped(gsm8k_parquet, ti
     assert weights.keys() == expected_weights.keys()
     for name, tensor in weights.items():
         torch.testing.assert_close(tensor, expected_weights[name], rtol=0, atol=0)
+    # the finished run launched again: one line says so, nothing trains
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert "hybridrl: the run is complete: its checkpoint is at step 3 of trainer.total_training_steps=3" in (
+        capsys.readouterr().out
+    )
+    assert _metrics(out) == resumed and not (out / "global_step_4").exists()
 
 
 @pytest.mark.parametrize(
