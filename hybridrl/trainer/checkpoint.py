@@ -25,6 +25,7 @@ from hybridrl.workers.checkpoint_io import load_state_file
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 STATE_FILE = "trainer_state.json"
+SETTINGS = "settings"  # the trainer_state.json entry of the config values a resume compares
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 
@@ -44,12 +45,14 @@ def save_checkpoint(
     dataloader_state: dict | None,
     max_to_keep: int | None = None,
     trainer_state: dict | None = None,
+    settings: dict | None = None,
 ) -> str:
     """Writes ``global_step_<N>`` under ``root`` atomically and returns its path.
 
     ``write_workers(tmp_folder)`` asks the workers to write their parts into the temporary
     folder; ``trainer_state`` (JSON-able driver state, e.g. the adaptive KL coefficient) goes
-    into ``trainer_state.json`` with the step. Older step folders beyond ``max_to_keep`` are
+    into ``trainer_state.json`` with the step, and ``settings`` (config key -> value) with it,
+    for :func:`warn_changed_settings` at resume. Older step folders beyond ``max_to_keep`` are
     removed afterwards.
     """
     os.makedirs(root, exist_ok=True)
@@ -61,8 +64,11 @@ def save_checkpoint(
         write_workers(tmp)
         if dataloader_state is not None:
             torch.save(dataloader_state, os.path.join(tmp, "data.pt"))
+        state = {**(trainer_state or {}), "global_step": global_step}
+        if settings:
+            state[SETTINGS] = settings
         with open(os.path.join(tmp, STATE_FILE), "w") as f:
-            json.dump({**(trainer_state or {}), "global_step": global_step}, f)
+            json.dump(state, f)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)  # never leave half a checkpoint behind
         if _out_of_space(exc):
@@ -268,6 +274,18 @@ def run_is_complete(global_step: int, total_training_steps: int) -> bool:
         flush=True,
     )
     return True
+
+
+def warn_changed_settings(path: str, trainer_state: dict, settings: dict) -> None:
+    """Warns in one line about every config value of ``settings`` (key -> value) that differs from
+    the one the checkpoint at ``path`` was saved with (its ``trainer_state``); a key it did not
+    save (older checkpoints saved none) is not compared. The run goes on with the new values."""
+    saved = trainer_state.get(SETTINGS) or {}
+    changed = [
+        f"{key} {saved[key]!r} -> {value!r}" for key, value in settings.items() if key in saved and saved[key] != value
+    ]
+    if changed:
+        print(f"hybridrl: warning: resuming {path} with a changed config: {', '.join(changed)}", flush=True)
 
 
 def resume_checkpoint_path(trainer_cfg) -> str | None:

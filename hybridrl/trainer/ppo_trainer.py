@@ -407,7 +407,27 @@ class PPOTrainer:
             dataloader_state,
             max_to_keep=keep,
             trainer_state=trainer_state,
+            settings=self.resume_settings(),
         )
+
+    def resume_settings(self) -> dict:
+        """The config values (key -> value) a resume warns about when they changed: the learning
+        rates, the batch sizes and the algorithm (:func:`~hybridrl.trainer.checkpoint.warn_changed_settings`)."""
+        cfg = self.config
+        actor = cfg.actor_rollout_ref.actor
+        settings = {
+            "data.train_batch_size": cfg.data.train_batch_size,
+            "actor_rollout_ref.rollout.n": cfg.actor_rollout_ref.rollout.n,
+            "algorithm.adv_estimator": self.algo.adv_estimator,
+            "actor_rollout_ref.actor.policy_loss.loss_mode": actor.policy_loss.loss_mode,
+        }
+        roles = [("actor_rollout_ref.actor", actor)] + ([("critic", cfg.critic)] if self.plan.use_critic else [])
+        for prefix, role in roles:
+            settings[f"{prefix}.optim.lr"] = role.optim.lr
+            settings[f"{prefix}.ppo_mini_batch_size"] = role.ppo_mini_batch_size
+            settings[f"{prefix}.ppo_micro_batch_size"] = role.ppo_micro_batch_size
+            settings[f"{prefix}.ppo_micro_batch_size_per_gpu"] = role.ppo_micro_batch_size_per_gpu
+        return settings
 
     def load_checkpoint(self) -> None:
         """Restores the latest (``resume_mode=auto``) or the given checkpoint (``resume_path``)."""
@@ -428,6 +448,7 @@ class PPOTrainer:
             self.critic_wg.load_checkpoint(os.path.join(path, "critic"))
         self.global_steps = global_step
         print(f"hybridrl: resumed from {path} (step {global_step})", flush=True)
+        checkpoint.warn_changed_settings(path, trainer_state, self.resume_settings())
 
     # ---------------------------------------------------------------- the loop
     def _due(self, freq: int, is_last: bool) -> bool:

@@ -101,7 +101,18 @@ class SupervisedTrainer:
             self.train_dataloader.state_dict(),
             max_to_keep=trainer_cfg.max_ckpt_to_keep,
             trainer_state=self._checkpoint_trainer_state(),
+            settings=self.resume_settings(),
         )
+
+    def resume_settings(self) -> dict:
+        """The config values (key -> value) a resume warns about when they changed
+        (:func:`~hybridrl.trainer.checkpoint.warn_changed_settings`)."""
+        cfg = self.config
+        return {
+            "optim.lr": cfg.optim.lr,
+            "data.train_batch_size": cfg.data.train_batch_size,
+            "data.micro_batch_size_per_gpu": cfg.data.micro_batch_size_per_gpu,
+        }
 
     def load_checkpoint(self, path: str) -> None:
         """Restores the workers (model, optimizer, schedule, RNG) and the data position from ``path``.
@@ -125,6 +136,7 @@ class SupervisedTrainer:
         self.worker_group.load_checkpoint(os.path.join(path, MODEL_DIR))
         self.global_steps = trainer_state["global_step"]
         print(f"hybridrl: resumed from {path} (step {self.global_steps})", flush=True)
+        checkpoint.warn_changed_settings(path, trainer_state, self.resume_settings())
 
     def _due(self, freq, is_last: bool) -> bool:
         """Whether a ``*_freq`` event (validation, checkpoint) happens at this step; <= 0: never."""

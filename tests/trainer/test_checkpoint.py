@@ -59,3 +59,19 @@ def test_resaving_a_step_and_pruning(tmp_path):
 def test_reading_an_incomplete_folder_names_the_key(tmp_path):
     with pytest.raises(checkpoint.CheckpointError, match="trainer.resume_from_path"):
         checkpoint.read_checkpoint(str(tmp_path))
+
+
+def test_a_resume_with_changed_settings_warns_once_listing_them_all(tmp_path, capsys):
+    saved = {"optim.lr": 1e-3, "data.train_batch_size": 4, "algorithm.adv_estimator": "grpo"}
+    path = checkpoint.save_checkpoint(str(tmp_path), 2, _writer("w2"), None, settings=saved)
+    trainer_state, _ = checkpoint.read_checkpoint(path)  # stored with the step, atomically
+    checkpoint.warn_changed_settings(path, trainer_state, saved)
+    assert capsys.readouterr().out == ""
+    now = {**saved, "optim.lr": 2e-3, "algorithm.adv_estimator": "rloo", "critic.optim.lr": 1e-5}  # a new key: no
+    checkpoint.warn_changed_settings(path, trainer_state, now)
+    assert capsys.readouterr().out == (
+        f"hybridrl: warning: resuming {path} with a changed config: "
+        "optim.lr 0.001 -> 0.002, algorithm.adv_estimator 'grpo' -> 'rloo'\n"
+    )
+    checkpoint.warn_changed_settings(path, {"global_step": 2}, now)  # saved by an older version: nothing to compare
+    assert capsys.readouterr().out == ""

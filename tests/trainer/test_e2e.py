@@ -164,12 +164,16 @@ def test_resume_continues_at_the_next_step_as_if_never_stopped(
     rows = _read_metrics(out)
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert (out / "global_step_3").is_dir()
-    # the finished run launched again: one line says so, nothing trains
+    # the finished run launched again, with another lr and micro batch: one line each, nothing trains
     capsys.readouterr()
-    assert main(base + ["trainer.total_training_steps=3"]) == 0
-    assert "hybridrl: the run is complete: its checkpoint is at step 3 of trainer.total_training_steps=3" in (
-        capsys.readouterr().out
-    )
+    changed = ["actor_rollout_ref.actor.optim.lr=2e-3", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"]
+    assert main(base + ["trainer.total_training_steps=3", *changed]) == 0
+    out_text = capsys.readouterr().out
+    assert "hybridrl: the run is complete: its checkpoint is at step 3 of trainer.total_training_steps=3" in out_text
+    assert (
+        "with a changed config: actor_rollout_ref.actor.optim.lr 0.001 -> 0.002, "
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu 2 -> 1\n"
+    ) in out_text
     assert _read_metrics(out) == rows and not (out / "global_step_4").exists()
 
     # The same three steps without stopping: step 3 sees the same batch, weights, optimizer
