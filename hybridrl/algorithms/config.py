@@ -63,12 +63,15 @@ class FilterGroupsConfig:
     """``algorithm.filter_groups``: DAPO's dynamic sampling (arXiv:2503.14476).
 
     ``metric``: what must vary within a prompt group for it to be kept (None: ``acc``);
-    ``max_num_gen_batches``: stop with an error after this many generation batches (<= 0: no limit).
+    ``max_num_gen_batches``: stop with an error after this many generation batches (<= 0: no limit);
+    ``timeout_s`` (hybridrl's): stop with an error when a training batch is not full this many
+    seconds after its first generation batch (<= 0: no limit).
     """
 
     enable: bool = False
     metric: Optional[str] = None
     max_num_gen_batches: int = 0
+    timeout_s: float = 3600.0
 
 
 @dataclass

@@ -5,12 +5,16 @@ and more batches are generated (``data.gen_batch_size`` prompts each) until
 
 Source: "DAPO: An Open-Source LLM Reinforcement Learning System at Scale", arXiv 2503.14476,
 section 3.2; verl's keys (``enable``, ``metric``, ``max_num_gen_batches``) and metric
-``train/num_gen_batches``.
+``train/num_gen_batches``. With verl's ``max_num_gen_batches=0`` (no limit) a reward that never
+varies would generate forever in silence: a progress line every ``PROGRESS_EVERY`` generation
+batches says how far the batch is, and ``timeout_s`` (hybridrl's key) ends the wait.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from typing import NoReturn
 
 import numpy as np
 
@@ -23,13 +27,15 @@ __all__ = ["DynamicSampler", "DynamicSamplingError", "kept_group_rows", "TENSOR_
 logger = logging.getLogger(__name__)
 
 SECTION = "algorithm.filter_groups"
+PROGRESS_EVERY = 10  # generation batches between two progress lines of a batch that is slow to fill
 # metrics read from the batch's tensors; any other name is a reward function output (extra info)
 TENSOR_METRICS = {"seq_reward": "token_level_scores", "seq_final_reward": "token_level_scores"}
 _SCORE_NAMES = ("acc", "score")  # fall back to the sequence score when the scorer returned a float
 
 
 class DynamicSamplingError(AlgorithmInputError):
-    """The batch could not be filled within ``max_num_gen_batches``, or the metric is missing."""
+    """The batch could not be filled within ``max_num_gen_batches`` or ``timeout_s``, or the metric
+    is missing."""
 
 
 def kept_group_rows(values, uids) -> list[int]:
@@ -61,19 +67,30 @@ class DynamicSampler:
         max_num_gen_batches: stop with an error after this many generation batches; <= 0: never.
         train_batch_size: prompt groups per training batch.
         pad_token_id: pads prompts to a common width when batches are joined.
+        timeout_s: stop with an error when a training batch is not full this many seconds after
+            its first generation batch was scored; <= 0: never.
     """
 
-    def __init__(self, metric: str, max_num_gen_batches: int, train_batch_size: int, pad_token_id: int) -> None:
+    def __init__(
+        self,
+        metric: str,
+        max_num_gen_batches: int,
+        train_batch_size: int,
+        pad_token_id: int,
+        timeout_s: float = 0.0,
+    ) -> None:
         self.metric = metric
         self.max_num_gen_batches = int(max_num_gen_batches)
         self.train_batch_size = int(train_batch_size)
         self.pad_token_id = int(pad_token_id)
+        self.timeout_s = float(timeout_s)
         self._reset()
 
     def _reset(self) -> None:
         self.parts: list[DataProto] = []
         self.num_groups = 0
         self.num_gen_batches = 0
+        self.started: float | None = None  # time.monotonic() at the batch's first generation batch
 
     def _values(self, batch: DataProto) -> np.ndarray:
         if self.metric in TENSOR_METRICS:
@@ -88,6 +105,17 @@ class DynamicSampler:
             "seq_reward, acc, or a key the reward function returns in its dict"
         )
 
+    def _give_up(self, after: str) -> NoReturn:
+        """Drops the groups collected so far and raises :class:`DynamicSamplingError` (one line)."""
+        found = self.num_groups
+        self._reset()
+        raise DynamicSamplingError(
+            f"{SECTION}: after {after} only {found} of data.train_batch_size={self.train_batch_size} prompt "
+            f"groups had responses with different {self.metric}; raise {SECTION}.max_num_gen_batches or "
+            f"{SECTION}.timeout_s (<= 0: no limit) or data.gen_batch_size, raise actor_rollout_ref.rollout.n, "
+            "or use data the model solves sometimes"
+        )
+
     def collect(self, batch: DataProto) -> tuple[DataProto | None, dict[str, float]]:
         """Adds a scored generation batch (with ``uid`` and ``token_level_scores``).
 
@@ -97,9 +125,11 @@ class DynamicSampler:
             verl does) and ``train/num_gen_batches``.
 
         Raises:
-            DynamicSamplingError: ``max_num_gen_batches`` batches did not fill it (the message has
-                the numbers), or the metric is missing.
+            DynamicSamplingError: ``max_num_gen_batches`` batches or ``timeout_s`` seconds did not
+                fill it (the message has the numbers and the keys to change), or the metric is missing.
         """
+        if self.started is None:
+            self.started = time.monotonic()
         self.num_gen_batches += 1
         uids = batch.non_tensor_batch["uid"]
         rows = kept_group_rows(self._values(batch), uids)
@@ -107,21 +137,19 @@ class DynamicSampler:
             self.parts.append(batch[rows])
             self.num_groups += len(dict.fromkeys(uids[rows]))
         if self.num_groups < self.train_batch_size:
+            elapsed = time.monotonic() - self.started
             if 0 < self.max_num_gen_batches <= self.num_gen_batches:
-                tried, found = self.num_gen_batches, self.num_groups
-                self._reset()
-                raise DynamicSamplingError(
-                    f"{SECTION}: after {tried} generation batches (max_num_gen_batches) only {found} of "
-                    f"data.train_batch_size={self.train_batch_size} prompt groups had responses with different "
-                    f"{self.metric}; raise max_num_gen_batches (0: no limit) or data.gen_batch_size, raise "
-                    "rollout.n, or use data the model solves sometimes"
-                )
-            logger.info(
-                "dynamic sampling: %d of %d groups after %d generation batches",
-                self.num_groups,
-                self.train_batch_size,
-                self.num_gen_batches,
+                self._give_up(f"{self.num_gen_batches} generation batches (max_num_gen_batches)")
+            if 0 < self.timeout_s <= elapsed:
+                self._give_up(f"{elapsed:.0f} s and {self.num_gen_batches} generation batches (timeout_s)")
+            progress = (
+                f"dynamic sampling: {self.num_groups} of data.train_batch_size={self.train_batch_size} prompt "
+                f"groups kept after {self.num_gen_batches} generation batches ({elapsed:.0f} s)"
             )
+            if self.num_gen_batches % PROGRESS_EVERY == 0:  # a batch this slow to fill may never fill: say so
+                print(f"hybridrl: {progress}", flush=True)
+            else:
+                logger.info(progress)
             return None, {}
         full = concat_padded(self.parts, self.pad_token_id)
         first = list(dict.fromkeys(full.non_tensor_batch["uid"]))[: self.train_batch_size]

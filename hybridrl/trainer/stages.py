@@ -107,7 +107,11 @@ def build_dynamic_sampler(config, tokenizer) -> DynamicSampler | None:
     if not groups.enable:
         return None
     return DynamicSampler(
-        groups.metric or "acc", groups.max_num_gen_batches, config.data.train_batch_size, tokenizer.pad_token_id
+        groups.metric or "acc",
+        groups.max_num_gen_batches,
+        config.data.train_batch_size,
+        tokenizer.pad_token_id,
+        timeout_s=groups.timeout_s,
     )
 
 

@@ -78,3 +78,41 @@ def test_the_metric_comes_from_the_reward_function_output():
         r"\(it gave: \['acc'\]\)",
     ):
         missing.collect(scored_batch([1, 0], extras={"acc": [1, 0]}))
+
+
+def test_an_unbounded_batch_that_never_fills_says_so_every_ten_generation_batches(capsys):
+    sampler = DynamicSampler("seq_reward", max_num_gen_batches=0, train_batch_size=4, pad_token_id=0)
+    for _ in range(25):  # verl's 0: no limit; a reward that never varies keeps nothing
+        assert sampler.collect(scored_batch([1, 1, 0, 0])) == (None, {})
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[1].startswith(
+        "hybridrl: dynamic sampling: 0 of data.train_batch_size=4 prompt groups kept after 20 generation batches ("
+    )
+
+
+def test_a_batch_that_never_fills_stops_after_timeout_s_naming_the_keys():
+    import time
+
+    sampler = DynamicSampler("seq_reward", 0, train_batch_size=4, pad_token_id=0, timeout_s=0.5)
+    assert sampler.collect(scored_batch([1, 0, 1, 1])) == (None, {})  # the clock starts here
+    time.sleep(0.6)
+    with pytest.raises(DynamicSamplingError) as caught:
+        sampler.collect(scored_batch([1, 1, 0, 0]))
+    message = str(caught.value)
+    assert "generation batches (timeout_s) only 1 of data.train_batch_size=4 prompt groups" in message
+    assert "raise algorithm.filter_groups.max_num_gen_batches or algorithm.filter_groups.timeout_s" in message
+    # the next training batch gets its own deadline
+    assert sampler.collect(scored_batch([1, 1, 0, 0])) == (None, {})
+
+
+def test_filter_groups_timeout_s_is_a_config_key_with_a_deadline_by_default():
+    from hybridrl.algorithms.config import algo_config
+    from hybridrl.config import load_config
+    from hybridrl.trainer.stages import build_dynamic_sampler
+
+    class Tokenizer:
+        pad_token_id = 0
+
+    assert algo_config(load_config([])).filter_groups.timeout_s == 3600
+    config = load_config(["algorithm.filter_groups.enable=True", "algorithm.filter_groups.timeout_s=5"])
+    assert build_dynamic_sampler(config, Tokenizer()).timeout_s == 5.0
