@@ -125,6 +125,7 @@ def resolve_model_path(path: str, cache_dir: str | None = None, config_key: str 
     local = os.path.abspath(os.path.expanduser(str(path)))
     if os.path.isdir(local):
         if os.path.isfile(os.path.join(local, "config.json")):
+            check_config_json(local, config_key)
             return local
         ggufs = sorted(f for f in os.listdir(local) if f.endswith(".gguf"))
         if len(ggufs) == 1:
@@ -144,6 +145,29 @@ def resolve_model_path(path: str, cache_dir: str | None = None, config_key: str 
         f"{config_key}: '{path}' is neither a local HF folder (with config.json) nor a .gguf file; "
         "hybridrl never downloads from a hub at run time — download it first "
         f"(e.g. `huggingface-cli download {path} --local-dir DIR`) and pass DIR"
+    )
+
+
+def check_config_json(folder: str, config_key: str = DEFAULT_CONFIG_KEY) -> None:
+    """Raise one :class:`ModelPathError` line naming ``<folder>/config.json`` when it is not a JSON
+    object. Checked before anything loads (the tokenizer loads first and would fail with a library
+    traceback)."""
+    import json
+
+    file = os.path.join(folder, "config.json")
+    try:
+        with open(file, encoding="utf-8") as f:
+            config = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        what = f"{exc.msg} at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else exc
+        problem = f"is not valid JSON ({what})"
+    else:
+        if isinstance(config, dict):
+            return
+        problem = f"holds a JSON {type(config).__name__}, not an object"
+    raise ModelPathError(
+        f"{file}: the model config cannot be read: it {problem}; restore the model's config.json "
+        f"(copy or download it again) or set {config_key} to another model folder"
     )
 
 
@@ -231,6 +255,8 @@ def _tokenizer_folder(path: str) -> str:
     if os.path.isdir(local) and any(
         os.path.isfile(os.path.join(local, f)) for f in ("tokenizer.json", "tokenizer_config.json")
     ):
+        if os.path.isfile(os.path.join(local, "config.json")):  # transformers reads it too
+            check_config_json(local)
         return local
     return resolve_model_path(path)
 

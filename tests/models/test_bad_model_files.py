@@ -52,3 +52,17 @@ def test_unreadable_model_files_are_one_line(case, tmp_path, tiny_model_dir, mon
     with pytest.raises(ModelPathError, match=expected) as err:
         load_causal_lm(resolve_model_path(path), dtype="fp32")
     assert str(err.value).startswith(path) and "cannot be read" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_config_json_not_json_is_named_before_the_tokenizer_loads(tmp_path, tiny_model_dir):
+    """The tokenizer loads first in every entry point: a config.json that is not JSON is named by
+    it (one line), not left to transformers' traceback."""
+    from hybridrl.models import load_tokenizer
+
+    path = _folder(tmp_path, tiny_model_dir, lambda f: (f / "config.json").write_text("{no"))
+    with pytest.raises(ModelPathError, match=r"config\.json") as err:
+        load_tokenizer(path)
+    message = str(err.value)
+    assert os.path.join(path, "config.json") in message and "not valid JSON" in message and "\n" not in message
+    with pytest.raises(ModelPathError, match=r"config\.json"):
+        resolve_model_path(path)
