@@ -68,7 +68,7 @@ def read_table_rows(data_files, config_key: str) -> list[dict]:
     """Rows of parquet / jsonl / jsonl.gz files as plain dicts, each with ``_source`` and ``_row``.
 
     Raises:
-        DataError: no file, a missing or unreadable file.
+        DataError: no file, a missing, unreadable or empty file.
     """
     import pandas as pd
 
@@ -94,6 +94,11 @@ def read_table_rows(data_files, config_key: str) -> list[dict]:
                 f"{config_key}: {path} is not readable as {'JSON lines' if is_json else 'parquet'} "
                 f"({' '.join(str(exc).split())[:120]}); pass parquet or .jsonl(.gz) files"
             ) from None
+        if len(frame) == 0:
+            raise DataError(
+                f"{config_key}: {path} holds no row; write preference pairs into it "
+                f"(e.g. with examples/data_preprocess/hh_rlhf.py) or remove it from {config_key}"
+            )
         for i, row in enumerate(frame.to_dict("records")):
             rows.append({**row, "_source": path, "_row": i})
     return rows

@@ -161,3 +161,28 @@ def test_bad_input_gets_one_line(hh_split, tiny_model_dir, tmp_path, capsys, bad
     assert main(_args(hh_split, tiny_model_dir, tmp_path, *bad)) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("hybridrl: error:") and message in err[0], err
+
+
+@pytest.mark.parametrize("which", ["train", "val"])
+def test_empty_parquet_gets_one_line(hh_split, tiny_model_dir, tmp_path, capsys, which):
+    """A parquet file with the right columns and no row is named before any tokenisation."""
+    import pandas as pd
+
+    empty = tmp_path / "empty.parquet"
+    pd.read_parquet(f"{hh_split}/test.parquet").iloc[:0].to_parquet(empty)
+    assert main(_args(hh_split, tiny_model_dir, tmp_path / "out", f"data.{which}_files={empty}")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("hybridrl: error:"), err
+    assert f"data.{which}_files: {empty} holds no row" in err[0], err
+
+
+def test_model_config_json_not_json_gets_one_line(hh_split, tiny_model_dir, tmp_path, capsys):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "config.json").write_text('{"model_type": "llama",')
+    assert main(_args(hh_split, model, tmp_path / "out")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("hybridrl: error:"), err
+    assert f"{model}/config.json" in err[0] and "not valid JSON" in err[0], err
