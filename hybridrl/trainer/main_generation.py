@@ -7,8 +7,9 @@ verl's ``main_generation`` does. Keys: ``hybridrl/config/generation.yaml``.
 Resuming: each finished batch of ``data.batch_size`` prompts is written (atomically) as a part
 file in ``<data.output_path>.parts/``, with a manifest of the settings that decide its content.
 Started again with the same config, the job skips the batches found there; batch ``b`` samples
-with the seed ``data.seed + b``, so a resumed run writes what an uninterrupted one would. The
-final parquet is written atomically, then the parts folder is removed.
+with the seed ``data.seed + b``, so a resumed run writes what an uninterrupted one would; a
+damaged part is removed with a warning and generated again. The final parquet is written
+atomically, then the parts folder is removed.
 """
 
 from __future__ import annotations
@@ -93,8 +94,16 @@ def open_parts(folder: str, manifest: dict, num_batches: int) -> set[int]:
     """
     manifest_path = os.path.join(folder, _MANIFEST)
     if os.path.isfile(manifest_path):
-        with open(manifest_path, encoding="utf-8") as f:
-            old = json.load(f)
+        try:
+            with open(manifest_path, encoding="utf-8") as f:
+                old = json.load(f)
+        except (ValueError, OSError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise ConfigError(
+                f"data.output_path: {manifest_path} is damaged ({type(exc).__name__}), so the batches "
+                f"in {folder} cannot be checked against this run; delete {folder} to start over"
+            ) from None
+        if not isinstance(old, dict):
+            old = {"manifest": old}
         if old != manifest:
             changed = sorted(k for k in set(old) | set(manifest) if old.get(k) != manifest.get(k))
             raise ConfigError(
@@ -102,13 +111,39 @@ def open_parts(folder: str, manifest: dict, num_batches: int) -> set[int]:
                 f"({', '.join(changed)} changed); start that run again with its settings, or delete "
                 "the folder (or pick another data.output_path) to start over"
             )
-        return {b for b in range(num_batches) if os.path.isfile(_part_path(folder, b))}
+        return {b for b in range(num_batches) if _intact_part(folder, b, manifest)}
     os.makedirs(folder, exist_ok=True)
     tmp = manifest_path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=1, sort_keys=True)
     os.replace(tmp, manifest_path)
     return set()
+
+
+def _intact_part(folder: str, batch: int, manifest: dict) -> bool:
+    """Whether batch ``batch`` is finished: its part file reads as parquet and holds its rows with
+    ``n_samples`` responses each. A damaged part (cut, overwritten: parts are written atomically,
+    so only the disk or a person damages one) is removed with a one-line warning and generated
+    again; its seed is the batch's own, so the output is the same."""
+    import pyarrow.parquet as pq
+
+    path = _part_path(folder, batch)
+    if not os.path.isfile(path):
+        return False
+    size = int(manifest["batch_size"])
+    rows = list(range(batch * size, min((batch + 1) * size, int(manifest["num_prompts"]))))
+    try:
+        table = pq.read_table(path)
+        ok = table.column("row").to_pylist() == rows and all(
+            len(r) == int(manifest["n_samples"]) for r in table.column("responses").to_pylist()
+        )
+        problem = "does not hold the responses of its rows"
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # pyarrow's errors are ValueError/OSError
+        ok, problem = False, f"cannot be read ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})"
+    if not ok:
+        print(f"hybridrl: warning: {path} {problem}; generating batch {batch} again", flush=True)
+        os.remove(path)
+    return ok
 
 
 def write_part(folder: str, batch: int, rows: range, responses: list[list[str]]) -> None:

@@ -105,6 +105,42 @@ def test_parts_of_other_settings_are_not_reused(prompts_parquet, tiny_model_dir,
         run_generation(gen_config(prompts_parquet, tiny_model_dir, out, "data.n_samples=3"))
 
 
+def test_damaged_parts_are_generated_again(full_run, prompts_parquet, tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """A cut part and a part that is not parquet are named in a warning, removed and generated
+    again (same seeds: the output equals an uninterrupted run's); a damaged manifest is one line."""
+    out = tmp_path / "out.parquet"
+    config = gen_config(prompts_parquet, tiny_model_dir, out)
+    real_write_output = main_generation.write_output
+    monkeypatch.setattr(main_generation, "write_output", lambda *a: (_ for _ in ()).throw(RuntimeError("stop")))
+    with pytest.raises(RuntimeError, match="stop"):  # every batch done, final write interrupted
+        run_generation(config)
+    monkeypatch.setattr(main_generation, "write_output", real_write_output)
+    folder = parts_dir(out)
+    cut = os.path.join(folder, "batch-000001.parquet")
+    with open(cut, "rb") as f:
+        data = f.read()
+    with open(cut, "wb") as f:
+        f.write(data[: len(data) // 2])
+    garbage = os.path.join(folder, "batch-000002.parquet")
+    with open(garbage, "wb") as f:
+        f.write(b"not parquet")
+    calls = []
+    real = HFRollout.generate_sequences
+    monkeypatch.setattr(HFRollout, "generate_sequences", lambda self, p: calls.append(len(p)) or real(self, p))
+    capsys.readouterr()
+    run_generation(config)
+    assert calls == [4 * N_SAMPLES, 2 * N_SAMPLES]  # batches 1 and 2 again, batch 0 kept
+    warnings = [line for line in capsys.readouterr().out.splitlines() if "warning" in line]
+    assert len(warnings) == 2 and cut in warnings[0] and garbage in warnings[1], warnings
+    assert pq.read_table(out).equals(pq.read_table(full_run))
+
+    os.makedirs(folder)
+    with open(os.path.join(folder, "manifest.json"), "w") as f:
+        f.write('{"batch_size": 4,')
+    with pytest.raises(ConfigError, match=r"manifest.json is damaged.*delete .*\.parts to start over"):
+        run_generation(config)
+
+
 @pytest.mark.parametrize(
     "override,match",
     [
