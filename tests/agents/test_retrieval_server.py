@@ -12,7 +12,14 @@ import pytest
 import requests
 
 from hybridrl.agents.retrieval import BM25Index, HttpRetriever
-from hybridrl.agents.retrieval_server import MAX_QUERIES, MAX_QUERY_CHARS, MAX_TOPK, create_app, main
+from hybridrl.agents.retrieval_server import (
+    MAX_BODY_BYTES,
+    MAX_QUERIES,
+    MAX_QUERY_CHARS,
+    MAX_TOPK,
+    create_app,
+    main,
+)
 
 DOCS = [
     {"id": "a", "contents": '"Paris"\nParis is the capital and most populous city of France.'},
@@ -155,3 +162,64 @@ def test_cli_errors_are_one_line(tmp_path, capsys, corpus_path):
     assert main(["index", "--corpus", str(tmp_path / "missing.jsonl"), "--index_dir", str(tmp_path / "i")]) == 2
     assert "file not found" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "i")
+
+
+def _client(index, **caps):
+    from fastapi.testclient import TestClient
+
+    return TestClient(create_app(index, **caps), raise_server_exceptions=False)
+
+
+def _post_raw(client, body):
+    return client.post("/retrieve", content=body, headers={"content-type": "application/json"})
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"queries": ["\\ud800 lone-surrogate"]}',  # JSON escape of a lone surrogate: not UTF-8 text
+        b'{"queries": ["France", "a\\udfffb lone-surrogate"], "topk": 2}',
+        b'{"queries": ["lone-surrogate"], "topk": "lone-surrogate\\ud800"}',
+    ],
+)
+def test_a_lone_surrogate_is_422_not_500(index, body):
+    resp = _post_raw(_client(index), body)
+    assert resp.status_code == 422, resp.text
+    assert "lone-surrogate" not in resp.text and "ud800" not in resp.text.lower()
+    assert all(set(error) == {"type", "loc", "msg"} for error in resp.json()["detail"])
+
+
+def test_a_422_never_echoes_the_input(index):
+    client = _client(index)
+    for payload in (
+        {"queries": ["secret-words " * 200]},  # over MAX_QUERY_CHARS
+        {"queries": ["France"], "topk": "secret-words"},
+        {"queries": "secret-words"},
+        {"queries": [{"secret-words": 1}]},
+    ):
+        resp = client.post("/retrieve", json=payload)
+        assert resp.status_code == 422 and "secret-words" not in resp.text, resp.text
+        assert resp.json()["detail"][0]["loc"][0] == "body"
+
+
+def test_a_body_over_the_cap_is_413_unread(index):
+    client = _client(index)
+    query = "x" * MAX_QUERY_CHARS
+    big = json.dumps({"queries": [query] * (30 * (1 << 20) // len(query))}).encode()  # ~30 MB
+    resp = _post_raw(client, big)
+    assert resp.status_code == 413 and str(MAX_BODY_BYTES) in resp.json()["detail"]
+    small = _client(index, max_body_bytes=100)
+    body = json.dumps({"queries": ["France " * 20]}).encode()
+    assert len(body) > 100 and _post_raw(small, body).status_code == 413
+    # streamed without Content-Length (chunked): stopped at the cap too
+    chunks = iter([body[:60], body[60:]])
+    resp = small.post("/retrieve", content=chunks, headers={"content-type": "application/json"})
+    assert resp.status_code == 413, resp.text
+    ok = json.dumps({"queries": ["France"]}).encode()
+    assert _post_raw(small, ok).status_code == 200
+    assert small.post("/retrieve", content=iter([ok[:5], ok[5:]]), headers={"content-type": "application/json"}).json()
+
+
+def test_cli_max_body_bytes_is_checked(corpus_path, capsys):
+    assert main(["serve", "--corpus", corpus_path, "--max_body_bytes", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "hybridrl retriever: error: --max_body_bytes 0: must be at least 1 byte"
