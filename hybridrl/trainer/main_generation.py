@@ -31,7 +31,7 @@ from hybridrl.protocol import DataProto
 from hybridrl.trainer.generation_config import generation_config
 from hybridrl.trainer.stages import GEN_BATCH_KEYS, trim_left_padding
 from hybridrl.workers.fsdp_workers import import_external_lib
-from hybridrl.workers.rollout import get_rollout_cls
+from hybridrl.workers.rollout import RolloutEngineError, get_rollout_cls
 
 _MANIFEST = "manifest.json"
 
@@ -229,7 +229,11 @@ def _build_rollout(config, model_path: str, tokenizer):
     import_external_lib(config.model.external_lib)
     module = load_causal_lm(model_path, dtype=config.rollout.dtype, trust_remote_code=config.model.trust_remote_code)
     module.to(resolve_device(config.trainer.device))
-    return rollout_cls(module, config.rollout, tokenizer, getattr(module, "generation_config", None))
+    try:
+        return rollout_cls(module, config.rollout, tokenizer, getattr(module, "generation_config", None))
+    except RolloutEngineError as exc:  # the engines name training's keys; this job's are rollout.*, model.*
+        text = str(exc).replace("actor_rollout_ref.rollout.", "rollout.").replace("actor_rollout_ref.model.", "model.")
+        raise RolloutEngineError(text) from exc
 
 
 def run_generation(config) -> str:

@@ -141,6 +141,26 @@ def test_damaged_parts_are_generated_again(full_run, prompts_parquet, tiny_model
         run_generation(config)
 
 
+def test_engine_start_errors_name_this_jobs_keys(prompts_parquet, tiny_model_dir, tmp_path, monkeypatch):
+    """The engines name training's keys (actor_rollout_ref.rollout.*); hybridrl generate's are rollout.*."""
+    from hybridrl.workers.rollout import RolloutEngineError
+
+    class FailingEngine:
+        def __init__(self, *args):
+            raise RolloutEngineError(
+                "actor_rollout_ref.rollout.name=vllm: vLLM could not start an engine: no memory; change "
+                "actor_rollout_ref.rollout.kv_cache_memory_gb (now 1.0), or actor_rollout_ref.model.path"
+            )
+
+    monkeypatch.setattr(main_generation, "get_rollout_cls", lambda name: FailingEngine)
+    with pytest.raises(RolloutEngineError) as err:
+        run_generation(gen_config(prompts_parquet, tiny_model_dir, tmp_path / "o.parquet"))
+    assert str(err.value) == (
+        "rollout.name=vllm: vLLM could not start an engine: no memory; change "
+        "rollout.kv_cache_memory_gb (now 1.0), or model.path"
+    )
+
+
 @pytest.mark.parametrize(
     "override,match",
     [

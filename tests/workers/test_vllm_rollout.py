@@ -157,6 +157,72 @@ def test_an_architecture_vllm_cannot_run_is_one_line(tiny_model_dir, tokenizer):
         VLLMRollout(module, engine_config(), tokenizer, module.generation_config)
 
 
+_NO_KV_CACHE = (
+    "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine"
+)
+
+
+@pytest.mark.parametrize(
+    "error, device, overrides, key",
+    [
+        (ValueError(_NO_KV_CACHE), "cpu", {}, "actor_rollout_ref.rollout.kv_cache_memory_gb (now 0.05)"),
+        (ValueError(_NO_KV_CACHE), "cuda", {"kv_cache_memory_gb": None}, "rollout.gpu_memory_utilization (now 0.5)"),
+        (
+            ValueError("User-specified max_model_len (40) is greater than the derived max_model_len (32)"),
+            "cpu",
+            {},
+            "actor_rollout_ref.rollout.max_model_len (now 40 = prompt_length + response_length)",
+        ),
+        (
+            RuntimeError("Engine core initialization failed. See root cause above."),
+            "cpu",
+            {"engine_kwargs": {"vllm": {"swap_space": 99}}},
+            "actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space (now 99)",
+        ),
+        (
+            TypeError("EngineArgs.__init__() got an unexpected keyword argument 'swap_space'"),
+            "cpu",
+            {"engine_kwargs": {"vllm": {"swap_space": 4}}},
+            "actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space (now 4)",
+        ),
+        (
+            ValueError("Bfloat16 is only supported on GPUs with compute capability of at least 8.0"),
+            "cuda",
+            {"dtype": "bf16"},
+            "actor_rollout_ref.rollout.dtype (now bf16)",
+        ),
+    ],
+)
+def test_start_errors_name_the_key_at_fault(error, device, overrides, key):
+    """A vLLM start-up error that points at a rollout key names that key, not rollout.name=hf."""
+    import types
+
+    if "engine_kwargs" in overrides and "root cause" in str(error):
+        error.__cause__ = ValueError("unknown option swap_space")  # vLLM chains the engine core's error
+    config = engine_config(**{"gpu_memory_utilization": 0.5, **overrides})
+    fake = types.SimpleNamespace(
+        architectures="LlamaForCausalLM", config=config, device=torch.device(device), max_model_len=40
+    )
+    message = str(VLLMRollout._start_error(fake, error))
+    assert key in message and "rollout.name=hf" not in message and "\n" not in message, message
+    assert message.startswith(
+        "actor_rollout_ref.rollout.name=vllm: vLLM could not start an engine for LlamaForCausalLM"
+    )
+
+
+def test_a_start_error_naming_no_key_names_the_model():
+    import types
+
+    fake = types.SimpleNamespace(
+        architectures="LlamaForCausalLM", config=engine_config(), device=torch.device("cpu"), max_model_len=40
+    )
+    message = str(VLLMRollout._start_error(fake, ValueError("Head size 16 is not supported by the CPU backend")))
+    assert message.endswith(
+        "if vLLM cannot run this model (actor_rollout_ref.model.path, LlamaForCausalLM), "
+        "set actor_rollout_ref.rollout.name=hf"
+    ), message
+
+
 @pytest.mark.slow
 def test_grpo_two_steps_with_vllm_log_mismatch_metrics(gsm8k_parquet, vllm_model_dir, tmp_path):
     from hybridrl.trainer.main_ppo import main

@@ -124,6 +124,40 @@ def _hide_unscannable() -> list[tuple[dict, str, object]]:
     return hidden
 
 
+def _start_error_key(exc: BaseException, cfg, device: torch.device, max_model_len: int) -> str | None:
+    """The rollout key (with its value and the direction to change it) that vLLM's start-up error
+    ``exc`` (or an exception it chains) names, or None when it names none of them."""
+    chain, seen = [], set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        chain.append(str(cause).lower())
+        cause = cause.__cause__ or cause.__context__
+    text = " ".join(chain)
+    extra = dict(cfg.engine_kwargs.get("vllm") or {})  # a free-form map, not config keys
+    for name in extra:
+        if str(name).lower() in text:
+            return f"engine_kwargs.vllm.{name} (now {extra[name]!r}): vLLM refuses it"
+    if any(w in text for w in ("gpu_memory_utilization", "cache blocks", "kv cache", "kv_cache_memory", "memory")):
+        if cfg.kv_cache_memory_gb is not None or device.type == "cpu":
+            gb = cfg.kv_cache_memory_gb if cfg.kv_cache_memory_gb is not None else CPU_DEFAULT_KV_CACHE_GB
+            return f"kv_cache_memory_gb (now {gb}): the KV cache does not fit; lower it or the lengths, or free memory"
+        return (
+            f"gpu_memory_utilization (now {cfg.gpu_memory_utilization}): the KV cache does not fit; "
+            "raise it (at most 0.95) or lower max_num_seqs / the lengths"
+        )
+    if any(w in text for w in ("max_model_len", "max seq len", "max_seq_len", "max_position_embeddings")):
+        now = cfg.max_model_len if cfg.max_model_len else f"{max_model_len} = prompt_length + response_length"
+        return f"max_model_len (now {now}): lower it, or prompt_length / response_length"
+    if "max_num_batched_tokens" in text:
+        return f"max_num_batched_tokens (now {cfg.max_num_batched_tokens})"
+    if "max_num_seqs" in text:
+        return f"max_num_seqs (now {cfg.max_num_seqs})"
+    if any(w in text for w in ("dtype", "bfloat16", "float16")):
+        return f"dtype (now {cfg.dtype}): pick one this device and vLLM support (bf16, fp16, fp32)"
+    return None
+
+
 @register_rollout("vllm")
 class VLLMRollout(BaseRollout):
     """vLLM engine behind the :class:`BaseRollout` contract (details in docs/rollout.md).
@@ -214,12 +248,20 @@ class VLLMRollout(BaseRollout):
             torch.set_num_threads = set_threads
 
     def _start_error(self, exc: Exception) -> RolloutEngineError:
+        """One line: vLLM's first line and the rollout key its message points at (memory, lengths,
+        batching, dtype, an ``engine_kwargs.vllm`` entry), else the model (``rollout.name=hf``
+        then)."""
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        return RolloutEngineError(
-            f"actor_rollout_ref.rollout.name=vllm: vLLM could not start an engine for "
-            f"{self.architectures}: {first_line}; "
-            "set actor_rollout_ref.rollout.name=hf for a model vLLM cannot load"
-        )
+        head = f"actor_rollout_ref.rollout.name=vllm: vLLM could not start an engine for {self.architectures}"
+        key = _start_error_key(exc, self.config, self.device, self.max_model_len)
+        if key is None:
+            advice = (
+                f"if vLLM cannot run this model (actor_rollout_ref.model.path, {self.architectures}), "
+                "set actor_rollout_ref.rollout.name=hf"
+            )
+        else:
+            advice = f"change actor_rollout_ref.rollout.{key}"
+        return RolloutEngineError(f"{head}: {first_line}; {advice}")
 
     # ------------------------------------------------------------------ weights and memory
     @torch.no_grad()
