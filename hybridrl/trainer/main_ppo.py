@@ -17,6 +17,7 @@ from hybridrl.data.dataloader import stateful_dataloader
 from hybridrl.data.errors import DataError
 from hybridrl.errors import ConfigError
 from hybridrl.models import load_tokenizer, resolve_model_path
+from hybridrl.rewards import UnknownDataSourceError, known_data_sources
 from hybridrl.rewards.manager import load_reward_manager
 from hybridrl.rewards.pool import build_reward_pool
 from hybridrl.rewards.sandbox import build_sandbox, set_sandbox
@@ -73,6 +74,31 @@ def _check_ground_truth_column(dataset, config_key: str) -> None:
         )
 
 
+def _check_data_sources(config, reward_fn, config_key: str, dataset) -> None:
+    """Without a reward model every row is scored by the reward function of its data source
+    (``data.reward_fn_key``): name the data sources that have none at start-up, not after the
+    first generation. A reward manager without ``has_rule_scorer`` decides on its own."""
+    has_rule_scorer = getattr(reward_fn, "has_rule_scorer", None)
+    if config.reward_model.enable or has_rule_scorer is None:
+        return
+    column = config.data.reward_fn_key
+    values: dict[str, object] = {}
+    for row in dataset.rows:
+        value = row.get(column)
+        values.setdefault(value if isinstance(value, str) else repr(value), value)
+    unknown = sorted(name for name, value in values.items() if not has_rule_scorer(value))
+    if unknown:
+        shown = ", ".join(repr(name) for name in unknown[:10]) + (
+            f" and {len(unknown) - 10} more" if unknown[10:] else ""
+        )
+        raise UnknownDataSourceError(
+            f"{config_key}: no reward function for data_source {shown} (column data.reward_fn_key={column}); "
+            f"known: {', '.join(known_data_sources())}; set custom_reward_function.path to a file with your "
+            "compute_score, register one with @hybridrl.rewards.register_scorer in a module named by "
+            "actor_rollout_ref.model.external_lib, or fix the column"
+        )
+
+
 def total_training_steps(config, steps_per_epoch: int) -> int:
     """``trainer.total_training_steps`` when set, else epochs x batches per epoch."""
     explicit = config.trainer.total_training_steps
@@ -125,6 +151,9 @@ def _train(config) -> None:
     try:
         reward_fn = load_reward_manager(config, tokenizer, num_examine=0, pool=reward_pool)
         val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1, pool=reward_pool)
+        _check_data_sources(config, reward_fn, "data.train_files", train_dataloader.dataset)
+        if val_dataloader is not None:
+            _check_data_sources(config, val_reward_fn, "data.val_files", val_dataloader.dataset)
     except BaseException:
         if reward_pool is not None:
             reward_pool.close()

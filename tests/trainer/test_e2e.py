@@ -420,6 +420,27 @@ def test_bad_input_gets_one_line(gsm8k_parquet, tiny_model_dir, tmp_path, capsys
     assert len(err) == 1 and err[0].startswith("hybridrl: error:") and message in err[0], err
 
 
+@pytest.mark.parametrize("which", ["train", "val"])
+def test_an_unknown_data_source_stops_at_start_up(gsm8k_parquet, tiny_model_dir, tmp_path, capsys, which):
+    """A data_source without a reward function is named before any model loads or generates."""
+    import pandas as pd
+
+    rows = pd.read_parquet(f"{gsm8k_parquet}/{'train' if which == 'train' else 'test'}.parquet").head(8)
+    rows["data_source"] = ["my/dataset"] * 4 + ["openai/gsm8k", "other"] * 2
+    data = tmp_path / "unknown.parquet"
+    rows.to_parquet(data)
+    args = _overrides(gsm8k_parquet, tiny_model_dir, tmp_path / "run", *GRPO, f"data.{which}_files={data}")
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(
+        f"hybridrl: error: data.{which}_files: no reward function for data_source 'my/dataset', 'other' "
+        "(column data.reward_fn_key=data_source); known: "
+    ), err
+    assert "openai/gsm8k" in err[0] and "custom_reward_function.path" in err[0]
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
 def test_data_without_ground_truth_stops_at_start_up(tiny_model_dir, tmp_path, capsys):
     import pandas as pd
 
