@@ -52,13 +52,15 @@ def _write(fd: int, text: str) -> None:
 @contextlib.contextmanager
 def run_folder_lock(folder: str) -> Iterator[None]:
     """Holds the lock of the run folder ``folder`` (made if missing) for the ``with`` block;
-    released when the block ends, by an error too.
+    released when the block ends, by an error too. A folder made here that holds nothing else
+    when the block ends is removed: a run that stops at start-up leaves no trace.
 
     Raises:
         RunFolderBusy: another process holds it (one line: the folder, the holder's pid, host and
             start time, what to do).
     """
     folder = os.path.abspath(os.path.expanduser(folder))
+    made = not os.path.isdir(folder)
     os.makedirs(folder, exist_ok=True)
     fd = os.open(os.path.join(folder, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -82,6 +84,10 @@ def run_folder_lock(folder: str) -> Iterator[None]:
             _write(fd, "")  # a clean exit names no holder; closing the file releases the lock
     finally:
         os.close(fd)
+        if made and os.listdir(folder) == [LOCK_FILE]:
+            with contextlib.suppress(OSError):  # another run may have come in meanwhile: leave it
+                os.remove(os.path.join(folder, LOCK_FILE))
+                os.rmdir(folder)
 
 
 def _lock(fd: int, folder: str) -> bool:
