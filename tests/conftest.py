@@ -9,6 +9,52 @@ import pytest
 # Tests never reach a model hub: everything they load is local or built on the spot.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+# Test tiers (README): `-m "not slow"` is the fast tier, unit tests only. A test is `slow` when it
+# starts a Ray cluster, a vLLM engine or a training run: marked by hand (e2e modules) or, here, by
+# the fixtures that bring them. In the fast tier those entry points fail the test that reaches
+# them, so an unmarked slow test cannot creep in.
+SLOW_FIXTURES = {"ray_cluster", "vllm_model", "vllm_model_dir", "async_vllm_engine", "dumped_run"}
+SLOW_ENTRY_POINTS = {
+    "a Ray cluster": ("ray", "init"),
+    "a vLLM engine": ("hybridrl.workers.rollout.vllm", "VLLMRollout.__init__"),
+    "a PPO training run": ("hybridrl.trainer.ppo_trainer", "PPOTrainer.fit"),
+    "an SFT/RM training run": ("hybridrl.trainer.supervised", "SupervisedTrainer.fit"),
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+def pytest_configure(config):
+    if config.getoption("markexpr", "").replace(" ", "") == "notslow":
+        _refuse_slow_entry_points()
+
+
+def _refuse_slow_entry_points() -> None:
+    """Fast tier: each of :data:`SLOW_ENTRY_POINTS` raises instead of running."""
+    import importlib
+
+    for what, (module_name, attr) in SLOW_ENTRY_POINTS.items():
+        try:
+            owner = importlib.import_module(module_name)
+        except ImportError:  # an optional package that is not installed: nothing to guard
+            continue
+        *path, name = attr.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+
+        def refuse(*args, _what=what, **kwargs):
+            raise RuntimeError(
+                f"this test starts {_what}, which the fast tier (-m 'not slow') does not run: "
+                f"mark it @pytest.mark.slow (tests/conftest.py)"
+            )
+
+        setattr(owner, name, refuse)
+
+
 # The shared data sits beside the repository: <repo>/../shared/data (see its README).
 GSM8K_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gsm8k"))
 

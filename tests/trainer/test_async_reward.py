@@ -136,6 +136,7 @@ def _record_steps(monkeypatch):
     return steps, windows
 
 
+@pytest.mark.slow
 def test_async_scoring_in_a_pool_trains_exactly_like_serial_scoring(
     gsm8k_parquet,
     tiny_model_dir,
@@ -171,6 +172,7 @@ def test_async_scoring_in_a_pool_trains_exactly_like_serial_scoring(
     assert not passes & windows[0][1] and passes <= windows[1][1]
 
 
+@pytest.mark.slow
 def test_async_scoring_with_a_reward_model_combines_its_scores(tmp_path_factory, tiny_model_dir, tmp_path):
     """The reward model's forward runs before the scoring thread starts (as in verl); the thread's
     manager adds the rule score where a rule scorer exists (none for HH-RLHF: the RM score alone)."""

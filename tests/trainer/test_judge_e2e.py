@@ -4,6 +4,8 @@ random model being both the policy and the judge, through the entry point users 
 import json
 import os
 
+import pytest
+
 from hybridrl.trainer.main_ppo import main
 
 # The random judge answers noise; this parser turns any answer into a score that varies with it.
@@ -13,6 +15,7 @@ def parse_score(judge_text, **row):
 """
 
 
+@pytest.mark.slow
 def test_grpo_step_with_a_judge(gsm8k_parquet, tiny_model_dir, tmp_path, capsys):
     parser = tmp_path / "parser.py"
     parser.write_text(PARSER)

@@ -120,6 +120,7 @@ def test_checkpoint_is_a_reward_model_for_ppo_and_for_transformers(trained, toke
     torch.testing.assert_close(seq_cls(input_ids=ids).logits[:, 0], ours, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_resume_continues_with_the_next_step(hh_split, tiny_model_dir, tmp_path):
     small = [
         "data.train_max_samples=16",

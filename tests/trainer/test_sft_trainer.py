@@ -42,6 +42,7 @@ def _metrics(out_dir):
         return {row["step"]: row for row in map(json.loads, f)}
 
 
+@pytest.mark.slow
 def test_sft_lowers_the_validation_loss_on_gsm8k(gsm8k_parquet, tiny_model_dir, tmp_path):
     import pandas as pd
 
@@ -137,6 +138,7 @@ PPO_ONE_STEP = [
 ]
 
 
+@pytest.mark.slow
 def test_lora_checkpoint_has_adapter_and_merged_model_that_ppo_trains_from(
     gsm8k_parquet, tiny_model_dir, tmp_path, capsys
 ):
@@ -191,6 +193,7 @@ def test_lora_checkpoint_has_adapter_and_merged_model_that_ppo_trains_from(
         assert json.loads(f.readline())["step"] == 1
 
 
+@pytest.mark.slow
 def test_resume_continues_at_the_next_step_as_if_never_stopped(gsm8k_parquet, tiny_model_dir, tmp_path, capsys):
     import shutil
 

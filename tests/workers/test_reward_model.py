@@ -252,6 +252,7 @@ def hh_parquet(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_ppo_step_takes_its_reward_from_the_reward_model(hh_parquet, tiny_model_dir, rm_dir, tmp_path):
     from hybridrl.trainer.main_ppo import main
 

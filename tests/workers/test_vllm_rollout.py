@@ -148,6 +148,7 @@ def test_vllm_missing_is_one_line_naming_the_extra(monkeypatch):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 def test_an_architecture_vllm_cannot_run_is_one_line(tiny_model_dir, tokenizer):
     """The default tiny test vllm_model has head_dim 16, which vLLM's CPU attention refuses."""
     from hybridrl.models import load_causal_lm
