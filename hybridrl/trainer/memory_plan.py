@@ -3,8 +3,9 @@ shape and the run's settings (``hybridrl plan``; ``hybridrl train`` prints its o
 
 Every rank holds the same, so "per device" is any rank's (the busiest's). Sizes are in bytes in
 the arithmetic and in GiB (2**30 bytes, which the tables call GB) in the result. The plan is an
-estimate of what the tensors need, not of what the allocators keep: it ignores fragmentation,
-CUDA's caching allocator slack and glibc's freed-but-kept memory (``trainer.cpu_malloc_reuse``).
+estimate of what the tensors need, not of what the allocators keep: it ignores fragmentation and
+CUDA's caching allocator slack, and counts glibc's freed-but-kept memory of
+``trainer.cpu_malloc_reuse`` as one measured constant (:data:`CPU_MALLOC_KEPT_GB`).
 
 What is modelled (``W`` workers, ``F`` = ``fsdp_size`` when 0 < fsdp_size < W, else W):
 
@@ -48,7 +49,8 @@ What is modelled (``W`` workers, ``F`` = ``fsdp_size`` when 0 < fsdp_size < W, e
   generations unless ``free_cache_engine``; vLLM on CPU keeps
   its weights and KV cache (``kv_cache_memory_gb``, 1 GiB by default). A weight sync moves one
   bucket (``update_weights_bucket_megabytes``) at a time.
-* **Process baseline**: the CUDA context, or on CPU the worker process's own resident memory.
+* **Process baseline**: the CUDA context, or on CPU the worker process's own resident memory,
+  plus, with ``trainer.cpu_malloc_reuse``, the freed blocks glibc keeps (``malloc_kept``).
 
 **Phases.** What stays resident (baseline, sharded weights and moments, the rollout copy) is on
 the device all the time; generation, each log-prob/value pass, each update and each optimizer
@@ -104,6 +106,12 @@ PHASES = (
 # the upper end is taken.
 CPU_PROCESS_BASELINE_GB = 0.49
 CUDA_PROCESS_BASELINE_GB = 1.0
+# What glibc keeps resident with trainer.cpu_malloc_reuse (freed blocks under 16 MiB held for
+# reuse), GiB: measured peaks of benchmarks/scale.py were 0.42-0.75 GiB above the plan without it
+# over six runs (SmolLM2-135M and 360M shapes, 1 and 2 workers, with and without gradient
+# checkpointing; AMD EPYC, docs/scale.md), mean 0.56. It does not grow with the model: the kept
+# blocks are the mid-sized ones, reused from step to step.
+CPU_MALLOC_KEPT_GB = 0.5
 
 
 @dataclass(frozen=True)
@@ -187,6 +195,7 @@ class PlanInputs:
     critic: Role | None = None
     reward_model: Role | None = None
     notes: tuple = ()
+    malloc_kept_gb: float = 0.0  # CPU_MALLOC_KEPT_GB when glibc keeps freed blocks (cpu_malloc_reuse)
 
 
 @dataclass
@@ -374,6 +383,8 @@ def plan_items(inputs: PlanInputs) -> tuple[list, dict]:
     """Every ``(role, component, bytes, phases)`` on one device, and the offloaded bytes per role."""
     on_cuda = inputs.device == "cuda"
     items = [("process", "baseline", inputs.baseline_gb * GiB, (RESIDENT,))]
+    if inputs.malloc_kept_gb:
+        items.append(("process", "malloc_kept", inputs.malloc_kept_gb * GiB, (RESIDENT,)))
     host = {}
     actor_items, host["actor"] = _trained_role_items(
         "actor", inputs.actor, "update_actor", "actor_step", "old_log_prob", on_cuda

@@ -10,7 +10,7 @@ import torch
 
 from hybridrl import cli
 from hybridrl.trainer import main_ppo, plan_config
-from hybridrl.trainer.memory_plan import GiB, one_line
+from hybridrl.trainer.memory_plan import CPU_MALLOC_KEPT_GB, GiB, one_line
 from hybridrl.trainer.model_shape import model_shape_from_dict
 from hybridrl.trainer.plan_cli import _with, load_plan_config, suggest
 from hybridrl.trainer.plan_config import build_plan
@@ -176,9 +176,16 @@ def test_offload_on_cpu_saves_nothing_and_says_so(base):
     assert any("saves nothing" in note for note in offload.notes)
 
 
-def test_a_cpu_plan_warns_about_kept_freed_memory_only_when_malloc_keeps_it(base):
-    assert any("cpu_malloc_reuse=true" in note for note in _plan(base, **{"trainer.cpu_malloc_reuse": True}).notes)
-    assert not any("cpu_malloc_reuse" in note for note in _plan(base, **{"trainer.cpu_malloc_reuse": False}).notes)
+def test_a_cpu_plan_counts_kept_freed_memory_only_when_malloc_keeps_it(base):
+    kept, released = (
+        _plan(base, **{"trainer.cpu_malloc_reuse": True}),
+        _plan(base, **{"trainer.cpu_malloc_reuse": False}),
+    )
+    assert any("cpu_malloc_reuse=true" in note for note in kept.notes)
+    assert not any("cpu_malloc_reuse" in note for note in released.notes)
+    assert kept.roles["process"]["malloc_kept"] == pytest.approx(CPU_MALLOC_KEPT_GB)
+    assert "malloc_kept" not in released.roles["process"]
+    assert kept.per_device_gb == pytest.approx(released.per_device_gb + CPU_MALLOC_KEPT_GB)
 
 
 def test_lora_trains_only_the_adapters_and_the_reference_is_no_copy(base):
