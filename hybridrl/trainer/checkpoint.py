@@ -7,6 +7,8 @@ workers, ``data.pt`` (dataloader state) and ``trainer_state.json`` written by th
 Everything is first written into ``.global_step_<N>.tmp``; only when it is complete is it
 renamed into place and the tracker file replaced (both ``os.replace``, atomic on POSIX). A
 crash at any moment leaves the previous checkpoint intact and found by ``find_latest_checkpoint``.
+The last file written into it is ``checksums.json`` (every file's size and sha256), compared at
+resume; nothing in a checkpoint is unpickled beyond plain data (``checkpoint_files``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Callable
 import torch
 
 from hybridrl.errors import CheckpointError
+from hybridrl.trainer.checkpoint_files import verify_dcp, verify_manifest, write_manifest
 from hybridrl.workers.checkpoint_io import load_state_file
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
@@ -69,6 +72,7 @@ def save_checkpoint(
             state[SETTINGS] = settings
         with open(os.path.join(tmp, STATE_FILE), "w") as f:
             json.dump(state, f)
+        write_manifest(tmp)  # last: the checksums of every file above, renamed into place with them
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)  # never leave half a checkpoint behind
         if _out_of_space(exc):
@@ -154,8 +158,10 @@ def find_latest_checkpoint(root: str, verify: bool = True) -> str | None:
 
 def verify_checkpoint(path: str) -> None:
     """Checks that every file of the step folder ``path`` can be read, before any is used:
-    ``trainer_state.json`` parses, every ``*.pt`` state file loads (``weights_only``), every
-    ``*.safetensors`` file opens, and every DCP shard is as long as its ``.metadata`` says.
+    ``trainer_state.json`` parses, every file has the size and sha256 its ``checksums.json``
+    recorded at the save (older checkpoints have none), every ``*.pt`` state file loads
+    (``weights_only``), every ``*.safetensors`` file opens, and every DCP folder reads without
+    running code (``checkpoint_files.verify_dcp``: its ``.metadata``, shard lengths, bytes items).
 
     Raises:
         CheckpointError: one line naming the damaged file and what is wrong with it.
@@ -168,6 +174,7 @@ def verify_checkpoint(path: str) -> None:
             raise ValueError(f"global_step is {step!r}")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{state_file}: unreadable ({type(exc).__name__}: {exc})") from None
+    verify_manifest(path)
     for folder, _, files in os.walk(path):
         for name in sorted(files):
             file = os.path.join(folder, name)
@@ -176,7 +183,7 @@ def verify_checkpoint(path: str) -> None:
             elif name.endswith(".safetensors"):
                 _verify_safetensors(file)
         if ".metadata" in files:
-            _verify_dcp(folder)
+            verify_dcp(folder)
 
 
 def _verify_safetensors(file: str) -> None:
@@ -191,27 +198,6 @@ def _verify_safetensors(file: str) -> None:
             raise ValueError(f"{os.path.getsize(file)} bytes, its header describes {needed}")
     except Exception as exc:  # noqa: BLE001 - any failure to parse means a damaged file
         raise CheckpointError(f"{file}: damaged safetensors file ({type(exc).__name__}: {exc})") from None
-
-
-def _verify_dcp(folder: str) -> None:
-    """Every shard file named by the DCP ``.metadata`` of ``folder`` holds the bytes it should."""
-    from torch.distributed.checkpoint import FileSystemReader
-
-    try:
-        metadata = FileSystemReader(folder).read_metadata()
-    except Exception as exc:  # noqa: BLE001 - an empty or cut .metadata fails in several ways
-        raise CheckpointError(f"{os.path.join(folder, '.metadata')}: unreadable ({type(exc).__name__})") from None
-    needed: dict[str, int] = {}
-    for info in (metadata.storage_data or {}).values():
-        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
-    for relative, size in sorted(needed.items()):
-        file = os.path.join(folder, relative)
-        actual = os.path.getsize(file) if os.path.exists(file) else None
-        if actual is None or actual < size:
-            raise CheckpointError(
-                f"{file}: {'missing' if actual is None else f'{actual} bytes'}, "
-                f"its .metadata needs {size}: the shard is truncated"
-            )
 
 
 def _require_state_file(path: str) -> str:

@@ -75,3 +75,22 @@ def test_a_resume_with_changed_settings_warns_once_listing_them_all(tmp_path, ca
     )
     checkpoint.warn_changed_settings(path, {"global_step": 2}, now)  # saved by an older version: nothing to compare
     assert capsys.readouterr().out == ""
+
+
+def test_a_checkpoint_records_the_checksum_of_every_file(tmp_path):
+    import hashlib
+    import json
+
+    from hybridrl.trainer.checkpoint_files import MANIFEST
+
+    path = checkpoint.save_checkpoint(str(tmp_path), 1, _writer("w1"), {"pos": 1})
+    with open(os.path.join(path, MANIFEST)) as f:
+        files = json.load(f)["files"]
+    assert sorted(files) == ["actor/weights.txt", "data.pt", checkpoint.STATE_FILE]
+    assert files["actor/weights.txt"] == {"size": 2, "sha256": hashlib.sha256(b"w1").hexdigest()}
+    checkpoint.verify_checkpoint(path)
+    with open(os.path.join(path, "actor", "weights.txt"), "w") as f:
+        f.write("w2")  # same size, other bytes
+    with pytest.raises(checkpoint.CheckpointError, match=r"weights\.txt: .*checksum") as err:
+        checkpoint.verify_checkpoint(path)
+    assert "\n" not in str(err.value)

@@ -10,8 +10,16 @@ import pickle
 
 import pytest
 import torch
+from crafted_checkpoints import (
+    Exploit,
+    craft_bytes_item,
+    craft_metadata_file,
+    craft_metadata_inside,
+    write_zeros,
+)
 
 from hybridrl.trainer import checkpoint
+from hybridrl.trainer.checkpoint_files import MANIFEST, write_manifest
 from hybridrl.workers.checkpoint_io import load_state_file, save_worker_state
 
 
@@ -83,16 +91,11 @@ def test_intact_checkpoints_pass_and_load(root):
     assert checkpoint.read_checkpoint(str(root / "global_step_2"))[1] == {"epoch": 0, "position": 2}
 
 
-class _Exploit:
-    def __reduce__(self):
-        return (os.system, ("touch pwned",))
-
-
 def test_a_crafted_pickle_is_refused_never_run(root, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with open(root / "global_step_2" / "data.pt", "wb") as f:
-        pickle.dump({"state": _Exploit()}, f)
-    torch.save({"state": _Exploit()}, root / "global_step_2" / "actor" / "extra_state_world_size_1_rank_0.pt")
+        pickle.dump({"state": Exploit()}, f)
+    torch.save({"state": Exploit()}, root / "global_step_2" / "actor" / "extra_state_world_size_1_rank_0.pt")
     for file in ("data.pt", "actor/extra_state_world_size_1_rank_0.pt"):
         with pytest.raises(checkpoint.CheckpointError, match="not a readable hybridrl state file"):
             load_state_file(str(root / "global_step_2" / file))
@@ -117,3 +120,56 @@ def test_disk_full_during_a_save_is_one_line_and_keeps_the_last_good_one(root, m
         "global_step_2",
     ]
     assert checkpoint.find_latest_checkpoint(str(root)) == str(root / "global_step_2")
+
+
+@pytest.mark.parametrize("craft", [craft_metadata_file, craft_metadata_inside], ids=["whole", "nested"])
+def test_a_crafted_dcp_metadata_is_refused_never_run(root, tmp_path, monkeypatch, capsys, craft):
+    """DCP's .metadata is a plain pickle: a resume's verification must not unpickle code from it,
+    even when the checksums were recorded again over the crafted file."""
+    monkeypatch.chdir(tmp_path)
+    craft(root / "global_step_2" / "actor" / "dcp")
+    write_manifest(str(root / "global_step_2"))  # whoever crafts the file can rewrite the checksums
+    assert checkpoint.find_latest_checkpoint(str(root)) == str(root / "global_step_1")
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and ".metadata" in out[0] and "posix.system" in out[0], out
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_crafted_dcp_bytes_item_is_refused_never_run(root, tmp_path, monkeypatch, capsys):
+    """DCP reads non-tensor ("bytes") items with torch.load(weights_only=False): a .metadata of
+    allowed classes only may still mark a weight as bytes, stored as a pickle that runs code."""
+    monkeypatch.chdir(tmp_path)
+    craft_bytes_item(root / "global_step_2" / "actor" / "dcp", "model.model.embed_tokens.weight")
+    write_manifest(str(root / "global_step_2"))
+    assert checkpoint.find_latest_checkpoint(str(root)) == str(root / "global_step_1")
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "model.model.embed_tokens.weight" in out[0] and "dcp" in out[0], out
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_resume_falls_back_from_a_crafted_checkpoint(root, tmp_path, monkeypatch, capsys):
+    """What `hybridrl train` asks at resume (trainer.resume_mode=auto)."""
+    from types import SimpleNamespace
+
+    monkeypatch.chdir(tmp_path)
+    craft_metadata_file(root / "global_step_2" / "actor" / "dcp")
+    trainer_cfg = SimpleNamespace(resume_mode="auto", default_local_dir=str(root), resume_from_path=None)
+    assert checkpoint.resume_checkpoint_path(trainer_cfg) == str(root / "global_step_1")
+    assert len(capsys.readouterr().out.strip().splitlines()) == 1
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_zeros_written_into_a_shard_are_caught_by_its_checksum(root, capsys):
+    shard = _dcp_shard(root / "global_step_2")
+    write_zeros(shard)
+    assert checkpoint.find_latest_checkpoint(str(root)) == str(root / "global_step_1")
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and shard.name in out[0] and "checksum" in out[0], out
+
+
+def test_a_checkpoint_saved_before_checksums_still_loads(root, capsys, caplog):
+    (root / "global_step_2" / MANIFEST).unlink()
+    with caplog.at_level("INFO", logger="hybridrl.trainer.checkpoint_files"):
+        assert checkpoint.find_latest_checkpoint(str(root)) == str(root / "global_step_2")
+    assert capsys.readouterr().out == ""
+    assert [r.getMessage() for r in caplog.records if MANIFEST in r.getMessage()], caplog.records
