@@ -17,7 +17,8 @@ import tempfile
 from hybridrl.models import ModelDependencyError, ModelPathError, load_causal_lm, load_value_model, to_torch_dtype
 from hybridrl.models.lora import LORA_ADAPTER_DIR, merge_lora_adapter
 from hybridrl.trainer.checkpoint import CheckpointError
-from hybridrl.workers.checkpoint_io import DCP_DIR, HF_DIR, quiet_single_process_dcp
+from hybridrl.trainer.checkpoint_files import safe_dcp_load, verify_dcp, verify_manifest
+from hybridrl.workers.checkpoint_io import DCP_DIR, HF_DIR
 
 
 def _model_class(config):
@@ -38,9 +39,14 @@ def load_merged_model(local_dir: str, dtype=None, base_model: str | None = None)
     ``base_model``: for a LoRA checkpoint, the base model's folder (default: the path recorded
     in ``lora_adapter/adapter_config.json``).
 
+    Its files are checked first: against the step folder's ``checksums.json`` when there is
+    one, and the DCP folder is read without unpickling anything but plain data
+    (``checkpoint_files.verify_dcp``).
+
     Raises:
-        CheckpointError: the folder has no ``dcp/`` shards or no ``huggingface/`` config, or
-            the base model of its LoRA adapter is not found.
+        CheckpointError: the folder has no ``dcp/`` shards or no ``huggingface/`` config, a file
+            is damaged or refused (one line naming it), or the base model of its LoRA adapter
+            is not found.
         ModelDependencyError: a LoRA checkpoint and no ``peft``.
     """
     from transformers import AutoConfig
@@ -51,6 +57,9 @@ def load_merged_model(local_dir: str, dtype=None, base_model: str | None = None)
             f"--local_dir {local_dir} is not a worker checkpoint (needs {HF_DIR}/config.json and {DCP_DIR}/); "
             "pass e.g. checkpoints/<project>/<experiment>/global_step_10/actor"
         )
+    step_dir, worker = os.path.split(os.path.abspath(local_dir))
+    verify_manifest(step_dir, under=worker)
+    verify_dcp(dcp_dir)
     config = AutoConfig.from_pretrained(hf_dir)
     adapter_dir = os.path.join(local_dir, LORA_ADAPTER_DIR)
     if os.path.isfile(os.path.join(adapter_dir, "adapter_config.json")):
@@ -83,17 +92,20 @@ def _fold_lora(adapter_dir: str, config, base_model: str | None):
 
 
 def _load_dcp(dcp_dir: str, config):
-    """A model of ``config`` with the full weights of the DCP shards (fp32)."""
+    """A model of ``config`` with the full weights of the DCP shards (fp32), read without
+    unpickling anything but plain data (``checkpoint_files``).
+
+    Raises:
+        CheckpointError: the shards do not load (one line).
+    """
     import torch
-    import torch.distributed.checkpoint as dcp
 
     with torch.device("meta"):
         model = _model_class(config).from_config(config, dtype=torch.float32)
     model = model.to_empty(device="cpu")
     state = {"model": model.state_dict()}
     # Tied weights (lm_head = embeddings) may be stored once: load what is there, then re-tie.
-    with quiet_single_process_dcp():
-        dcp.load(state, checkpoint_id=dcp_dir, planner=dcp.DefaultLoadPlanner(allow_partial_load=True), no_dist=True)
+    safe_dcp_load(state, dcp_dir, allow_partial_load=True)
     model.load_state_dict(state["model"])
     model.tie_weights()
     return model
