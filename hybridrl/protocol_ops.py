@@ -335,8 +335,9 @@ def save_to_disk(data: DataProto, filepath: str | os.PathLike) -> None:
     torch.save(payload, filepath)
 
 
-def _refusal(err: Exception) -> str:
-    """The reason in torch's multi-paragraph weights_only error, e.g. 'Unsupported global: ...'."""
+def weights_only_refusal(err: BaseException) -> str:
+    """The reason in torch's multi-paragraph weights_only error, e.g. 'Unsupported global: ...', in
+    a few words (one line); the first sentence of any other error."""
     text = str(err)
     found = re.search(r"(?:unsupported|Unsupported global:) GLOBAL (\S+)", text)
     if found:
@@ -364,7 +365,7 @@ def load_from_disk(filepath: str | os.PathLike, cls: type[DataProto]) -> DataPro
             payload = torch.load(filepath, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, EOFError, RuntimeError) as err:  # refused, truncated, not a zip
         raise DataProtoError(
-            f"load_from_disk: cannot read {os.fspath(filepath)!r} safely ({_refusal(err)}); "
+            f"load_from_disk: cannot read {os.fspath(filepath)!r} safely ({weights_only_refusal(err)}); "
             "only files written by DataProto.save_to_disk can be read"
         ) from None
     if not isinstance(payload, dict) or payload.get("format") != _FILE_FORMAT:

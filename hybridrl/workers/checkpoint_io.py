@@ -9,24 +9,23 @@ resumes on 1 (or on 4), and the whole-model state dict of a single worker is the
 keeps only its trainable parameters (the adapter) in ``dcp/`` and adds ``lora_adapter/``
 (peft's format, naming the base model), which ``hybridrl merge`` folds into the base weights.
 The driver makes the whole step folder appear atomically (it writes into a temporary folder and
-renames it).
+renames it). Loading reads the files without running anything from them (``dcp_safe``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import glob
 import os
 import random
 import re
-import warnings
 
 import numpy as np
 import torch
 
 from hybridrl.errors import CheckpointError
 from hybridrl.models.lora import ADAPTER, is_lora_model, save_lora_adapter, saved_lora_rank
+from hybridrl.workers.dcp_safe import quiet_single_process_dcp, safe_dcp_load
 
 DCP_DIR = "dcp"
 HF_DIR = "huggingface"
@@ -36,15 +35,6 @@ def _distributed() -> bool:
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized()
-
-
-@contextlib.contextmanager
-def quiet_single_process_dcp():
-    """DCP warns on every save and load without a process group that it assumes one process,
-    even with ``no_dist=True``, which asks for exactly that: that one warning is dropped."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-        yield
 
 
 def _extra_state_path(local_path: str, rank: int, world_size: int) -> str:
@@ -188,11 +178,15 @@ def load_worker_state(local_path, module, optimizer, lr_scheduler, rank, world_s
     ranks do not correspond, so each rank keeps its own generator (sampling continues
     correctly, just not bit-identically to an uninterrupted run).
 
+    ``dcp/`` is read by :func:`~hybridrl.workers.dcp_safe.safe_dcp_load` (``.metadata`` and
+    bytes items as plain data only), the extra state file with ``weights_only=True``: nothing
+    in the folder runs code, even if it was changed after the driver verified it.
+
     Raises:
-        CheckpointError: the folder is not a complete checkpoint, or was written with another
-            LoRA rank (``model.lora_rank``; 0 = full fine-tuning).
+        CheckpointError: the folder is not a complete checkpoint, was written with another
+            LoRA rank (``model.lora_rank``; 0 = full fine-tuning), or a file in it is damaged or
+            refused (one line naming it).
     """
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     saved_world = _saved_world_size(local_path)
@@ -200,8 +194,7 @@ def load_worker_state(local_path, module, optimizer, lr_scheduler, rank, world_s
     options = _state_dict_options(module)
     model_state, optim_state = _model_and_optim_state(module, optimizer, options)
     state = {"model": model_state, "optim": optim_state}
-    with quiet_single_process_dcp():
-        dcp.load(state, checkpoint_id=os.path.join(local_path, DCP_DIR), no_dist=not _distributed())
+    safe_dcp_load(state, os.path.join(local_path, DCP_DIR), no_dist=not _distributed())
     set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options)
     extra = load_state_file(_extra_state_path(local_path, min(rank, saved_world - 1), saved_world))
     lr_scheduler.load_state_dict(extra["lr_scheduler"])

@@ -20,7 +20,7 @@ from crafted_checkpoints import (
 
 from hybridrl.trainer import checkpoint
 from hybridrl.trainer.checkpoint_files import MANIFEST, write_manifest
-from hybridrl.workers.checkpoint_io import load_state_file, save_worker_state
+from hybridrl.workers.checkpoint_io import load_state_file, load_worker_state, save_worker_state
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +145,32 @@ def test_a_crafted_dcp_bytes_item_is_refused_never_run(root, tmp_path, monkeypat
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and "model.model.embed_tokens.weight" in out[0] and "dcp" in out[0], out
     assert not (tmp_path / "pwned").exists()
+
+
+EMBED = "model.model.embed_tokens.weight"
+WORKER_CRAFTS = {
+    "whole .metadata": (craft_metadata_file, ".metadata"),
+    "nested .metadata": (craft_metadata_inside, ".metadata"),
+    "bytes item": (lambda dcp_dir: craft_bytes_item(dcp_dir, EMBED), EMBED),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WORKER_CRAFTS))
+def test_the_workers_load_refuses_a_crafted_dcp_folder_never_runs_it(root, module, tmp_path, monkeypatch, case):
+    """A file swapped in after the driver verified the folder meets the workers' own load
+    (load_worker_state), which reads .metadata and bytes items as plain data only too."""
+    craft, name = WORKER_CRAFTS[case]
+    monkeypatch.chdir(tmp_path)
+    actor = root / "global_step_2" / "actor"
+    craft(actor / "dcp")
+    optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    with pytest.raises(checkpoint.CheckpointError) as err:
+        load_worker_state(str(actor), module, optimizer, scheduler, rank=0, world_size=1)
+    assert not (tmp_path / "pwned").exists()
+    message = str(err.value)
+    assert "\n" not in message and name in message and str(actor / "dcp") in message, message
+    assert "nothing in it was run" in message, message
 
 
 def test_resume_falls_back_from_a_crafted_checkpoint(root, tmp_path, monkeypatch, capsys):
