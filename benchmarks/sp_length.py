@@ -1,18 +1,21 @@
 """The longest response that trains on 2 CPU workers, with and without Ulysses sequence parallelism.
 
     python benchmarks/sp_length.py --sp 2 --lengths 2048 4096 8192 16384 [--model sp-small]
-                                   [--limit-gb 11] [--out benchmarks/results/sp_length.jsonl]
+                                   [--limit-gb 11] [--no-gradient-checkpointing]
+                                   [--out benchmarks/results/sp_length.jsonl]
 
-Two Ray workers hold the actor (FSDP2, fp32 weights, bf16 compute where ``auto`` picks it,
-gradient checkpointing, packed rows, chunked logits) and run one ``compute_log_prob`` and one
-``update_actor`` on 2 synthetic responses of each length in turn (a 16-token prompt each: every
-token of the row is a response token, as in a long reasoning trace). After each length the
-busiest worker's peak resident memory is recorded; the sweep stops at the first length that fails
-or whose peak passes ``--limit-gb`` (the default leaves 2 GB of the machine's 24 GiB to the driver
-and the system). Generation is left out: its KV cache for 2 sequences is small beside training's
-activations, and sampling 16k tokens on 2 CPU cores would take hours. Random-init shapes
-(benchmarks/scale.py ``SHAPES``) measure memory, not learning. Name the CPU with every figure.
-"""
+Two Ray workers hold the actor (FSDP2, fp32 weights, bf16 compute where ``auto`` picks it, gradient
+checkpointing unless ``--no-gradient-checkpointing``, packed rows, chunked logits) and run one
+``compute_log_prob`` and one ``update_actor`` on 2 synthetic responses of each length in turn (a
+16-token prompt each: every token of the row is a response token, as in a long reasoning trace.
+After each length the busiest worker's peak resident memory is recorded; the sweep stops at the
+first length that fails or whose peak passes ``--limit-gb`` (the default leaves 2 GB of the
+machine's 24 GiB to the driver and the system). Generation is left out: its KV cache for 2 sequences
+is small beside training's activations, and sampling 16k tokens on 2 CPU cores would take hours.
+With gradient checkpointing a model of a few hundred million parameters reaches the memory limit
+only beyond 100k tokens, hours per step on 2 cores; without it the limit comes within reach.
+Random-init shapes (benchmarks/scale.py ``SHAPES``) measure memory, not learning. Name the CPU with
+every figure."""
 
 from __future__ import annotations
 
@@ -48,7 +51,7 @@ def _batch(length: int, rows: int = 2, prompt: int = 16):
     return DataProto.from_dict(tensors=batch, meta_info={"temperature": 1.0})
 
 
-def _group(model: str, sp: int, max_length: int):
+def _group(model: str, sp: int, max_length: int, checkpointing: bool):
     from hybridrl.config import load_config
     from hybridrl.config.batch_sizes import worker_batch_sizes
     from hybridrl.controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
@@ -65,7 +68,7 @@ def _group(model: str, sp: int, max_length: int):
             f"{a}.ppo_micro_batch_size_per_gpu=1",
             f"{a}.ulysses_sequence_parallel_size={sp}",
             f"{a}.entropy_from_logits_with_chunking=true",
-            "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+            f"actor_rollout_ref.model.enable_gradient_checkpointing={str(checkpointing).lower()}",
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
         ]
     )
@@ -82,12 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sp", type=int, default=1)
     parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
     parser.add_argument("--limit-gb", type=float, default=11.0)
+    parser.add_argument("--no-gradient-checkpointing", dest="checkpointing", action="store_false")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "sp_length.jsonl"))
     args = parser.parse_args(argv)
     import ray
 
     ray.init(num_cpus=4, include_dashboard=False)
-    group = _group(model_folder(args.model), args.sp, max(args.lengths))
+    group = _group(model_folder(args.model), args.sp, max(args.lengths), args.checkpointing)
     group.init_model()
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     for length in args.lengths:
@@ -97,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                 "model": args.model,
                 "sp": args.sp,
                 "response_length": length,
+                "gradient_checkpointing": args.checkpointing,
                 "cpu": torch.backends.cpu.get_cpu_capability(),
             },
         )
