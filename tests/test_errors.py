@@ -38,6 +38,7 @@ INTERNAL = {
     "hybridrl.trainer.fully_async.DataExhausted": "control flow: the data set ran out",
     "hybridrl.trainer.metrics.MetricsInputError": "metrics input contract",
     "hybridrl.trainer.validation_metrics.ValidationMetricsError": "metrics input contract",
+    "hybridrl.workers.dcp_safe._Refused": "caught by read_dcp_metadata, which raises a CheckpointError naming the file",
     "hybridrl.workers.llm_judge.JudgeBusyError": "a ScoreTimeoutError",
 }
 

@@ -78,6 +78,7 @@ def trained(hh_split, tiny_model_dir, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_validation_accuracy_rises_above_chance_on_real_pairs(trained):
     rows = _rows(trained)
     assert rows[0]["step"] == 0 and rows[0]["val/accuracy"] == 0.5  # the zero head ties every pair
@@ -98,6 +99,7 @@ def test_validation_accuracy_rises_above_chance_on_real_pairs(trained):
         assert key in rows[1], key
 
 
+@pytest.mark.slow
 def test_checkpoint_is_a_reward_model_for_ppo_and_for_transformers(trained, tokenizer):
     from transformers import AutoModelForSequenceClassification
 
