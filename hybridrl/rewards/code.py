@@ -32,7 +32,10 @@ The facts of verl's ``prime_code`` scorer carry over (its code does not):
   10 s by default; :data:`DEFAULT_CASE_TIMEOUT_S` for a sandbox without one). The call-based
   cases of a program run in one process, each under its own alarm, so a case over time fails
   only itself; when the sandbox ends such a run for time after some cases finished (the CPU
-  limit covers the whole run), a fresh run resumes with the interrupted case.
+  limit covers the whole run), a fresh run resumes with the interrupted case. The alarm is the
+  program's to catch, so all the runs of one program share one deadline, ``n + 1`` case limits
+  plus 1 s, that the sandbox enforces from outside (SIGKILL of the whole run): a program that
+  ignores its alarm costs that much, not a full run per case.
 
 - **Passed means the harness reached its end, never the exit status.** A program can end its
   process with status 0 before a test fails (``sys.exit(0)``, ``os._exit(0)``, ``raise
@@ -59,6 +62,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 from typing import Any
 
 from hybridrl.rewards.code_tests import (
@@ -301,10 +305,16 @@ def run_call_cases(program: str, tests: CodeTests, n: int, stop_at_failure: bool
     """Call-based: the first ``n`` cases in one sandbox run (after a case that kills the process,
     a new run resumes with the next case); ``(passed, first reason)``."""
     passed, reason, start = 0, "", 0
+    timeout = case_timeout_s()
+    # The alarm of a case is the program's to catch; this deadline is not: every run gets only
+    # what is left of it, and the sandbox kills the run from outside when that is spent.
+    deadline = time.monotonic() + timeout * (n + 1) + 1.0
     while start < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return passed, reason or f"case {start + 1} of {n}: over the time of all {n} cases ({timeout * n:g} s)"
         nonce = _new_nonce()
         cases = json.dumps(list(tests.inputs[start:n]))
-        timeout = case_timeout_s()
         source = (
             _CALL_PRELUDE.format(timeout=timeout)
             + _PRELUDE
@@ -312,7 +322,7 @@ def run_call_cases(program: str, tests: CodeTests, n: int, stop_at_failure: bool
             + _CALL_HARNESS
             + f"\n__hybridrl_run_cases({nonce!r}, {tests.fn_name!r}, {cases!r}, {timeout!r})\n"
         )
-        result = _run(source, timeout_s=timeout * (n - start + 1) + 1.0)
+        result = _run(source, timeout_s=min(timeout * (n - start + 1) + 1.0, left))
         reports = _reports(result.stdout, nonce)
         if not reports:
             return passed, reason or f"the program does not run: {_why(result)}"
