@@ -7,6 +7,9 @@ turns the skip into a failure.
 
 import os
 import socket
+import subprocess
+import sys
+import tempfile
 import textwrap
 import time
 
@@ -204,3 +207,169 @@ def test_a_fusion_url_selects_the_remote_service():
     assert isinstance(_build({}, {"url": None}), LocalSandbox)
     with pytest.raises(SandboxConfigError, match="sandbox_fusion.url='localhost:8080' must be an http"):
         _build({}, {"url": "localhost:8080"})
+
+
+# ------------------------------------------------------------------ nothing outlives the run (issue 33)
+
+_TRAINER = """
+import sys
+from hybridrl.rewards.sandbox import LocalSandbox, SandboxLimits
+program = (
+    "import subprocess, time\\n"
+    "subprocess.Popen(['sleep', {marker!r}], start_new_session=True)\\n"
+    "time.sleep(120)\\n"
+)
+LocalSandbox(SandboxLimits(timeout_s=120)).run(program.format(marker=sys.argv[1]))
+"""
+
+
+def _pids_with(text):
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if text.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def _children(parent):
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == parent:
+                    found.append(int(pid))
+        except (OSError, IndexError, ValueError):
+            pass
+    return found
+
+
+def _wait_until(condition, timeout_s):
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+def test_a_killed_trainer_leaves_no_program_and_no_work_folder(sandbox):
+    """kill -9 of the trainer: the jail, the program and its setsid child die, the folder goes."""
+    marker = "4322.25"
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    trainer = subprocess.Popen([sys.executable, "-c", _TRAINER, marker], cwd=repo)
+    try:
+        assert _wait_until(lambda: _pids_with("sleep\0" + marker), 30), "the sandboxed program did not start"
+        jails = [p for p in _children(trainer.pid) if p in _pids_with(str(local.JAIL))]
+        assert len(jails) == 1
+        with open(f"/proc/{jails[0]}/cmdline", "rb") as f:
+            work = os.path.dirname(f.read().split(b"\0")[-2].decode())  # .../spec.json
+        assert os.path.isdir(work)
+        jail_pids = [jails[0], *_children(jails[0])]
+    finally:
+        trainer.kill()
+        trainer.wait()
+    assert _wait_until(lambda: not _pids_with("sleep\0" + marker), 5), "the program outlived its trainer"
+    assert _wait_until(lambda: not any(os.path.exists(f"/proc/{p}") for p in jail_pids), 5)
+    assert _wait_until(lambda: not os.path.exists(work), 5), "the work folder outlived the trainer"
+
+
+def test_stale_work_folders_of_dead_trainers_are_swept(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    stale = tmp_path / (local.WORK_PREFIX + "dead")
+    (stale / "box").mkdir(parents=True)
+    (stale / "stdout").write_text("x")
+    old = time.time() - 2 * local.STALE_AFTER_S
+    os.utime(stale, (old, old))
+    with local._work_dir() as live:
+        os.utime(live, (old, old))  # old, but its trainer (this process) holds the lock
+        assert local.sweep_stale_work_dirs() == [str(stale)]
+        assert not stale.exists() and live.is_dir()
+    assert not live.exists()
+
+
+@pytest.mark.parametrize("signals", ["SIGALRM", "SIGALRM, signal.SIGXCPU, signal.SIGTERM, signal.SIGINT"])
+def test_the_wall_deadline_is_a_kill_the_program_cannot_catch(sandbox, signals):
+    marker = "4323.5"
+    program = textwrap.dedent(f"""
+        import signal, subprocess, time
+        for s in (signal.{signals},):
+            signal.signal(s, lambda *a: None)
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        subprocess.Popen(['sleep', '{marker}'], start_new_session=True)
+        while True:
+            time.sleep(0.01)
+    """)
+    started = time.perf_counter()
+    result = sandbox.run(program, timeout_s=1.5)
+    assert result.status == "timeout" and time.perf_counter() - started < 4
+    assert _wait_until(lambda: not _pids_with("sleep\0" + marker), 2)
+
+
+def test_a_program_that_ignores_its_alarm_gets_one_deadline_for_all_its_cases(monkeypatch):
+    """Call-based cases run under an alarm the program can catch; the runs share one deadline."""
+    from hybridrl.rewards import code
+
+    limited = LocalSandbox(SandboxLimits(timeout_s=1.0))
+    if local._probe(limited):
+        pytest.skip("no isolation on this machine")
+    monkeypatch.setattr(code, "current_sandbox", lambda: limited)
+    program = (
+        "import signal, time\nsignal.signal(signal.SIGALRM, lambda *a: None)\n"
+        "def add(x):\n    signal.signal(signal.SIGALRM, lambda *a: None)\n    time.sleep(600)"
+    )
+    ground_truth = {"fn_name": "add", "inputs": [[1], [2], [3], [4]], "outputs": [4, 5, 6, 7]}
+    started = time.perf_counter()
+    result = code.compute_score(program, ground_truth, continuous=True)
+    assert result["passed"] == 0
+    assert time.perf_counter() - started < 4 * 1.0 + 1.0 + 1.0 + 2.0  # n + 1 case limits + 1 s, + slack
+
+
+def test_the_memory_limit_covers_all_processes_of_a_run(sandbox):
+    """Three children of 800 MB each: 2.4 GB together, over the run's 1024 MiB."""
+    why_not = local.MemoryCgroup.why_unavailable()
+    if why_not:
+        pytest.skip(f"the memory limit is per process here: {why_not}")
+    program = textwrap.dedent("""
+        import os, sys, time
+        children = []
+        for _ in range(3):
+            pid = os.fork()
+            if pid == 0:
+                block = b"x" * (800 * 1024 * 1024)
+                time.sleep(1)
+                os._exit(0)
+            children.append(pid)
+        statuses = [os.waitpid(pid, 0)[1] for pid in children]
+        print(statuses)
+        sys.exit(0 if statuses == [0, 0, 0] else 1)
+    """)
+    result = LocalSandbox(SandboxLimits(timeout_s=30, memory_limit_mb=1024)).run(program)
+    assert result.status == "memory", (result.status, result.stdout, result.stderr[-500:])
+    assert "limit 1024 MiB for all its processes" in result.reason
+    assert not [name for name in os.listdir(local.MemoryCgroup._base[1]) if name.startswith(local.WORK_PREFIX)]
+
+
+def test_without_a_memory_cgroup_the_limit_is_per_process_and_the_processes_are_capped(sandbox, monkeypatch):
+    monkeypatch.setattr(local.MemoryCgroup, "_why_not", "cgroups are read-only")
+    result = sandbox.run("x = bytearray(2 * 1024 ** 3)\nprint('allocated')")
+    assert result.status == "memory" and f"limit {sandbox.limits.memory_limit_mb} MiB" in result.reason
+    count = textwrap.dedent("""
+        import os, time
+        n = 0
+        for _ in range(100):
+            try:
+                pid = os.fork()
+            except OSError:
+                break
+            if pid == 0:
+                time.sleep(30)
+                os._exit(0)
+            n += 1
+        print(n)
+    """)
+    result = sandbox.run(count)
+    assert result.ok and int(result.stdout) < sandbox.limits.max_processes

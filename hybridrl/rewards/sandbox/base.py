@@ -33,7 +33,10 @@ class SandboxLimits:
     Attributes:
         timeout_s: wall-clock seconds one run may take.
         cpu_time_s: CPU seconds one run may use (all its processes); ``None``: ``timeout_s``.
-        memory_limit_mb: address space of each process, in MiB.
+        memory_limit_mb: memory of the whole run, in MiB: of all its processes together (and
+            its scratch files) where the local sandbox can make a memory cgroup; also the
+            address space of each process. Without a cgroup only the per-process limit holds,
+            so a run may use up to ``max_processes`` times this.
         max_processes: processes and threads the program may have at once.
         max_file_size_mb: the largest file it may write, stdout and stderr included, and the size
             of its scratch directory, in MiB.

@@ -2,7 +2,10 @@
 
 Three processes, all started here:
 
-- **this one** (the trainer's user) forks the keeper and, when the trainer runs as root, writes
+- **this one** (the trainer's user) arms its parent-death signal (SIGTERM, handled: it kills the
+  keeper, removes the run's cgroup and work folder and exits), joins the run's cgroup when
+  :mod:`.local` made one (``spec["cgroup"]``: a memory limit for all processes of the run), forks
+  the keeper and, when the trainer runs as root, writes
   the keeper's uid/gid maps: namespace uid 0 is host uid 0 (to build the jail) and namespace uid
   65534 is host ``nobody`` (to run the program);
 - **the keeper** unshares user, mount, network, PID, IPC and UTS namespaces (so no network but
@@ -18,6 +21,10 @@ Three processes, all started here:
   interpreter on ``/sandbox/main.py`` with a clean environment), waits for it and writes its
   wait status to the status file. When the init exits, the kernel kills all that is left.
 
+Nothing outlives the trainer: each of the three dies with its parent (``PR_SET_PDEATHSIG``; the
+init arms it again after its uid change, which clears it, and checks that the keeper still
+lives), and the death of the init ends every process of the namespace.
+
 Under root the program runs as host ``nobody`` because the kernel never applies the process
 limit to uid 0. The program is not PID 1 because PID 1 ignores signals it has no handler for
 (SIGXCPU of the CPU limit included). A failure before the program starts prints
@@ -28,8 +35,10 @@ import ctypes
 import json
 import os
 import resource
+import shutil
 import signal
 import sys
+import time
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC = 32, 1024, 2048, 4096, 16384
@@ -39,7 +48,7 @@ CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
-SIGKILL = 9
+SIGKILL, SIGTERM = 9, 15
 NOBODY = 65534
 SETUP_FAILED = 125
 ROOT = "/tmp"  # the new root's mount point: a directory every Linux has (hidden by the tmpfs)
@@ -144,12 +153,22 @@ def drop_privileges(to_nobody: bool) -> None:
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
 
 
-def run_init(spec: dict, status_fd: int, as_root: bool) -> None:
+def run_init(spec: dict, status_fd: int, as_root: bool, keeper_alive: int) -> None:
     """PID 1 of the new namespace: build the jail, fork the program, report its wait status."""
     _check(_libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0), "parent-death signal")
     build_root(spec)
     set_limits(spec["limits"])
     drop_privileges(to_nobody=as_root)
+    # Changing the uid cleared the parent-death signal: arm it again (allowed unprivileged), then
+    # make sure the keeper did not die in between (its end of the pipe closed: end of file).
+    _check(_libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0), "parent-death signal")
+    os.set_blocking(keeper_alive, False)
+    try:
+        if os.read(keeper_alive, 1) == b"":
+            os._exit(SETUP_FAILED)
+    except BlockingIOError:
+        pass
+    os.close(keeper_alive)
     # The program may signal its parent, this init: the kernel only delivers what it has a handler
     # for, and Python's SIGINT handler would end the run as a sandbox error instead of a score.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -166,9 +185,11 @@ def run_init(spec: dict, status_fd: int, as_root: bool) -> None:
     os.write(status_fd, str(status).encode())
 
 
-def run_keeper(spec: dict, status_fd: int, as_root: bool, ready_w: int, mapped_r: int) -> None:
+def run_keeper(spec: dict, status_fd: int, as_root: bool, ready_w: int, mapped_r: int, parent: int) -> None:
     """Unshare the namespaces, wait for the uid map (root) or write it (others), fork the init."""
     _check(_libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0), "parent-death signal")
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(SETUP_FAILED)
     uid, gid = os.getuid(), os.getgid()
     _check(
         _libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS),
@@ -182,9 +203,11 @@ def run_keeper(spec: dict, status_fd: int, as_root: bool, ready_w: int, mapped_r
         _write("/proc/self/setgroups", "deny")
         _write("/proc/self/uid_map", f"0 {uid} 1")
         _write("/proc/self/gid_map", f"0 {gid} 1")
+    alive_r, alive_w = os.pipe()  # the init reads end of file once this keeper is gone
     pid = os.fork()  # the first child in the new PID namespace is its init
     if pid == 0:
-        _run_guarded(lambda: run_init(spec, status_fd, as_root))
+        os.close(alive_w)
+        _run_guarded(lambda: run_init(spec, status_fd, as_root, alive_r))
     _, status = os.waitpid(pid, 0)
     os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else SETUP_FAILED)
 
@@ -198,16 +221,63 @@ def _run_guarded(body) -> None:
     os._exit(0)
 
 
+_keeper = 0  # the keeper's pid, once forked
+_cleanup: dict = {}  # what main() leaves behind if the trainer dies: work folder, cgroup
+
+
+def _abandon(*_signal_args) -> None:
+    """The trainer died (parent-death signal): end the run and remove its traces, then exit."""
+    if _keeper:
+        try:
+            os.kill(_keeper, SIGKILL)  # its death kills the init, whose death ends the namespace
+            os.waitpid(_keeper, 0)
+        except OSError:
+            pass
+    cgroup = _cleanup.get("cgroup")
+    if cgroup:  # leave it, then remove it once the namespace's processes are gone
+        try:
+            _write(os.path.join(os.path.dirname(cgroup), "cgroup.procs"), str(os.getpid()))
+        except OSError:
+            pass
+        for _ in range(200):
+            try:
+                os.rmdir(cgroup)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.01)
+    if _cleanup.get("work"):
+        shutil.rmtree(_cleanup["work"], ignore_errors=True)
+    os._exit(SETUP_FAILED)
+
+
 def main() -> None:
+    global _keeper
     with open(sys.argv[1], encoding="utf-8") as f:
         spec = json.load(f)
+    # Die with the trainer: SIGTERM on its death, handled here (nothing else runs in this process)
+    _cleanup.update(work=os.path.dirname(os.path.abspath(sys.argv[1])), cgroup=spec.get("cgroup"))
+    signal.signal(SIGTERM, _abandon)
+    _check(_libc.prctl(PR_SET_PDEATHSIG, SIGTERM, 0, 0, 0), "parent-death signal")
+    if os.getppid() != spec["parent_pid"]:  # it died before the signal was armed
+        _abandon()
+    if spec.get("cgroup"):  # every process of the run is charged to the run's cgroup
+        try:
+            _write(os.path.join(spec["cgroup"], "cgroup.procs"), str(os.getpid()))
+        except OSError as exc:
+            print(f"hybridrl-sandbox: cannot join the run's cgroup {spec['cgroup']}: {exc}", file=sys.stderr)
+            sys.exit(SETUP_FAILED)
     status_fd = os.open(spec["status_file"], os.O_WRONLY)
     as_root = os.geteuid() == 0
     ready_r, ready_w = os.pipe()
     mapped_r, mapped_w = os.pipe()
-    keeper = os.fork()
+    me = os.getpid()
+    _keeper = os.fork()
+    keeper = _keeper
     if keeper == 0:
-        _run_guarded(lambda: run_keeper(spec, status_fd, as_root, ready_w, mapped_r))
+        signal.signal(SIGTERM, signal.SIG_DFL)
+        _run_guarded(lambda: run_keeper(spec, status_fd, as_root, ready_w, mapped_r, me))
     os.close(ready_w)  # so that a keeper dying before it unshares reads as end of file here
     if as_root:
         _map_ids(keeper, ready_r, mapped_w)

@@ -5,27 +5,41 @@ a root file system that holds only the Python install (read-only), a fresh tmpfs
 directory, resource limits and no capabilities (see :mod:`hybridrl.rewards.sandbox.jail`). So a
 program cannot reach the network (not even 127.0.0.1), see or write the host's files, read the
 trainer's environment, or outlive its run: when the run ends, the kernel kills every process of
-its PID namespace.
+its PID namespace. The wall-time limit is a SIGKILL of the run's process group from here, which
+no program can catch. Nor does a run outlive its trainer: the jail dies with it (parent-death
+signals) and removes the run's work folder and cgroup; :func:`sweep_stale_work_dirs`, run once
+per process, removes what a dead trainer still left.
+
+Memory: each isolated run gets its own memory cgroup (:class:`MemoryCgroup`, v2 or v1) where
+one can be made, so ``memory_limit_mb`` holds for all its processes together; elsewhere the
+limit is per process only (up to ``max_processes`` times ``memory_limit_mb`` in all).
 
 Isolation is probed once per process (a trivial program). Where it cannot be set up,
 :class:`LocalSandbox` refuses to run anything, unless ``unsafe_no_isolation`` asks for the
 unisolated fallback: a subprocess in a temporary directory with the same resource limits (but
 not the process-count limit, which would count all of the user's processes) and a clean
-environment, and nothing else.
+environment, and nothing else (no cgroup; the program dies with the trainer, but a child it
+starts in a new session escapes both the wall-time kill and the trainer's death).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import fcntl
+import glob
 import json
 import logging
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from hybridrl.rewards.sandbox.base import SandboxLimits, SandboxResult, SandboxUnavailableError
@@ -48,6 +62,11 @@ _TOP_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _PROBE_TIMEOUT_S = 30.0
 _probe_lock = threading.Lock()
 _probe_results: dict[str, str] = {}  # python executable -> "" (isolation works) or why not
+WORK_PREFIX = "hybridrl-sandbox-"  # the runs' work folders (temp dir) and cgroups
+STALE_AFTER_S = 60.0  # an unlocked work folder this old belongs to a dead trainer
+_swept = False
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class LocalSandbox:
@@ -77,8 +96,9 @@ class LocalSandbox:
         """
         isolated = self.isolation_available()
         timeout = float(timeout_s or self.limits.timeout_s)
-        with tempfile.TemporaryDirectory(prefix="hybridrl-sandbox-") as work:
-            return self._run_in(Path(work), source, stdin, timeout, isolated)
+        _sweep_once()
+        with _work_dir() as work:
+            return self._run_in(work, source, stdin, timeout, isolated)
 
     def isolation_available(self) -> bool:
         """True if programs run isolated; False if they run unisolated (allowed by the user).
@@ -102,8 +122,22 @@ class LocalSandbox:
         (work / "stdin").write_text(stdin, encoding="utf-8")
         status_file = work / "status"
         status_file.touch()
+        cgroup = MemoryCgroup.create(work.name, self.limits.memory_limit_mb) if isolated else None
+        try:
+            result = self._run_with(work, source, timeout, isolated, cgroup)
+        finally:
+            oom_kills = cgroup.remove() if cgroup else 0
+        if oom_kills and result.status in ("error", "killed", "sandbox_error"):
+            why = f"ran out of memory (limit {self.limits.memory_limit_mb} MiB for all its processes)"
+            return SandboxResult("memory", result.returncode, result.stdout, result.stderr, result.wall_s, why)
+        return result
+
+    def _run_with(
+        self, work: Path, source: str, timeout: float, isolated: bool, cgroup: MemoryCgroup | None
+    ) -> SandboxResult:
+        status_file = work / "status"
         if isolated:
-            popen = self._isolated_popen(work, source, status_file)
+            popen = self._isolated_popen(work, source, status_file, cgroup)
         else:
             (work / "box").mkdir()
             (work / "box" / "main.py").write_text(source, encoding="utf-8")
@@ -138,9 +172,11 @@ class LocalSandbox:
             returncode = proc.returncode
         return self._classify(returncode, stdout, stderr, wall)
 
-    def _isolated_popen(self, work: Path, source: str, status_file: Path) -> dict:
+    def _isolated_popen(self, work: Path, source: str, status_file: Path, cgroup: MemoryCgroup | None) -> dict:
         """Popen arguments of an isolated run (the jail script, with its spec file)."""
         spec = {
+            "parent_pid": os.getpid(),
+            "cgroup": cgroup.path if cgroup else None,
             "status_file": str(status_file),
             "source": source,
             "python": self.python,
@@ -188,6 +224,7 @@ class LocalSandbox:
         return [p for p in paths if os.path.exists(p)]
 
     def _unisolated_limits(self) -> None:  # runs in the child, before exec
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # die with the trainer
         mib = 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (self.limits.memory_limit_mb * mib,) * 2)
         resource.setrlimit(resource.RLIMIT_CPU, (self.limits.cpu_seconds, self.limits.cpu_seconds + 1))
@@ -232,8 +269,230 @@ def _why_no_isolation(sandbox: LocalSandbox) -> str:
     if sys.platform != "linux":
         return f"Linux namespaces are not available on {sys.platform}"
     probe = LocalSandbox(SandboxLimits(timeout_s=_PROBE_TIMEOUT_S), python=sandbox.python)
-    with tempfile.TemporaryDirectory(prefix="hybridrl-sandbox-probe-") as work:
-        result = probe._run_in(Path(work), "print('ok')", "", _PROBE_TIMEOUT_S, isolated=True)
+    with _work_dir() as work:
+        result = probe._run_in(work, "print('ok')", "", _PROBE_TIMEOUT_S, isolated=True)
     if result.ok and result.stdout.strip() == "ok":
         return ""
     return result.reason or _last_line(result.stderr) or f"the probe program ended with {result.status}"
+
+
+@contextlib.contextmanager
+def _work_dir() -> Iterator[Path]:
+    """A fresh work folder for one run, locked (``flock``) while this process lives, then removed.
+
+    The lock is what tells a later :func:`sweep_stale_work_dirs` that the folder's trainer is gone
+    (the kernel drops it with the process, whatever its pid namespace)."""
+    path = tempfile.mkdtemp(prefix=WORK_PREFIX)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield Path(path)
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+        os.close(fd)
+
+
+def sweep_stale_work_dirs(older_than_s: float = STALE_AFTER_S) -> list[str]:
+    """Remove the work folders (and their cgroups) that a dead trainer left behind.
+
+    A folder is stale when it is ours, unchanged for ``older_than_s`` and no live process holds its
+    lock. A trainer killed with ``kill -9`` normally leaves nothing (the jail removes its folder on
+    the trainer's death); this catches the rest, e.g. a jail killed at the same time.
+
+    Returns:
+        the folders removed.
+    """
+    removed = []
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), WORK_PREFIX + "*")):
+        try:
+            st = os.lstat(path)
+            if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != os.getuid():
+                continue
+            if time.time() - st.st_mtime < older_than_s:
+                continue
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue  # a live run's
+        shutil.rmtree(path, ignore_errors=True)
+        os.close(fd)
+        MemoryCgroup.remove_stale(os.path.basename(path))
+        removed.append(path)
+    return removed
+
+
+def _sweep_once() -> None:
+    global _swept
+    with _probe_lock:
+        if _swept:
+            return
+        _swept = True
+    removed = sweep_stale_work_dirs()
+    if removed:
+        logger.info("code sandbox: removed %d work folders of dead trainers", len(removed))
+
+
+class MemoryCgroup:
+    """A child of this process's memory cgroup holding one isolated run, so that the memory limit
+    covers all the run's processes together (and its scratch files, on tmpfs).
+
+    cgroup v2 (``memory.max``, no swap) where this process's cgroup has the memory controller
+    and may give it to a child; else cgroup v1's memory hierarchy (``memory.limit_in_bytes``,
+    ``memory.memsw.limit_in_bytes``). Creating one needs write access there (root, or a delegated
+    cgroup); where it fails, :meth:`create` returns ``None`` and each process keeps only its own
+    address-space limit (see :class:`~hybridrl.rewards.sandbox.SandboxLimits`).
+    """
+
+    _base: tuple[str, str] | None = None  # (version, our cgroup's folder), once found
+    _why_not: str | None = None  # why none can be made here, once known
+
+    def __init__(self, path: str, version: str) -> None:
+        self.path, self.version = path, version
+
+    @classmethod
+    def why_unavailable(cls) -> str:
+        """ "" if runs get a memory cgroup here, else why not (found once per process)."""
+        if cls._why_not is None:
+            probe = cls.create(WORK_PREFIX + f"probe-{os.getpid()}", 64)
+            if probe is not None:
+                probe.remove()
+        return cls._why_not or ""
+
+    @classmethod
+    def create(cls, name: str, limit_mb: int) -> MemoryCgroup | None:
+        """A new cgroup ``name`` limited to ``limit_mb`` MiB, or ``None`` where none can be made."""
+        if cls._why_not:
+            return None
+        limit = str(limit_mb * 1024 * 1024)
+        try:
+            version, base = cls._base or _memory_cgroup_base()
+            path = os.path.join(base, name)
+            os.mkdir(path)
+        except OSError as exc:
+            cls._why_not = f"cannot create a memory cgroup: {exc}"
+            logger.warning("code sandbox: %s; the memory limit is per process", cls._why_not)
+            return None
+        cls._base, cls._why_not = (version, base), ""
+        cgroup = cls(path, version)
+        try:
+            if version == "v2":
+                _write(path, "memory.max", limit)
+                if os.path.exists(os.path.join(path, "memory.swap.max")):
+                    _write(path, "memory.swap.max", "0")
+            else:
+                _write(path, "memory.limit_in_bytes", limit)
+                if os.path.exists(os.path.join(path, "memory.memsw.limit_in_bytes")):
+                    _write(path, "memory.memsw.limit_in_bytes", limit)
+        except OSError as exc:
+            cgroup.remove()
+            cls._why_not = f"cannot set a cgroup's memory limit: {exc}"
+            logger.warning("code sandbox: %s; the memory limit is per process", cls._why_not)
+            return None
+        return cgroup
+
+    def oom_kills(self) -> int:
+        """How many processes of the run the kernel killed for the cgroup's limit."""
+        name = "memory.events" if self.version == "v2" else "memory.oom_control"
+        try:
+            with open(os.path.join(self.path, name)) as f:
+                for line in f:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            pass
+        return 0
+
+    def remove(self) -> int:
+        """Kill what is left in it, remove it; the number of OOM kills it saw."""
+        oom_kills = self.oom_kills()
+        for attempt in range(300):
+            try:
+                os.rmdir(self.path)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:  # busy: the namespace's processes are still being reaped
+                if attempt % 50 == 49:
+                    _kill_all(self.path)
+                time.sleep(0.01)
+        else:
+            logger.warning("code sandbox: could not remove the cgroup %s", self.path)
+        return oom_kills
+
+    @classmethod
+    def remove_stale(cls, name: str) -> None:
+        """Remove the cgroup of a dead trainer's run (its work folder ``name``), if any."""
+        try:
+            _, base = cls._base or _memory_cgroup_base()
+        except OSError:
+            return
+        if os.path.isdir(os.path.join(base, name)):
+            cls(os.path.join(base, name), "").remove()
+
+
+def _write(folder: str, name: str, value: str) -> None:
+    with open(os.path.join(folder, name), "w") as f:
+        f.write(value)
+
+
+def _kill_all(cgroup: str) -> None:
+    try:
+        with open(os.path.join(cgroup, "cgroup.procs")) as f:
+            pids = [int(line) for line in f if line.strip()]
+    except OSError:
+        return
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _memory_cgroup_base() -> tuple[str, str]:
+    """("v2" or "v1", the folder of this process's memory cgroup) where children can be made.
+
+    Raises:
+        OSError: no memory cgroup hierarchy is mounted, or v2's cannot give memory to a child.
+    """
+    mounts: dict[str, tuple[str, str]] = {}  # version -> (root of the mount, mount point)
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields, (fstype, _source, options) = left.split(), right.split()[:3]
+            if fstype == "cgroup2":
+                mounts.setdefault("v2", (fields[3], fields[4]))
+            elif fstype == "cgroup" and "memory" in options.split(","):
+                mounts.setdefault("v1", (fields[3], fields[4]))
+    folders: dict[str, str] = {}
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            hierarchy, controllers, path = line.rstrip("\n").split(":", 2)
+            version = "v2" if hierarchy == "0" and not controllers else "v1"
+            if version == "v1" and "memory" not in controllers.split(","):
+                continue
+            if version in mounts:
+                root, point = mounts[version]
+                if path == root or path.startswith(root.rstrip("/") + "/") or root == "/":
+                    folders[version] = point + path[len(root.rstrip("/")) :]
+    why = "no memory cgroup is mounted"
+    if "v2" in folders:
+        folder = folders["v2"]
+        with open(os.path.join(folder, "cgroup.controllers")) as f:
+            available = f.read().split()
+        if "memory" in available:
+            with open(os.path.join(folder, "cgroup.subtree_control")) as f:
+                enabled = f.read().split()
+            try:
+                if "memory" not in enabled:
+                    _write(folder, "cgroup.subtree_control", "+memory")
+                return "v2", folder
+            except OSError as exc:
+                why = f"cgroup v2 cannot give the memory controller to a child of {folder} ({exc})"
+        else:
+            why = f"cgroup v2 has no memory controller at {folder}"
+    if "v1" in folders:
+        return "v1", folders["v1"]
+    raise OSError(why)
