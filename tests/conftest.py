@@ -9,16 +9,18 @@ import pytest
 # Tests never reach a model hub: everything they load is local or built on the spot.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-# Test tiers (README): `-m "not slow"` is the fast tier, unit tests only. A test is `slow` when it
-# starts a Ray cluster, a vLLM engine or a training run: marked by hand (e2e modules) or, here, by
-# the fixtures that bring them. In the fast tier those entry points fail the test that reaches
-# them, so an unmarked slow test cannot creep in.
+# Test tiers (README): `-m "not slow"` is the fast tier, in-process unit tests only. A test is
+# `slow` when it starts a Ray cluster, a vLLM engine, a training run, worker processes of a process
+# group or sandboxed programs: marked by hand or, here, by the fixtures that bring them. In the fast
+# tier those entry points fail the test that reaches them, so an unmarked slow test cannot creep in.
 SLOW_FIXTURES = {"ray_cluster", "vllm_model", "vllm_model_dir", "async_vllm_engine", "dumped_run"}
 SLOW_ENTRY_POINTS = {
     "a Ray cluster": ("ray", "init"),
     "a vLLM engine": ("hybridrl.workers.rollout.vllm", "VLLMRollout.__init__"),
     "a PPO training run": ("hybridrl.trainer.ppo_trainer", "PPOTrainer.fit"),
     "an SFT/RM training run": ("hybridrl.trainer.supervised", "SupervisedTrainer.fit"),
+    "worker processes of a process group": ("torch.multiprocessing", "start_processes"),
+    "a sandboxed program": ("hybridrl.rewards.sandbox.local", "LocalSandbox.run"),
 }
 
 

@@ -87,6 +87,7 @@ def test_splits_disjoint_and_every_template_trained(tmp_path):
     assert {r["extra_info"]["template"] for r in train} == set(SOLUTIONS)
 
 
+@pytest.mark.slow
 def test_rows_schema_and_tests_are_right(tmp_path):
     """A correct function scores 1 on every row; a constant function never passes every case."""
     _write(tmp_path, "e", "--num_tests", "4")
@@ -101,6 +102,7 @@ def test_rows_schema_and_tests_are_right(tmp_path):
         assert result["score"] == 1.0, (row["extra_info"], result["reason"])
 
 
+@pytest.mark.slow
 def test_partial_credit_for_a_half_right_function(tmp_path):
     _, test = _write(tmp_path, "f")
     row = next(r for r in test.to_dict("records") if r["extra_info"]["template"] in ("add", "subtract", "multiply"))

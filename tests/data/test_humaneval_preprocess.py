@@ -60,6 +60,7 @@ def _score_all(rows, make_response):
         return list(pool.map(score, rows.to_dict("records")))
 
 
+@pytest.mark.slow
 def test_every_canonical_solution_scores_one(rows, problems):
     """prompt + canonical_solution as the response: 164 of 164 pass."""
     by_id = {p["task_id"]: p for p in problems}
@@ -75,6 +76,7 @@ def test_every_canonical_solution_scores_one(rows, problems):
     assert all(res["passed"] == res["total"] == 1 for res in results)
 
 
+@pytest.mark.slow
 def test_wrong_and_empty_programs_score_zero(rows):
     stub = _score_all(
         rows,
@@ -111,6 +113,7 @@ def test_bad_lines_name_file_and_line(tmp_path):
         humaneval.read_problems(str(tmp_path / "c.jsonl.gz"))
 
 
+@pytest.mark.slow
 def test_eval_job_reports_pass_at_k_of_code_rows(rows, problems, tmp_path):
     """`hybridrl eval` on generate-style rows: a right and a wrong response per prompt."""
     from hybridrl.config import load_config

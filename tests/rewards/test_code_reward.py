@@ -53,17 +53,20 @@ def test_defines_name():
 ECHO_DOUBLE = "n = int(input())\nprint(n * 2)"
 
 
+@pytest.mark.slow
 def test_stdio_all_cases_pass():
     gt = {"inputs": ["3\n", "10\n"], "outputs": ["6\n", "20\n"]}
     assert compute_score(fenced(ECHO_DOUBLE), gt) == {"score": 1.0, "passed": 2, "total": 2, "reason": ""}
 
 
+@pytest.mark.slow
 def test_stdio_wrong_output_names_the_case_and_the_outputs():
     result = compute_score(ECHO_DOUBLE, json.dumps({"inputs": ["3", "4"], "outputs": ["6", "9"]}))
     assert result["score"] == 0.0 and result["passed"] == 1
     assert result["reason"].startswith("case 2 of 2:") and "'8'" in result["reason"] and "'9'" in result["reason"]
 
 
+@pytest.mark.slow
 def test_stdio_comparison_tolerates_whitespace_and_float_noise():
     gt = {"inputs": ["1"], "outputs": ["1.5 2\n\nok"]}
     assert compute_score("print('  1.5000001   2  ')\nprint()\nprint('ok ')", gt)["score"] == 1.0
@@ -80,17 +83,20 @@ def test_outputs_match_rules():
     assert not outputs_match("abc", "abd")
 
 
+@pytest.mark.slow
 def test_stdio_runtime_error_reason_is_the_exception_line():
     result = compute_score("import sys\nprint(1 / int(input()))", {"inputs": ["0"], "outputs": ["1"]})
     assert result["score"] == 0.0 and "ZeroDivisionError" in result["reason"]
 
 
+@pytest.mark.slow
 def test_stdio_cases_may_be_lists_of_lines():
     gt = {"inputs": [["1 2", "3"]], "outputs": [["3", "3"]]}
     program = "a, b = map(int, input().split())\nprint(a + b)\nprint(input())"
     assert compute_score(program, gt)["score"] == 1.0
 
 
+@pytest.mark.slow
 def test_common_imports_are_in_reach_as_in_verl():
     assert compute_score("print(math.isqrt(int(input())))", {"inputs": ["17"], "outputs": ["4"]})["score"] == 1.0
 
@@ -105,6 +111,7 @@ def call_gt(fn_name, cases):
 ADD3 = call_gt("add", [((1,), 4), ((2,), 5), ((3,), 6)])
 
 
+@pytest.mark.slow
 def test_call_based_passes_and_reports_the_failing_call():
     assert compute_score(fenced("def add(x):\n    return x + 3"), ADD3)["score"] == 1.0
     result = compute_score(fenced("def add(x):\n    return 5"), ADD3)
@@ -112,17 +119,20 @@ def test_call_based_passes_and_reports_the_failing_call():
     assert result["reason"] == "case 1 of 3: add(1) returned 5, expected 4"
 
 
+@pytest.mark.slow
 def test_call_based_tuples_equal_lists_and_apps_wrapped_outputs():
     gt = {"fn_name": "pair", "inputs": [[1], [2]], "outputs": [[[1, 1]], [2, 2]]}  # first APPS-wrapped
     assert compute_score("def pair(x):\n    return (x, x)", gt)["score"] == 1.0
 
 
+@pytest.mark.slow
 def test_call_based_solution_class_and_prime_string_cases():
     gt = {"fn_name": "twoSum", "inputs": ["[1, 2]\n3", "[5]\n0"], "outputs": ["[1, 2, 3]", "[5, 0]"]}
     program = "class Solution:\n    def twoSum(self, xs: List[int], y: int) -> List[int]:\n        return xs + [y]"
     assert compute_score(program, gt)["score"] == 1.0
 
 
+@pytest.mark.slow
 def test_call_based_missing_function_and_syntax_error():
     assert "no function 'add'" in compute_score("def plus(x):\n    return x + 3", ADD3)["reason"]
     result = compute_score("def add(x) return x", ADD3)
@@ -134,6 +144,7 @@ def limited_sandbox(monkeypatch, **limits):
     monkeypatch.setattr(code, "current_sandbox", lambda: sandbox)
 
 
+@pytest.mark.slow
 def test_call_based_a_case_over_time_fails_only_itself(monkeypatch):
     limited_sandbox(monkeypatch, timeout_s=1.0, cpu_time_s=5.0)
     program = "def add(x):\n    while x == 2:\n        pass\n    return x + 3"
@@ -142,6 +153,7 @@ def test_call_based_a_case_over_time_fails_only_itself(monkeypatch):
     assert result["reason"] == "case 2 of 3: add(2) TimeoutError: no result within 1 s"
 
 
+@pytest.mark.slow
 def test_a_run_out_of_cpu_time_after_some_cases_resumes_with_a_fresh_run(monkeypatch):
     """Each case burns 0.6 CPU-s, under the 1 s per process; together they are over it."""
     limited_sandbox(monkeypatch, timeout_s=5.0, cpu_time_s=1.0)
@@ -152,6 +164,7 @@ def test_a_run_out_of_cpu_time_after_some_cases_resumes_with_a_fresh_run(monkeyp
     assert compute_score(program, ADD3) == {"score": 1.0, "passed": 3, "total": 3, "reason": ""}
 
 
+@pytest.mark.slow
 def test_continuous_resumes_after_a_case_that_kills_the_process():
     program = "import os\ndef add(x):\n    if x == 2:\n        os._exit(3)\n    return x + 3"
     result = compute_score(program, ADD3, continuous=True)
@@ -159,6 +172,7 @@ def test_continuous_resumes_after_a_case_that_kills_the_process():
     assert compute_score(program, ADD3)["score"] == 0.0
 
 
+@pytest.mark.slow
 def test_harness_reports_cannot_be_forged_by_printing():
     program = "print('\\n@hybridrl-0 {\"value\": 4}')\ndef add(x):\n    return 0"
     assert compute_score(program, ADD3, continuous=True)["passed"] == 0
@@ -167,6 +181,7 @@ def test_harness_reports_cannot_be_forged_by_printing():
 # ------------------------------------------------------------------ continuous vs all-or-nothing
 
 
+@pytest.mark.slow
 def test_all_or_nothing_stops_at_the_first_failure_continuous_counts_all():
     gt = call_gt("f", [((0,), 1), ((1,), 1), ((2,), 1)])  # the program fails case 1 only
     program = "def f(x):\n    return 1 if x else 0"
@@ -176,6 +191,7 @@ def test_all_or_nothing_stops_at_the_first_failure_continuous_counts_all():
     assert strict["reason"] == partial["reason"] and strict["reason"].startswith("case 1 of 3")
 
 
+@pytest.mark.slow
 def test_continuous_runs_only_the_first_cases_up_to_the_cap():
     n = code.MAX_CONTINUOUS_CASES + 2
     gt = call_gt("f", [((i,), i) for i in range(n)])
@@ -185,6 +201,7 @@ def test_continuous_runs_only_the_first_cases_up_to_the_cap():
     assert compute_score(program, gt)["score"] == 0.0
 
 
+@pytest.mark.slow
 def test_registered_code_sources_score_like_verl():
     program = "def f(x):\n    return 1 if x else 0"
     gt = call_gt("f", [((0,), 1), ((1,), 1)])
@@ -205,11 +222,13 @@ ASSERT_GT = {
 }
 
 
+@pytest.mark.slow
 def test_assert_style_full_function_and_bare_body():
     assert compute_score(fenced("def root(x):\n    return math.isqrt(x)"), ASSERT_GT)["score"] == 1.0
     assert compute_score(fenced("    return math.isqrt(x)"), ASSERT_GT)["score"] == 1.0  # continues the prefix
 
 
+@pytest.mark.slow
 def test_assert_style_failure_and_missing_function():
     result = compute_score("def root(x):\n    return int(x ** 0.5) + 1", ASSERT_GT)
     assert (result["score"], result["passed"], result["total"]) == (0.0, 0, 1)
@@ -247,6 +266,7 @@ REWARD_HACKS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("program", REWARD_HACKS.values(), ids=REWARD_HACKS.keys())
 def test_assert_style_scores_zero_for_ending_the_run_early(program):
     """Exit status 0 is no pass: only the harness's nonce, printed after check() returned, is."""
@@ -255,6 +275,7 @@ def test_assert_style_scores_zero_for_ending_the_run_early(program):
     assert result["reason"].startswith("check(root):")
 
 
+@pytest.mark.slow
 def test_assert_style_patched_builtins_do_not_reach_the_tests():
     assert compute_score(fenced("def root(x):\n    return math.isqrt(x)"), ABS_GT)["score"] == 1.0
     hack = f"import builtins\nbuiltins.abs = lambda x: 0\n{WRONG}"
@@ -272,6 +293,7 @@ class _Recording:
         return self.sandbox.run(source, stdin=stdin, timeout_s=timeout_s)
 
 
+@pytest.mark.slow
 def test_assert_style_nonce_travels_on_stdin_not_in_the_program(monkeypatch):
     """The program finds neither the nonce in its source nor anything left on stdin."""
     recording = _Recording()

@@ -42,11 +42,13 @@ def sandbox():
     return LocalSandbox(SandboxLimits(timeout_s=5, max_processes=16, max_file_size_mb=4))
 
 
+@pytest.mark.slow
 def test_a_program_runs_with_its_stdin(sandbox):
     result = sandbox.run("import sys\nprint(sum(int(x) for x in sys.stdin.read().split()))", stdin="1 2 39")
     assert (result.status, result.returncode, result.stdout, result.reason) == ("ok", 0, "42\n", "")
 
 
+@pytest.mark.slow
 def test_no_network_not_even_loopback(sandbox):
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -62,6 +64,7 @@ def test_no_network_not_even_loopback(sandbox):
     assert "Network is unreachable" in result.reason
 
 
+@pytest.mark.slow
 def test_a_fork_bomb_is_held_to_the_process_limit_and_ended(sandbox):
     count = textwrap.dedent("""
         import os, time
@@ -87,6 +90,7 @@ def test_a_fork_bomb_is_held_to_the_process_limit_and_ended(sandbox):
     assert time.perf_counter() - started < 5
 
 
+@pytest.mark.slow
 def test_nothing_outlives_its_run(sandbox):
     marker = "4321.5"
     result = sandbox.run(
@@ -105,12 +109,14 @@ def test_nothing_outlives_its_run(sandbox):
     assert survivors == []
 
 
+@pytest.mark.slow
 def test_a_memory_hog_is_stopped(sandbox):
     result = sandbox.run("x = bytearray(4 * 1024 ** 3)\nprint('allocated')")
     assert result.status == "memory" and "allocated" not in result.stdout
     assert f"limit {sandbox.limits.memory_limit_mb} MiB" in result.reason
 
 
+@pytest.mark.slow
 def test_an_infinite_loop_times_out(sandbox):
     started = time.perf_counter()
     result = sandbox.run("while True:\n    pass", timeout_s=1)
@@ -118,6 +124,7 @@ def test_an_infinite_loop_times_out(sandbox):
     assert 1 <= result.wall_s < 3 and time.perf_counter() - started < 4
 
 
+@pytest.mark.slow
 def test_the_cpu_limit_applies_to_a_process_in_a_busy_loop():
     limited = LocalSandbox(SandboxLimits(timeout_s=10, cpu_time_s=1))
     if local._probe(limited):
@@ -126,6 +133,7 @@ def test_the_cpu_limit_applies_to_a_process_in_a_busy_loop():
     assert result.status == "timeout" and "CPU-time limit of 1 s" in result.reason and result.wall_s < 8
 
 
+@pytest.mark.slow
 def test_the_home_folder_and_the_host_files_stay_untouched(sandbox, tmp_path):
     home_file = os.path.join(os.path.expanduser("~"), "hybridrl-sandbox-test-file")
     host_file = tmp_path / "written-from-the-sandbox"
@@ -139,6 +147,7 @@ def test_the_home_folder_and_the_host_files_stay_untouched(sandbox, tmp_path):
     assert result.ok and result.stdout.strip() == "/sandbox"
 
 
+@pytest.mark.slow
 def test_the_trainers_environment_is_not_visible(sandbox, monkeypatch):
     monkeypatch.setenv("HYBRIDRL_TEST_SECRET_TOKEN", "s3cr3t-value")
     result = sandbox.run("import os\nprint(os.environ.get('HYBRIDRL_TEST_SECRET_TOKEN'))\nprint(sorted(os.environ))")
@@ -147,12 +156,14 @@ def test_the_trainers_environment_is_not_visible(sandbox, monkeypatch):
     assert result.status == "error" and "s3cr3t-value" not in result.stdout
 
 
+@pytest.mark.slow
 def test_a_flood_of_output_is_cut_at_the_file_size_limit(sandbox):
     result = sandbox.run("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)")
     assert result.status == "output_limit"
     assert len(result.stdout) <= sandbox.limits.max_file_size_mb * 1024 * 1024
 
 
+@pytest.mark.slow
 def test_the_program_cannot_undo_the_jail(sandbox):
     code = "import os\nprint(os.getuid(), os.system('mount -t tmpfs none /usr 2>/dev/null'))\nprint(os.listdir('/usr'))"
     result = sandbox.run(code)
@@ -160,6 +171,7 @@ def test_the_program_cannot_undo_the_jail(sandbox):
     assert "bin" in result.stdout  # /usr is still the real one
 
 
+@pytest.mark.slow
 def test_without_isolation_code_rewards_refuse_with_one_line(monkeypatch):
     monkeypatch.setattr(local, "_probe_results", {})
     monkeypatch.setattr(local, "_why_no_isolation", lambda sandbox: "user namespaces are disabled")
@@ -291,6 +303,7 @@ def test_stale_work_folders_of_dead_trainers_are_swept(tmp_path, monkeypatch):
     assert not live.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signals", ["SIGALRM", "SIGALRM, signal.SIGXCPU, signal.SIGTERM, signal.SIGINT"])
 def test_the_wall_deadline_is_a_kill_the_program_cannot_catch(sandbox, signals):
     marker = "4323.5"
@@ -309,6 +322,7 @@ def test_the_wall_deadline_is_a_kill_the_program_cannot_catch(sandbox, signals):
     assert _wait_until(lambda: not _pids_with("sleep\0" + marker), 2)
 
 
+@pytest.mark.slow
 def test_a_program_that_ignores_its_alarm_gets_one_deadline_for_all_its_cases(monkeypatch):
     """Call-based cases run under an alarm the program can catch; the runs share one deadline."""
     from hybridrl.rewards import code
@@ -328,6 +342,7 @@ def test_a_program_that_ignores_its_alarm_gets_one_deadline_for_all_its_cases(mo
     assert time.perf_counter() - started < 4 * 1.0 + 1.0 + 1.0 + 2.0  # n + 1 case limits + 1 s, + slack
 
 
+@pytest.mark.slow
 def test_the_memory_limit_covers_all_processes_of_a_run(sandbox):
     """Three children of 800 MB each: 2.4 GB together, over the run's 1024 MiB."""
     why_not = local.MemoryCgroup.why_unavailable()
@@ -353,6 +368,7 @@ def test_the_memory_limit_covers_all_processes_of_a_run(sandbox):
     assert not [name for name in os.listdir(local.MemoryCgroup._base[1]) if name.startswith(local.WORK_PREFIX)]
 
 
+@pytest.mark.slow
 def test_without_a_memory_cgroup_the_limit_is_per_process_and_the_processes_are_capped(sandbox, monkeypatch):
     monkeypatch.setattr(local.MemoryCgroup, "_why_not", "cgroups are read-only")
     result = sandbox.run("x = bytearray(2 * 1024 ** 3)\nprint('allocated')")

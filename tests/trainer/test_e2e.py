@@ -9,6 +9,9 @@ import pytest
 from hybridrl.trainer.main_ppo import main
 from hybridrl.workers.memory import MEMORY_METRICS
 
+# End to end through the CLI's main(): every test builds the workers or trains (the slow tier).
+pytestmark = pytest.mark.slow
+
 # The tiny random model never solves GSM8K: a custom reward that varies with the response gives
 # the update a signal (and exercises custom_reward_function.path/name).
 REWARD_FILE = """
@@ -73,7 +76,6 @@ GRPO = [
 ]
 
 
-@pytest.mark.slow
 def test_grpo_two_steps_write_verl_metrics(gsm8k_parquet, tiny_model_dir, tmp_path, reward_file, capsys):
     out = tmp_path / "run"
     custom = [f"custom_reward_function.path={reward_file}", "custom_reward_function.name=length_reward"]
@@ -118,7 +120,6 @@ def test_grpo_two_steps_write_verl_metrics(gsm8k_parquet, tiny_model_dir, tmp_pa
     assert not any(k.startswith("critic/values") for k in rows[1])
 
 
-@pytest.mark.slow
 def test_ppo_with_critic_two_steps(gsm8k_parquet, tiny_model_dir, tmp_path, reward_file):
     out = tmp_path / "run"
     extra = [
@@ -152,7 +153,6 @@ def test_ppo_with_critic_two_steps(gsm8k_parquet, tiny_model_dir, tmp_path, rewa
     assert rows[1]["critic/values/mean"] != 0.0
 
 
-@pytest.mark.slow
 def test_resume_continues_at_the_next_step_as_if_never_stopped(
     gsm8k_parquet, tiny_model_dir, tmp_path, reward_file, capsys
 ):
@@ -230,7 +230,6 @@ DAPO = [
 ]
 
 
-@pytest.mark.slow
 def test_the_dapo_recipe_trains_two_steps(gsm8k_parquet, tiny_model_dir, tmp_path, reward_file):
     out = tmp_path / "run"
     custom = [f"custom_reward_function.path={reward_file}", "custom_reward_function.name=length_reward"]
@@ -277,7 +276,6 @@ def test_the_dapo_recipe_trains_two_steps(gsm8k_parquet, tiny_model_dir, tmp_pat
         "tir_otb",
     ],
 )
-@pytest.mark.slow
 def test_each_new_loss_and_estimator_trains_a_step(gsm8k_parquet, tiny_model_dir, tmp_path, reward_file, extra):
     out = tmp_path / "run"
     custom = [f"custom_reward_function.path={reward_file}", "custom_reward_function.name=length_reward"]
@@ -300,7 +298,6 @@ def test_each_new_loss_and_estimator_trains_a_step(gsm8k_parquet, tiny_model_dir
 @pytest.mark.parametrize(
     "policy, metric", [("mask_sample", "reward/masked_samples"), ("drop_group", "reward/dropped_groups")]
 )
-@pytest.mark.slow
 def test_a_failing_reward_function_can_mask_or_drop_its_samples(
     gsm8k_parquet, tiny_model_dir, tmp_path, reward_file, policy, metric
 ):
@@ -346,7 +343,6 @@ CORRECTION = "algorithm.rollout_correction"
         ),
     ],
 )
-@pytest.mark.slow
 def test_grpo_with_rollout_correction_logs_its_metrics(
     gsm8k_parquet, tiny_model_dir, tmp_path, reward_file, mode, extra
 ):

@@ -11,6 +11,9 @@ import torch
 from hybridrl.trainer.rm_trainer import main
 from hybridrl.workers.memory import MEMORY_METRICS
 
+# End to end through the command's main(): every test builds the workers or trains (the slow tier).
+pytestmark = pytest.mark.slow
+
 HH_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "hh_rlhf"))
 
 
@@ -78,7 +81,6 @@ def trained(hh_split, tiny_model_dir, tmp_path_factory):
     return out
 
 
-@pytest.mark.slow
 def test_validation_accuracy_rises_above_chance_on_real_pairs(trained):
     rows = _rows(trained)
     assert rows[0]["step"] == 0 and rows[0]["val/accuracy"] == 0.5  # the zero head ties every pair
@@ -99,7 +101,6 @@ def test_validation_accuracy_rises_above_chance_on_real_pairs(trained):
         assert key in rows[1], key
 
 
-@pytest.mark.slow
 def test_checkpoint_is_a_reward_model_for_ppo_and_for_transformers(trained, tokenizer):
     from transformers import AutoModelForSequenceClassification
 
@@ -122,7 +123,6 @@ def test_checkpoint_is_a_reward_model_for_ppo_and_for_transformers(trained, toke
     torch.testing.assert_close(seq_cls(input_ids=ids).logits[:, 0], ours, atol=1e-5, rtol=0)
 
 
-@pytest.mark.slow
 def test_resume_continues_with_the_next_step(hh_split, tiny_model_dir, tmp_path):
     small = [
         "data.train_max_samples=16",

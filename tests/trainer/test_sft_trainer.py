@@ -11,6 +11,9 @@ from hybridrl.trainer.sft_trainer import main
 from hybridrl.workers.memory import MEMORY_METRICS
 from hybridrl.workers.supervised_worker import accumulate_gradients
 
+# End to end through the command's main(): every test builds the workers or trains (the slow tier).
+pytestmark = pytest.mark.slow
+
 
 def _overrides(data_dir, model_dir, out_dir, *extra):
     """GSM8K RL parquet read as SFT data the way verl's gsm8k SFT example reads it."""
@@ -42,7 +45,6 @@ def _metrics(out_dir):
         return {row["step"]: row for row in map(json.loads, f)}
 
 
-@pytest.mark.slow
 def test_sft_lowers_the_validation_loss_on_gsm8k(gsm8k_parquet, tiny_model_dir, tmp_path):
     import pandas as pd
 
@@ -138,7 +140,6 @@ PPO_ONE_STEP = [
 ]
 
 
-@pytest.mark.slow
 def test_lora_checkpoint_has_adapter_and_merged_model_that_ppo_trains_from(
     gsm8k_parquet, tiny_model_dir, tmp_path, capsys
 ):
@@ -193,7 +194,6 @@ def test_lora_checkpoint_has_adapter_and_merged_model_that_ppo_trains_from(
         assert json.loads(f.readline())["step"] == 1
 
 
-@pytest.mark.slow
 def test_resume_continues_at_the_next_step_as_if_never_stopped(gsm8k_parquet, tiny_model_dir, tmp_path, capsys):
     import shutil
 

@@ -54,6 +54,7 @@ assert diff == 0.0, diff
 """
 
 
+@pytest.mark.slow
 def test_one_worker_shards_over_a_group_of_one(tiny_model_dir):
     # a subprocess: the group of one would otherwise stay initialised in the test process
     code = "import sys\n" + GROUP_OF_ONE

@@ -409,16 +409,19 @@ def _max_diff(a: dict, b: dict) -> float:
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
+@pytest.mark.slow
 def test_fewer_kv_heads_than_ranks(runs):
     for rank in runs["ranks"]:
         assert max(rank["kv_repeat"].values()) < ATOL, rank["kv_repeat"]
 
 
+@pytest.mark.slow
 def test_the_workers_split_their_sequences(runs):
     assert runs["one"]["sp_sizes"] == (1, 1, 1)
     assert [r["sp_sizes"] for r in runs["ranks"]] == [(2, 2, 2), (2, 2, 2)]
 
 
+@pytest.mark.slow
 def test_actor_and_reference_log_probs(runs):
     one = runs["one"]
     for column in ("old_log_probs", "entropys"):
@@ -426,6 +429,7 @@ def test_actor_and_reference_log_probs(runs):
     torch.testing.assert_close(_rows(runs, "ref", "ref_log_prob"), one["ref"]["ref_log_prob"], atol=ATOL, rtol=0)
 
 
+@pytest.mark.slow
 def test_actor_update_gives_the_same_loss_gradients_and_weights(runs):
     one, ranks = runs["one"], runs["ranks"]
     for key in ("actor/pg_loss", "actor/entropy_loss", "actor/kl_loss", "actor/grad_norm"):
@@ -443,6 +447,7 @@ def test_actor_update_gives_the_same_loss_gradients_and_weights(runs):
             )
 
 
+@pytest.mark.slow
 def test_critic_values_and_update(runs):
     one, ranks = runs["one"], runs["ranks"]
     torch.testing.assert_close(_rows(runs, "values", None), one["values"], atol=ATOL, rtol=0)
