@@ -55,9 +55,9 @@ class StageClock:
     def wrap(self, group, stage: str, method: str) -> None:
         call = getattr(group, method)
 
-        def timed(data):
+        def timed(data, **kwargs):  # the trainer passes keyword options (compute_ref_log_prob's full_kl)
             wall0, cpu0 = time.perf_counter(), cpu_seconds()
-            out = call(data)
+            out = call(data, **kwargs)
             self.step[f"{stage}/wall"] += time.perf_counter() - wall0
             self.step[f"{stage}/cpu"] += cpu_seconds() - cpu0
             source = out if stage == "gen" else data
