@@ -56,6 +56,7 @@ logger = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 60.0  # workers importing the scorers' modules, the first time and after a kill
 CLOSE_TIMEOUT_S = 10.0  # the end of training: calls still running after this are killed
+CLOSED_POLL_S = 0.5  # how often a wait for a call's result looks whether the pool was closed
 
 
 class ScoreTimeoutError(TimeoutError):
@@ -295,7 +296,7 @@ class RewardPool:
 
     def _outcome(self, future, deadline: float, budget: float, timeout_s: float, n: int) -> tuple[Any, float]:
         try:
-            result, error, seconds = future.result(timeout=max(0.0, deadline - time.monotonic()))
+            result, error, seconds = self._result(future, deadline)
         except TimeoutError as exc:
             if not future.done():  # our wait ran out, not the call's own deadline
                 raise RewardPoolError(
@@ -313,11 +314,39 @@ class RewardPool:
             raise RewardPoolError(
                 f"reward.num_workers={self.num_workers}: no result for a scoring call: {why}; see the log above"
             ) from exc
-        except ProcessExpired as exc:  # the call killed its worker (a crash, os._exit): this sample fails
+        except (ProcessExpired, CancelledError) as exc:
+            if self.closed:  # close() killed the worker or cancelled the call: not this sample's doing
+                raise self._closed_error() from exc
+            if isinstance(exc, CancelledError):
+                return exc, 0.0
+            # the call killed its worker (a crash, os._exit): this sample fails
             return ScoringProcessDied(f"the scoring process died (exit code {exc.exitcode})"), 0.0
-        except (Exception, CancelledError) as exc:  # noqa: BLE001 - an outcome like any other
+        except Exception as exc:  # noqa: BLE001 - an outcome like any other
             return exc, 0.0
         return (error if error is not None else result), seconds
+
+    def _result(self, future, deadline: float):
+        """``future.result()`` by the ``deadline``, in short waits: a call the pool's closing left
+        pending (pebble does not always settle it) must not hold its caller until the deadline.
+
+        Raises:
+            RewardPoolError: the pool was closed while the call had no result.
+            TimeoutError: the deadline passed, or the call's own timeout (``future.done()`` then).
+        """
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                return future.result(timeout=max(0.0, min(remaining, CLOSED_POLL_S)))
+            except TimeoutError:
+                if future.done() or remaining <= CLOSED_POLL_S:
+                    raise
+                if self.closed:
+                    raise self._closed_error() from None
+
+    def _closed_error(self) -> RewardPoolError:
+        return RewardPoolError(
+            f"reward.num_workers={self.num_workers}: no result for a scoring call: the pool was closed"
+        )
 
     def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         """Lets running calls finish for at most ``timeout_s`` seconds, then kills the workers."""
