@@ -27,31 +27,36 @@ def resolve_device(device: str) -> str:
 MALLOC_REUSE_ENV = "HYBRIDRL_CPU_MALLOC_REUSE"
 
 
-def reuse_freed_cpu_memory() -> bool:
-    """Makes glibc's malloc keep freed blocks under 16 MiB for reuse instead of returning them to the OS.
+def reuse_freed_cpu_memory(world_size: int = 1) -> bool:
+    """Makes glibc's malloc keep freed memory for reuse instead of returning it to the OS.
 
     By default glibc serves every allocation over a few MB (activations, logits) with a fresh
     ``mmap`` and unmaps it on free, so each forward/backward pays page faults and kernel page
     zeroing again: on these CPUs ~13% of a GRPO step went to system time. A huge
-    ``M_TRIM_THRESHOLD`` (never trim the heap) and a fixed ``M_MMAP_THRESHOLD`` of 16 MiB keep
-    the many mid-sized blocks (FSDP all-gather buffers, activations) resident for reuse, while
-    the few large ones (embedding and logits, optimizer states of big matrices) are still
-    mapped and unmapped: they are rare, so their page faults cost little, and kept they were
-    most of the slack. Measured (docs/scale.md): SmolLM2-360M on 2 workers, 36 -> 39 s/step
-    against no mmap at all, peak 7.3 -> 5.4 GB per worker. The same idea as preloading
-    jemalloc/tcmalloc, PyTorch's CPU tuning advice, without a preload. Applies to this process
-    only; returns False where there is no glibc (macOS, musl), which is harmless.
+    ``M_TRIM_THRESHOLD`` (never trim the heap) keeps freed memory resident for the next micro
+    batch; which blocks depends on ``world_size``, the worker's group size:
+
+    - one worker: every block (``M_MMAP_MAX=0``). The big ones are the logits and activations
+      that each micro batch allocates again: SmolLM2-135M's update ran 9% slower when blocks
+      over 16 MiB were unmapped (benchmarks/grpo_step.py: 296 -> 268 tokens/s).
+    - several (FSDP): blocks under 16 MiB (a fixed ``M_MMAP_THRESHOLD``). FSDP's all-gather and
+      reduce buffers and the optimizer step's whole-matrix temporaries come and go at every
+      layer, and kept they grew the RSS with the model: SmolLM2-360M's shapes on 2 workers,
+      peak 7.3 -> 5.4 GB per worker for 36 -> 39 s per step (docs/scale.md).
+
+    The same idea as preloading jemalloc/tcmalloc, PyTorch's CPU tuning advice, without a
+    preload. Applies to this process only; returns False where there is no glibc (macOS, musl),
+    which is harmless.
     """
     mallopt = _mallopt()
-    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
-    return (
-        mallopt is not None
-        and bool(mallopt(m_mmap_threshold, REUSE_MMAP_THRESHOLD))
-        and bool(mallopt(m_trim_threshold, 2**30))
-    )
+    m_trim_threshold, m_mmap_threshold, m_mmap_max = -1, -3, -4  # <malloc.h>
+    if mallopt is None:
+        return False
+    kept = mallopt(m_mmap_max, 0) if world_size <= 1 else mallopt(m_mmap_threshold, SHARDED_MMAP_THRESHOLD)
+    return bool(kept) and bool(mallopt(m_trim_threshold, 2**30))
 
 
-REUSE_MMAP_THRESHOLD = 16 * 2**20  # bytes: blocks this large are unmapped on free even when reusing
+SHARDED_MMAP_THRESHOLD = 16 * 2**20  # bytes: with several workers, blocks this large are unmapped on free
 
 
 def release_freed_cpu_memory() -> bool:
@@ -97,7 +102,7 @@ class Worker:
         self.world_size = int(os.environ.get("WORLD_SIZE", 1))
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
         if os.environ.get(MALLOC_REUSE_ENV) == "1":  # trainer.cpu_malloc_reuse, set by the driver
-            reuse_freed_cpu_memory()
+            reuse_freed_cpu_memory(self.world_size)
         elif os.environ.get(MALLOC_REUSE_ENV) == "0":
             release_freed_cpu_memory()
         self.config = config

@@ -106,11 +106,12 @@ PHASES = (
 # the upper end is taken.
 CPU_PROCESS_BASELINE_GB = 0.49
 CUDA_PROCESS_BASELINE_GB = 1.0
-# What glibc keeps resident with trainer.cpu_malloc_reuse (freed blocks under 16 MiB held for
+# What glibc keeps resident with trainer.cpu_malloc_reuse (freed memory held for
 # reuse), GiB: measured peaks of benchmarks/scale.py were 0.42-0.75 GiB above the plan without it
 # over six runs (SmolLM2-135M and 360M shapes, 1 and 2 workers, with and without gradient
-# checkpointing; AMD EPYC, docs/scale.md), mean 0.56. It does not grow with the model: the kept
-# blocks are the mid-sized ones, reused from step to step.
+# checkpointing; AMD EPYC, docs/scale.md), mean 0.56; 0.65-0.74 GiB on one worker, where every
+# freed block is kept (SmolLM2-135M and 360M shapes). It does not grow with the model: the kept
+# blocks are the ones each micro batch allocates again.
 CPU_MALLOC_KEPT_GB = 0.5
 
 

@@ -290,7 +290,7 @@ def _notes(config, device: str, workers: int) -> list[str]:
         notes.append("the LLM judge of reward_model.reward_manager=judge is not planned")
     if device == "cpu" and config.trainer.cpu_malloc_reuse:
         notes.append(
-            f"trainer.cpu_malloc_reuse=true keeps freed blocks under 16 MiB resident for speed: "
+            f"trainer.cpu_malloc_reuse=true keeps freed memory resident for speed: "
             f"{CPU_MALLOC_KEPT_GB} GB per process counted (process/malloc_kept); false for the leanest run"
         )
     return notes

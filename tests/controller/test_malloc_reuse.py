@@ -1,6 +1,6 @@
-"""trainer.cpu_malloc_reuse: after reuse_freed_cpu_memory(), a mid-sized block comes from the heap
-(reused after free) instead of its own mmap, while a block over 16 MiB keeps its own mapping
-(unmapped on free). Runs in a subprocess: the setting is process-wide."""
+"""trainer.cpu_malloc_reuse: after reuse_freed_cpu_memory(), blocks come from the heap (reused after
+free) instead of their own mmap: all of them for one worker, those under 16 MiB for several
+(FSDP). Runs in a subprocess: the setting is process-wide."""
 
 import subprocess
 import sys
@@ -26,20 +26,22 @@ PRELUDE = textwrap.dedent("""
 """)
 
 SCRIPT = PRELUDE + textwrap.dedent("""
-    tuned = reuse_freed_cpu_memory() if sys.argv[1] == "tuned" else None
+    mode = sys.argv[1]
+    tuned = None if mode == "plain" else reuse_freed_cpu_memory(world_size=int(mode))
     mid, large = libc.malloc(8 << 20), libc.malloc(64 << 20)
     print(tuned, in_heap(mid), in_heap(large))
 """)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
-def test_mid_sized_blocks_come_from_the_heap_only_after_tuning():
+def test_freed_blocks_are_kept_for_reuse_all_on_one_worker_and_the_mid_sized_ones_on_several():
     def run(mode):
         out = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, check=True)
         return out.stdout.split()
 
     assert run("plain") == ["None", "False", "False"]  # glibc mmaps every block over 128 KiB at first
-    assert run("tuned") == ["True", "True", "False"]
+    assert run("1") == ["True", "True", "True"]  # one worker: every block from the heap, kept when freed
+    assert run("2") == ["True", "True", "False"]  # FSDP workers: a 64 MB block keeps its own mapping
 
 
 RELEASE = PRELUDE + textwrap.dedent("""
