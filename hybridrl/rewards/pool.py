@@ -310,9 +310,11 @@ class RewardPool:
         except RewardPoolError:
             raise
         except BrokenProcessPool as exc:
-            why = "the pool was closed" if self.closed else f"the scoring processes keep dying on start ({exc})"
+            if self.closed:
+                raise self._closed_error() from exc
             raise RewardPoolError(
-                f"reward.num_workers={self.num_workers}: no result for a scoring call: {why}; see the log above"
+                f"reward.num_workers={self.num_workers}: no result for a scoring call: the scoring processes "
+                f"keep dying on start ({exc}); see the log above"
             ) from exc
         except (ProcessExpired, CancelledError) as exc:
             if self.closed:  # close() killed the worker or cancelled the call: not this sample's doing

@@ -94,7 +94,7 @@ def _fold_lora(adapter_dir: str, config, base_model: str | None):
 
 def _load_dcp(dcp_dir: str, config):
     """A model of ``config`` with the full weights of the DCP shards (fp32), read without
-    unpickling anything but plain data (``checkpoint_files``).
+    unpickling anything but plain data (``workers/dcp_safe.py``).
 
     Raises:
         CheckpointError: the shards do not load (one line).

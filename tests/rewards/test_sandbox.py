@@ -64,23 +64,26 @@ def test_no_network_not_even_loopback(sandbox):
     assert "Network is unreachable" in result.reason
 
 
+# forks children that sleep until the process limit refuses one, and prints how many it got
+COUNT_FORKS = textwrap.dedent("""
+    import os, time
+    n = 0
+    for _ in range(100):
+        try:
+            pid = os.fork()
+        except OSError:
+            break
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        n += 1
+    print(n)
+""")
+
+
 @pytest.mark.slow
 def test_a_fork_bomb_is_held_to_the_process_limit_and_ended(sandbox):
-    count = textwrap.dedent("""
-        import os, time
-        n = 0
-        for _ in range(100):
-            try:
-                pid = os.fork()
-            except OSError:
-                break
-            if pid == 0:
-                time.sleep(60)
-                os._exit(0)
-            n += 1
-        print(n)
-    """)
-    result = sandbox.run(count)
+    result = sandbox.run(COUNT_FORKS)
     assert result.ok and 0 < int(result.stdout) < sandbox.limits.max_processes
     started = time.perf_counter()
     bomb = sandbox.run(
@@ -373,19 +376,5 @@ def test_without_a_memory_cgroup_the_limit_is_per_process_and_the_processes_are_
     monkeypatch.setattr(local.MemoryCgroup, "_why_not", "cgroups are read-only")
     result = sandbox.run("x = bytearray(2 * 1024 ** 3)\nprint('allocated')")
     assert result.status == "memory" and f"limit {sandbox.limits.memory_limit_mb} MiB" in result.reason
-    count = textwrap.dedent("""
-        import os, time
-        n = 0
-        for _ in range(100):
-            try:
-                pid = os.fork()
-            except OSError:
-                break
-            if pid == 0:
-                time.sleep(30)
-                os._exit(0)
-            n += 1
-        print(n)
-    """)
-    result = sandbox.run(count)
+    result = sandbox.run(COUNT_FORKS)
     assert result.ok and int(result.stdout) < sandbox.limits.max_processes
