@@ -10,8 +10,8 @@ computed by ``uid``, are unchanged.
 
 from __future__ import annotations
 
+from hybridrl.data.partition import karmarkar_karp
 from hybridrl.protocol import DataProto
-from hybridrl.workers.micro_batches import karmarkar_karp
 
 
 def balance_batch(batch: DataProto, world_size: int) -> dict[str, float]:

@@ -17,6 +17,7 @@ from hybridrl.data.dataloader import stateful_dataloader
 from hybridrl.data.errors import DataError
 from hybridrl.errors import ConfigError
 from hybridrl.models import load_tokenizer, resolve_model_path
+from hybridrl.models.external import import_external_lib
 from hybridrl.rewards import UnknownDataSourceError, known_data_sources
 from hybridrl.rewards.manager import load_reward_manager
 from hybridrl.rewards.pool import build_reward_pool
@@ -31,7 +32,6 @@ from hybridrl.trainer.rollout_correction import share_rollout_correction
 from hybridrl.trainer.step_plan import needs_critic, needs_reference_policy
 from hybridrl.trainer.tracking import tracker_for_run
 from hybridrl.trainer.worker_groups import build_worker_groups, resolve_backend, rollout_pool_spec
-from hybridrl.workers.fsdp_workers import import_external_lib
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import importlib
 import logging
 
 import numpy as np
@@ -18,6 +17,7 @@ from hybridrl.agents.manager import AgentLoopManager
 from hybridrl.controller.decorator import Dispatch, register
 from hybridrl.controller.worker import Worker
 from hybridrl.models import load_causal_lm, load_tokenizer, load_value_model, resolve_model_path
+from hybridrl.models.external import import_external_lib
 from hybridrl.models.lora import AdapterDisabled, apply_lora, lora_settings
 from hybridrl.protocol import DataProto
 from hybridrl.workers.actor import PPOActor
@@ -32,12 +32,6 @@ from hybridrl.workers.sharding import apply_fsdp2, optimizer_on_device
 from hybridrl.workers.stream_methods import StreamingMethods
 
 logger = logging.getLogger(__name__)
-
-
-def import_external_lib(name: str | None) -> None:
-    """``model.external_lib``: a module imported before loading, e.g. one that registers a model class."""
-    if name:
-        importlib.import_module(name)
 
 
 def needs_fsdp(world_size: int, device: str, fsdp_config) -> bool:
