@@ -8,12 +8,27 @@ import pytest
 import torch
 
 from hybridrl.protocol import DataProto
-from hybridrl.workers.rollout.base import get_response_mask
+from hybridrl.workers.rollout.base import eos_token_ids, get_response_mask
 from hybridrl.workers.rollout.hf import HFRollout
 from tests.tiny_models import ppo_section
 
 R = 8  # response_length
 TEXTS = ["Hello", "What is 2 + 3? Answer:", "The quick brown fox jumps"]
+
+
+# ----------------------------------------------------------------------------- eos_token_ids
+
+
+def test_eos_token_ids_generation_config_first_then_tokenizer_without_repeats():
+    tokenizer = SimpleNamespace(eos_token_id=2)
+    assert eos_token_ids(tokenizer, SimpleNamespace(eos_token_id=[7, 2, 7])) == [7, 2]
+    assert eos_token_ids(tokenizer, SimpleNamespace(eos_token_id=5)) == [5, 2]
+    assert eos_token_ids(tokenizer, None) == [2]
+
+
+def test_eos_token_ids_refuses_a_tokenizer_without_eos():
+    with pytest.raises(ValueError, match="no eos_token"):
+        eos_token_ids(SimpleNamespace(eos_token_id=None), SimpleNamespace(eos_token_id=None))
 
 
 # ----------------------------------------------------------------------------- get_response_mask

@@ -217,3 +217,21 @@ def get_response_mask(responses: torch.Tensor, eos_token_ids: list[int]) -> torc
     is_eos = torch.isin(responses, torch.tensor(eos_token_ids, device=responses.device))
     eos_seen_before = torch.cumsum(is_eos, dim=1) - is_eos.long()
     return (eos_seen_before == 0).long()
+
+
+def eos_token_ids(tokenizer, generation_config) -> list[int]:
+    """The token ids that end a response: the generation config's ``eos_token_id`` (an int or a
+    list) first, then the tokenizer's ``eos_token_id``, without repeats. ``generation_config``
+    may be None. Every engine stops on these and :func:`get_response_mask` masks after them.
+
+    Raises:
+        ValueError: neither names an end-of-sequence token.
+    """
+    ids = []
+    for source in (getattr(generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        if source is None:
+            continue
+        ids.extend(source if isinstance(source, (list, tuple)) else [source])
+    if not ids:
+        raise ValueError("the tokenizer has no eos_token; set one in the model folder's tokenizer_config.json")
+    return list(dict.fromkeys(int(i) for i in ids))

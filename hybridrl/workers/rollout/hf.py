@@ -13,6 +13,7 @@ from hybridrl.protocol import DataProto
 from hybridrl.workers.rollout.base import (
     BaseRollout,
     SampledIds,
+    eos_token_ids,
     get_response_mask,
     policy_weights,
     register_rollout,
@@ -55,7 +56,7 @@ class HFRollout(BaseRollout):
             use_hybridrl_attention(self.module)
         elif self.module is not actor_module and self.module.config._attn_implementation == ATTENTION_NAME:
             self.module.set_attn_implementation("sdpa")  # a copy of an actor that uses it
-        self.eos_token_ids = _eos_ids(tokenizer, generation_config)
+        self.eos_token_ids = eos_token_ids(tokenizer, generation_config)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         # transformers fills every sampling option we leave unset from model.generation_config
         # (e.g. a repetition_penalty); the log-probs of the update know nothing of those, so
@@ -208,14 +209,3 @@ def _trim_new_ids(ids: list[int], eos_ids: list[int], stop_strings, tokenizer) -
         else:
             lo = mid + 1
     return ids[:lo]
-
-
-def _eos_ids(tokenizer, generation_config) -> list[int]:
-    ids = []
-    for source in (getattr(generation_config, "eos_token_id", None), tokenizer.eos_token_id):
-        if source is None:
-            continue
-        ids.extend(source if isinstance(source, (list, tuple)) else [source])
-    if not ids:
-        raise ValueError("the tokenizer has no eos_token; set one in the model folder's tokenizer_config.json")
-    return list(dict.fromkeys(int(i) for i in ids))

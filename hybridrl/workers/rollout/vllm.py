@@ -32,13 +32,13 @@ from hybridrl.workers.rollout.base import (
     BaseRollout,
     RolloutEngineError,
     SampledIds,
+    eos_token_ids,
     get_response_mask,
     policy_weights,
     register_rollout,
     resolve_sampling,
     rollout_output,
 )
-from hybridrl.workers.rollout.hf import _eos_ids
 from hybridrl.workers.sharding import is_sharded
 
 # Set before vLLM is imported, unless the user set them: the engine core and its one worker run
@@ -88,7 +88,7 @@ def torch_threads(n: int | None):
 
 
 @contextlib.contextmanager
-def _hidden_unscannable_globals():
+def hidden_unscannable_globals():
     """Hides module globals whose ``vars()`` has no ``get`` while vLLM starts an engine.
 
     vLLM 0.32 installs its kernel overrides by scanning every loaded module and calling
@@ -177,7 +177,7 @@ class VLLMRollout(BaseRollout):
         self.vllm = import_vllm()
         self.config = config
         self.tokenizer = tokenizer
-        self.eos_token_ids = _eos_ids(tokenizer, generation_config)
+        self.eos_token_ids = eos_token_ids(tokenizer, generation_config)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.dtype = to_torch_dtype(config.dtype)
         self.device = next(actor_module.parameters()).device
@@ -196,7 +196,7 @@ class VLLMRollout(BaseRollout):
         load_format = str(self.config.load_format)
         in_memory = load_format.startswith("dummy") or is_sharded(actor_module) or is_lora_model(actor_module)
         self._folder = tempfile.TemporaryDirectory(prefix="hybridrl-vllm-")
-        _write_model_folder(base, self.tokenizer, self._folder.name, weights=not in_memory)
+        write_model_folder(base, self.tokenizer, self._folder.name, weights=not in_memory)
         self._build_engine("dummy" if in_memory else load_format)
         if in_memory:
             self.sync_weights(actor_module, everything=True)
@@ -239,7 +239,7 @@ class VLLMRollout(BaseRollout):
         (e.g. head_dim 16 on CPU) fails here, at start-up, not in the first step."""
         set_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op: put it back
         try:
-            with _hidden_unscannable_globals():
+            with hidden_unscannable_globals():
                 self.llm = self.vllm.LLM(**self._engine_kwargs(load_format))
             self._generate([{"prompt_token_ids": [self.eos_token_ids[0]]}], [self.vllm.SamplingParams(max_tokens=1)])
         except (ValueError, RuntimeError, TypeError, NotImplementedError) as exc:
@@ -399,7 +399,7 @@ def sampled_ids(completion) -> SampledIds:
     return SampledIds(ids, log_probs)
 
 
-def _write_model_folder(model: torch.nn.Module, tokenizer, folder: str, weights: bool) -> None:
+def write_model_folder(model: torch.nn.Module, tokenizer, folder: str, weights: bool) -> None:
     """What vLLM builds the engine from: the model's config, generation config and tokenizer in
     ``folder``, and its weights when ``weights`` (``model`` is a whole, unsharded HF model)."""
     if weights:

@@ -40,7 +40,7 @@ from hybridrl.workers.rollout.base import (
     register_rollout,
     resolve_sampling,
 )
-from hybridrl.workers.rollout.vllm import VLLMRollout, _hidden_unscannable_globals, _write_model_folder, sampled_ids
+from hybridrl.workers.rollout.vllm import VLLMRollout, hidden_unscannable_globals, sampled_ids, write_model_folder
 
 DEFAULT_ENGINE_TIMEOUT_S = 900.0
 WEIGHTS_FILE = "model.safetensors"
@@ -140,7 +140,7 @@ class AsyncVLLMRollout(VLLMRollout):
         self.timeout_s = float(self.config.engine_timeout_s)
         sweep_orphan_folders(_ram_dir())
         self._folder = tempfile.TemporaryDirectory(prefix=f"{FOLDER_PREFIX}{os.getpid()}-", dir=_ram_dir())
-        _write_model_folder(base, self.tokenizer, self._folder.name, weights=False)
+        write_model_folder(base, self.tokenizer, self._folder.name, weights=False)
         self._write_weights(dict(policy_weights(actor_module, everything=True)))
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="hybridrl-vllm-async", daemon=True)
@@ -160,7 +160,7 @@ class AsyncVLLMRollout(VLLMRollout):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         args = AsyncEngineArgs(**self._engine_kwargs("safetensors"))
-        with _child_env(self.cpu_threads), _hidden_unscannable_globals():
+        with _child_env(self.cpu_threads), hidden_unscannable_globals():
             self.llm = AsyncLLM.from_engine_args(args)
         await self._one({"prompt_token_ids": [self.eos_token_ids[0]]}, self.vllm.SamplingParams(max_tokens=1))
 
