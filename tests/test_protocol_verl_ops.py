@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 
-from hybridrl import protocol_ops
 from hybridrl.protocol import (
     BatchSizeMismatchError,
     ChunkSizeError,
@@ -21,6 +20,7 @@ from hybridrl.protocol import (
     DataProtoError,
     MissingKeyError,
 )
+from hybridrl.protocol import ops as protocol_ops
 
 
 def make(n=3, meta=None):

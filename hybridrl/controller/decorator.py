@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from hybridrl.protocol import DataProto
-from hybridrl.protocol_ops import pad_dataproto_to_divisor, unpad_dataproto
+from hybridrl.protocol import pad_dataproto_to_divisor, unpad_dataproto
 
 MAGIC_ATTR = "__hybridrl_register__"
 

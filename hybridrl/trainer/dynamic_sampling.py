@@ -20,7 +20,7 @@ import numpy as np
 
 from hybridrl.algorithms.errors import AlgorithmInputError
 from hybridrl.protocol import DataProto
-from hybridrl.protocol_ops import concat_padded
+from hybridrl.protocol import concat_padded
 
 __all__ = ["DynamicSampler", "DynamicSamplingError", "kept_group_rows", "TENSOR_METRICS"]
 

@@ -35,7 +35,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from hybridrl.protocol import DataProto
-from hybridrl.protocol_ops import concat_padded
+from hybridrl.protocol import concat_padded
 from hybridrl.trainer.metrics import marked_timer
 from hybridrl.workers.rollout.base import RolloutEngineError
 

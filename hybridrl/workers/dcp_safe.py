@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from hybridrl.errors import CheckpointError
-from hybridrl.protocol_ops import weights_only_refusal
+from hybridrl.protocol.ops import weights_only_refusal
 
 METADATA = ".metadata"
 

@@ -10,11 +10,11 @@ A DataProto holds ``n`` rows in three parts:
 Row operations (index, slice, chunk, split, repeat, concat, reorder) act on ``batch`` and
 ``non_tensor_batch`` together and carry ``meta_info`` along. Everything is picklable, so the
 Ray backend can ship it as is. Reshaping (``fold_batch_dim``, ``unfold_column_chunks``),
-mini-batch iteration, save / load and padding to a divisor live in :mod:`hybridrl.protocol_ops`
+mini-batch iteration, save / load and padding to a divisor live in :mod:`hybridrl.protocol.ops`
 (the DataProto methods call into it; ``fold_batch_dim``, ``unfold_batch_dim``,
 ``pad_dataproto_to_divisor`` and ``unpad_dataproto`` are importable from here too); value comparison and the
-``meta_info`` merge of ``concat`` in :mod:`hybridrl.protocol_meta`; the errors in
-:mod:`hybridrl.protocol_errors`.
+``meta_info`` merge of ``concat`` in :mod:`hybridrl.protocol.meta`; the errors in
+:mod:`hybridrl.protocol.errors`.
 """
 
 from __future__ import annotations
@@ -27,22 +27,15 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from hybridrl import protocol_ops
-from hybridrl.protocol_errors import (  # noqa: F401 (re-exported: every DataProto error is importable from here)
+from hybridrl.protocol import ops
+from hybridrl.protocol.errors import (
     BatchSizeMismatchError,
     ChunkSizeError,
-    ConcatConflictError,
     DataProtoError,
     MissingKeyError,
     UnionConflictError,
 )
-from hybridrl.protocol_meta import arrays_equal, merge_meta_info, values_equal
-from hybridrl.protocol_ops import (  # noqa: F401 (re-exported, as verl's protocol module has them)
-    fold_batch_dim,
-    pad_dataproto_to_divisor,
-    unfold_batch_dim,
-    unpad_dataproto,
-)
+from hybridrl.protocol.meta import arrays_equal, merge_meta_info, values_equal
 
 
 def _as_object_array(key: str, value: Any) -> np.ndarray:
@@ -413,15 +406,15 @@ class DataProto:
         e.g. ``[3, 1, 2]`` on rows ``[a, b, c]`` gives ``[a, a, a, b, c, c]`` (0 drops a row).
         Raises :class:`BatchSizeMismatchError` for a wrong length, DataProtoError otherwise.
         """
-        return protocol_ops.sample_level_repeat(self, repeat_times)
+        return ops.sample_level_repeat(self, repeat_times)
 
     def unfold_column_chunks(self, n_split: int, split_keys: Sequence[str] | None = None) -> DataProto:
         """Cut each row's dim 1 of ``split_keys`` into ``n_split`` rows; repeat the other keys.
 
         ``(n, c, ...)`` becomes ``(n * n_split, c // n_split, ...)``; see
-        :func:`hybridrl.protocol_ops.unfold_column_chunks` for non-tensors and errors.
+        :func:`hybridrl.protocol.ops.unfold_column_chunks` for non-tensors and errors.
         """
-        return protocol_ops.unfold_column_chunks(self, n_split, split_keys)
+        return ops.unfold_column_chunks(self, n_split, split_keys)
 
     def make_iterator(
         self,
@@ -434,23 +427,23 @@ class DataProto:
 
         A ``torch.utils.data.DataLoader`` picks the rows (``dataloader_kwargs`` go to it, e.g.
         ``{"shuffle": True}``; ``seed`` seeds its generator). Each item is a DataProto with
-        ``self``'s meta_info; see :func:`hybridrl.protocol_ops.make_iterator`.
+        ``self``'s meta_info; see :func:`hybridrl.protocol.ops.make_iterator`.
         """
-        return protocol_ops.make_iterator(self, mini_batch_size, epochs, seed, dataloader_kwargs)
+        return ops.make_iterator(self, mini_batch_size, epochs, seed, dataloader_kwargs)
 
     def save_to_disk(self, filepath) -> None:
         """Write to ``filepath`` with ``torch.save``; read back with :meth:`load_from_disk`.
 
         No pickled code: values must be tensors, ndarrays, numbers, strings, None or
-        lists / tuples / dicts of them (see :func:`hybridrl.protocol_ops.save_to_disk`).
+        lists / tuples / dicts of them (see :func:`hybridrl.protocol.ops.save_to_disk`).
         """
-        protocol_ops.save_to_disk(self, filepath)
+        ops.save_to_disk(self, filepath)
 
     @classmethod
     def load_from_disk(cls, filepath) -> DataProto:
         """Read a file of :meth:`save_to_disk` with ``torch.load(weights_only=True)``: a file
-        that would run code on load is refused (see :func:`hybridrl.protocol_ops.load_from_disk`)."""
-        return protocol_ops.load_from_disk(filepath, cls)
+        that would run code on load is refused (see :func:`hybridrl.protocol.ops.load_from_disk`)."""
+        return ops.load_from_disk(filepath, cls)
 
     def reorder(self, indices: torch.Tensor | np.ndarray | Sequence[int]) -> None:
         """Permute rows in place: row ``i`` becomes old row ``indices[i]`` (as in verl)."""

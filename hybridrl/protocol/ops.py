@@ -20,10 +20,10 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from hybridrl.protocol_errors import BatchSizeMismatchError, ChunkSizeError, DataProtoError, MissingKeyError
+from hybridrl.protocol.errors import BatchSizeMismatchError, ChunkSizeError, DataProtoError, MissingKeyError
 
 if TYPE_CHECKING:  # the functions build results with type(data), so DataProto subclasses keep their class
-    from hybridrl.protocol import DataProto
+    from hybridrl.protocol.data_proto import DataProto
 
 _FILE_FORMAT = "hybridrl.DataProto"
 _FILE_VERSION = 1

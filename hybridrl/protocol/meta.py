@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from hybridrl.protocol_errors import ConcatConflictError, DataProtoError
+from hybridrl.protocol.errors import ConcatConflictError, DataProtoError
 
 __all__ = ["arrays_equal", "values_equal", "merge_meta_info"]
 
