@@ -6,7 +6,6 @@ The driver holds only small tensors and control flow; models live in the worker 
 from __future__ import annotations
 
 import os
-import sys
 import uuid
 from collections import defaultdict
 from typing import Iterator
@@ -23,7 +22,7 @@ from hybridrl.rewards.manager import RewardFunctionError
 from hybridrl.trainer import checkpoint
 from hybridrl.trainer.async_reward import PendingReward, reward_deadline_s, scores_async
 from hybridrl.trainer.balance import balance_batch
-from hybridrl.trainer.fully_async import ASYNC_MODES, DataExhausted, StreamingRollout, stream_settings
+from hybridrl.trainer.loop import LoopSettings, run_training
 from hybridrl.trainer.metrics import (
     compute_data_metrics,
     compute_rollout_probs_diff_metrics,
@@ -34,9 +33,9 @@ from hybridrl.trainer.metrics import (
     reduce_metrics,
     reduce_worker_metrics,
 )
-from hybridrl.trainer.prefetch import VERSION_KEY, OneStepOffRollout, engine_deadline_s, staleness_metrics
 from hybridrl.trainer.rollout_correction import apply_bypass_mode, compute_rollout_correction_and_add_to_batch
 from hybridrl.trainer.rollout_dump import ValidationDump, dump_rollouts
+from hybridrl.trainer.schedules import Schedule, make_schedule
 from hybridrl.trainer.stages import (
     GEN_BATCH_KEYS,
     apply_reward_failures,
@@ -50,7 +49,9 @@ from hybridrl.trainer.step_plan import make_step_plan
 
 
 class PPOTrainer:
-    """Runs ``fit()``: validation, then ``step()`` per batch, checkpoints and logging."""
+    """Runs ``fit()``: validation, then ``step()`` per batch, checkpoints and logging
+    (:func:`~hybridrl.trainer.loop.run_training`), on the schedule of the config
+    (:mod:`hybridrl.trainer.schedules`: sync, one-step-off or fully async), chosen here once."""
 
     def __init__(
         self,
@@ -89,10 +90,8 @@ class PPOTrainer:
         self._pending_metrics, self._pending_timing = {}, {}  # of generation batches not trained on yet
         self._reward_extra_keys: dict[str, None] = {}  # the reward function's extra outputs seen so far
         self.global_steps = 0
-        self._resumed_batches = None  # the rest of the epoch a checkpoint stopped in
-        self.prefetch: OneStepOffRollout | None = None  # trainer.one_step_off_policy: set by fit()
-        self.streaming: StreamingRollout | None = None  # trainer.v1.trainer_mode=*_async: set by fit()
-        self._stream_done_rows: list[list[int]] | None = None  # from a checkpoint of such a run
+        # where each batch is generated, when the engine gets the weights: started by fit()
+        self.schedule: Schedule = make_schedule(config, self)
 
     # ---------------------------------------------------------------- one training step
     @staticmethod
@@ -113,26 +112,23 @@ class PPOTrainer:
         n = self.config.actor_rollout_ref.rollout.n
         return batch, prompts, self.actor_rollout_wg.generate_sequences(prompts.repeat(n, interleave=True))
 
-    def rollout(self, batch_dict: dict, metrics: dict, timing_raw: dict) -> DataProto:
-        """Samples ``rollout.n`` responses per prompt of a dataloader batch, with the group ids
-        (``uid``) and, with a reward model, its ``rm_scores`` (the reward manager reads them).
-        With ``trainer.one_step_off_policy`` the batch was generated during the previous step
-        (:mod:`hybridrl.trainer.prefetch`) and the next one starts generating here."""
-        cfg = self.config
-        if self.streaming is not None:  # fully async: finished groups, already joined with their rows
-            return self._score_with_reward_model(self.streaming.take(metrics, timing_raw), metrics, timing_raw)
-        if self.prefetch is not None:
-            is_last = self.global_steps >= self.total_training_steps
-            (batch, prompts, gen_output), version = self.prefetch.take(self.global_steps, is_last, metrics, timing_raw)
-            metrics.update(staleness_metrics(gen_output.non_tensor_batch[VERSION_KEY], version))
-        else:
-            with marked_timer("gen", timing_raw):
-                batch, prompts, gen_output = self.generate(batch_dict)
-        n = cfg.actor_rollout_ref.rollout.n
+    def join_responses(self, batch: DataProto, prompts: DataProto, responses: DataProto, timing_raw: dict) -> DataProto:
+        """The prompts' rows (``batch``, one per prompt) repeated ``rollout.n`` times and joined with
+        their ``responses``; for ReMax first each prompt's greedy baseline (``timing_s/gen_max``)."""
         if self.plan.reward_baselines:
             with marked_timer("gen_max", timing_raw):
                 batch.batch["reward_baselines"] = self.greedy_reward_baselines(batch, prompts)
-        return self._score_with_reward_model(batch.repeat(n, interleave=True).union(gen_output), metrics, timing_raw)
+        return batch.repeat(self.config.actor_rollout_ref.rollout.n, interleave=True).union(responses)
+
+    def rollout(self, batch_dict: dict, metrics: dict, timing_raw: dict) -> DataProto:
+        """Samples ``rollout.n`` responses per prompt of a dataloader batch, with the group ids
+        (``uid``) and, with a reward model, its ``rm_scores`` (the reward manager reads them).
+        The schedule says where the batch was generated (:meth:`Schedule.rollout
+        <hybridrl.trainer.schedules.Schedule.rollout>`): now, during the previous step
+        (one-step-off), or streamed (fully async)."""
+        is_last = self.global_steps >= self.total_training_steps
+        batch = self.schedule.rollout(batch_dict, self.global_steps, is_last, metrics, timing_raw)
+        return self._score_with_reward_model(batch, metrics, timing_raw)
 
     def _score_with_reward_model(self, batch: DataProto, metrics: dict, timing_raw: dict) -> DataProto:
         if self.rm_wg is not None:  # rm_scores first: the reward manager combines them with rule scores
@@ -256,10 +252,7 @@ class PPOTrainer:
         dump_rollouts(cfg.trainer, batch, self.tokenizer, self.global_steps, reward_extra_info)
         metrics.update(compute_timing_metrics(batch, timing_raw))
         metrics.update(compute_throughput_metrics(batch, timing_raw, n_devices=self.n_workers))
-        if (
-            self.prefetch is not None or self.streaming is not None
-        ):  # verl's name: the share of the step spent waiting for generation
-            metrics["fully_async/trainer/idle_ratio"] = timing_raw["gen"] / timing_raw["step"]
+        metrics.update(self.schedule.step_metrics(timing_raw))
         return metrics
 
     def compute_advantages(self, batch: DataProto, metrics: dict) -> DataProto:
@@ -290,7 +283,8 @@ class PPOTrainer:
         )
 
     def update(self, batch: DataProto, metrics: dict, timing_raw: dict) -> DataProto:
-        """The critic's update, then the actor's (from ``trainer.critic_warmup`` on). On policy (no
+        """The critic's update, then the actor's (from ``trainer.critic_warmup`` on), then the
+        schedule's ``after_update`` (fully async: the engines get the weights). On policy (no
         old-log-prob pass) the actor's update returns its own log-probs as ``old_log_probs``."""
         if self.plan.use_critic:
             with marked_timer("update_critic", timing_raw):
@@ -298,17 +292,16 @@ class PPOTrainer:
             merge_metrics(metrics, reduce_metrics(critic_output.meta_info["metrics"]))
         if self.config.trainer.critic_warmup <= self.global_steps:
             with marked_timer("update_actor", timing_raw):
-                # one-step-off: the engine gets the weights at the next step; fully async: from the driver below
+                # one-step-off: the engine gets the weights at the next step; fully async: in after_update
                 actor_output = self.actor_rollout_wg.update_actor(
                     batch,
                     on_policy=self.plan.on_policy,
-                    sync_rollout_weights=self.prefetch is None and self.streaming is None,
+                    sync_rollout_weights=self.schedule.update_syncs_weights,
                 )
             merge_metrics(metrics, reduce_metrics(actor_output.meta_info["metrics"]))
             if actor_output.batch is not None:
                 batch.batch["old_log_probs"] = actor_output.batch["old_log_probs"]
-        if self.streaming is not None:  # the samples in flight continue on the new weights
-            self.streaming.sync_weights(timing_raw)
+        self.schedule.after_update(timing_raw)
         return batch
 
     def collect_memory_metrics(self, metrics: dict) -> None:
@@ -386,7 +379,13 @@ class PPOTrainer:
         )
 
     # ---------------------------------------------------------------- checkpoints
+    def has_validation(self) -> bool:
+        """Whether the run has a validation set (``data.val_files``)."""
+        return self.val_dataloader is not None
+
     def save_checkpoint(self) -> str:
+        """Writes ``global_step_<N>`` (:func:`~hybridrl.trainer.checkpoint.save_checkpoint`): the actor
+        (and critic) shards, the dataloader position and the schedule's state; returns its folder."""
         trainer_cfg = self.config.trainer
 
         def write_workers(folder: str) -> None:
@@ -395,11 +394,10 @@ class PPOTrainer:
                 self.critic_wg.save_checkpoint(os.path.join(folder, "critic"), self.global_steps)
 
         keep = trainer_cfg.max_actor_ckpt_to_keep
-        # One-step-off: the position before the next batch was drawn; a resumed run generates it again.
-        dataloader_state = self.prefetch.dataloader_state() if self.prefetch else self.train_dataloader.state_dict()
-        trainer_state = {"kl_coef_in_reward": self.kl_ctrl_in_reward.value}
-        if self.streaming is not None:  # fully async: a resumed run regenerates the groups not trained yet
-            dataloader_state, trainer_state["stream_done_rows"] = self.streaming.checkpoint_state()
+        # one-step-off: the position before the next batch was drawn; fully async: before the oldest
+        # batch with groups not trained (and which are): a resumed run generates them again
+        dataloader_state, schedule_state = self.schedule.checkpoint_state()
+        trainer_state = {"kl_coef_in_reward": self.kl_ctrl_in_reward.value, **schedule_state}
         return checkpoint.save_checkpoint(
             trainer_cfg.default_local_dir,
             self.global_steps,
@@ -429,122 +427,44 @@ class PPOTrainer:
             settings[f"{prefix}.ppo_micro_batch_size_per_gpu"] = role.ppo_micro_batch_size_per_gpu
         return settings
 
-    def load_checkpoint(self) -> None:
-        """Restores the latest (``resume_mode=auto``) or the given checkpoint (``resume_path``)."""
+    def load_checkpoint(self) -> Iterator[dict] | None:
+        """Restores the latest (``resume_mode=auto``) or the given checkpoint (``resume_path``), the
+        schedule's state included; returns the rest of the checkpoint's epoch (None: nothing to resume).
+
+        Raises:
+            CheckpointError: as :func:`~hybridrl.trainer.checkpoint.resume_checkpoint_path` and
+                :func:`~hybridrl.trainer.checkpoint.read_checkpoint`.
+        """
         path = checkpoint.resume_checkpoint_path(self.config.trainer)
         if path is None:
-            return
+            return None
         trainer_state, dataloader_state = checkpoint.read_checkpoint(path)
         global_step = trainer_state["global_step"]
         self.kl_ctrl_in_reward.value = trainer_state.get("kl_coef_in_reward", self.kl_ctrl_in_reward.value)
-        self._stream_done_rows = trainer_state.get("stream_done_rows")
+        self.schedule.restore(trainer_state)
         if dataloader_state is not None:
             self.train_dataloader.load_state_dict(dataloader_state)
         # Starting an epoch's iterator draws a seed from the global RNG; do it before the workers
         # restore the RNG, so the resumed run samples exactly as an uninterrupted one would.
-        self._resumed_batches = iter(self.train_dataloader)
+        resumed = iter(self.train_dataloader)
         self.actor_rollout_wg.load_checkpoint(os.path.join(path, "actor"))
         if self.plan.use_critic:
             self.critic_wg.load_checkpoint(os.path.join(path, "critic"))
         self.global_steps = global_step
         print(f"hybridrl: resumed from {path} (step {global_step})", flush=True)
         checkpoint.warn_changed_settings(path, trainer_state, self.resume_settings())
+        return resumed
 
     # ---------------------------------------------------------------- the loop
-    def _due(self, freq: int, is_last: bool) -> bool:
-        """Whether a ``*_freq`` event (validation, checkpoint) happens at this step; <= 0: never."""
-        return freq > 0 and (is_last or self.global_steps % freq == 0)
-
     def fit(self, tracker) -> None:
-        """Trains until ``total_training_steps``; validates and checkpoints on schedule. A run
-        resumed at (or past) its last step trains nothing."""
+        """Trains until ``total_training_steps`` (:func:`~hybridrl.trainer.loop.run_training`):
+        resume, validation and checkpoints on schedule, logging; a run resumed at (or past) its
+        last step trains nothing. The schedule starts here and is closed at the end."""
         trainer_cfg = self.config.trainer
-        self.load_checkpoint()
-        if self.val_dataloader is not None and trainer_cfg.val_before_train and self.global_steps == 0:
-            tracker.log(self.validate(), step=self.global_steps)
-        if trainer_cfg.val_only or checkpoint.run_is_complete(self.global_steps, self.total_training_steps):
-            return
-        self.global_steps += 1
-        batches = self._train_batches()
-        if trainer_cfg.one_step_off_policy:  # the batches are drawn and generated a step early
-            batches = self.prefetch = OneStepOffRollout(
-                batches,
-                self.generate,
-                lambda: self.actor_rollout_wg.sync_rollout_weights()[0],
-                self.train_dataloader.state_dict,
-                engine_deadline_s(self.config),
-            )
-        elif trainer_cfg.v1.trainer_mode in ASYNC_MODES:  # groups stream in while the trainer trains
-            batches = self.streaming = self._start_streaming(batches)
-        try:
-            self._train(tracker, batches)
-        finally:
-            if self.streaming is not None:  # after an error, closing must not replace it
-                self.streaming.close(quiet=sys.exc_info()[0] is not None)
-
-    def _start_streaming(self, batches: Iterator[dict]) -> StreamingRollout:
-        sync = self._sync_engines
-        return StreamingRollout(
-            batches,
-            self.prepare_generation,
-            self.rollout_wg,
-            sync,
-            self.train_dataloader.state_dict,
-            stream_settings(self.config, self.tokenizer.pad_token_id),
-            self.config.actor_rollout_ref.rollout.n,
-            sync(),
-            self._stream_done_rows,
+        settings = LoopSettings(
+            test_freq=trainer_cfg.test_freq,
+            save_freq=trainer_cfg.save_freq,
+            val_before_train=trainer_cfg.val_before_train,
+            val_only=trainer_cfg.val_only,
         )
-
-    def _sync_engines(self) -> int:
-        """Brings the engines up to the actor's weights; returns their ``param_version``."""
-        if self.rollout_wg is self.actor_rollout_wg:
-            return self.actor_rollout_wg.sync_rollout_weights()[0]
-        state, version = self.actor_rollout_wg.engine_weights()[0]  # rank 0 holds the gathered weights
-        return self.rollout_wg.update_weights(state, version)[0]
-
-    def _train(self, tracker, batches) -> None:
-        trainer_cfg = self.config.trainer
-        for batch_dict in batches:
-            try:
-                metrics = self.step(batch_dict)
-            except DataExhausted as exc:  # fully async: groups were dropped, the last step cannot fill
-                print(f"hybridrl: stopping at step {self.global_steps}: the data ran out ({exc})", flush=True)
-                return
-            if metrics is None:  # dynamic sampling: more groups to collect first
-                continue
-            is_last = self.global_steps >= self.total_training_steps
-            timing: dict = {}
-            validating = self.val_dataloader is not None and self._due(trainer_cfg.test_freq, is_last)
-            saving = self._due(trainer_cfg.save_freq, is_last)
-            if self.prefetch is not None and (validating or saving):
-                # Validation and checkpoints run with the engine idle: wait for the next batch's
-                # generation (kept for the next step) instead of launching it after them, so that
-                # batch is one update old like every other.
-                with marked_timer("gen_next", timing):
-                    self.prefetch.settle("validation" if validating else "a checkpoint")
-            if validating:
-                with marked_timer("testing", timing):
-                    metrics.update(self.validate())
-            if saving:
-                with marked_timer("save_checkpoint", timing):
-                    self.save_checkpoint()
-            metrics.update({f"timing_s/{name}": seconds for name, seconds in timing.items()})
-            metrics["perf/time_per_step"] += sum(timing.values())  # the step's wall time, as verl counts it
-            tracker.log(metrics, step=self.global_steps)
-            if is_last:
-                return
-            self.global_steps += 1
-
-    def _train_batches(self) -> Iterator[dict]:
-        """Dataloader batches epoch after epoch, starting with the rest of a resumed epoch; ends
-        only when an epoch yields nothing (an empty dataloader)."""
-        resumed, self._resumed_batches = self._resumed_batches, None
-        yield from resumed or ()
-        while True:
-            drawn = False
-            for batch_dict in iter(self.train_dataloader):
-                drawn = True
-                yield batch_dict
-            if not drawn:
-                return
+        run_training(self, tracker, settings, self.schedule)

@@ -59,13 +59,11 @@ class RewardModelTrainer(SupervisedTrainer):
     validation metrics."""
 
     name = "rm"
+    always_on_last = True
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.last_val: dict = {}
-
-    def _due(self, freq, is_last: bool) -> bool:
-        return is_last or (bool(freq) and freq > 0 and self.global_steps % freq == 0)
 
     def _checkpoint_trainer_state(self) -> dict:
         return self.last_val

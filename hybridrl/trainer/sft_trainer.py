@@ -63,8 +63,9 @@ class SFTTrainer(SupervisedTrainer):
     def to_proto(self, batch: dict) -> DataProto:
         return DataProto.from_dict(tensors=trim_padding({k: batch[k] for k in SFT_KEYS}))
 
-    def train_step(self, batch: dict) -> dict:
-        metrics = super().train_step(batch)
+    def step(self, batch: dict) -> dict:
+        """:meth:`SupervisedTrainer.step`, with ``perf/throughput`` (tokens per second)."""
+        metrics = super().step(batch)
         metrics["perf/throughput"] = batch["attention_mask"].sum().item() / metrics["perf/time_per_step"]
         return metrics
 

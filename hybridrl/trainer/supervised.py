@@ -3,8 +3,8 @@
 The model lives in a worker group (:mod:`hybridrl.workers.supervised_worker`), built like PPO's:
 in this process (``trainer.backend=local``) or on ``trainer.nnodes x trainer.n_gpus_per_node``
 Ray workers with FSDP2. The driver draws each batch, hands it to the group (each worker trains
-on its share; the update equals one worker on the whole batch), validates, logs and
-checkpoints on schedule.
+on its share; the update equals one worker on the whole batch); PPO's loop
+(:func:`~hybridrl.trainer.loop.run_training`) resumes, validates, logs and checkpoints on schedule.
 
 Checkpoint layout (PPO's): ``<trainer.default_local_dir>/global_step_<N>/`` written atomically
 with ``model/`` (the workers' DCP checkpoint: ``dcp/``, ``extra_state_*.pt``, ``huggingface/``
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -25,6 +25,7 @@ from hybridrl.errors import CheckpointError
 from hybridrl.protocol import DataProto
 from hybridrl.trainer import checkpoint
 from hybridrl.trainer.checkpoint_lock import run_folder_lock
+from hybridrl.trainer.loop import LoopSettings, run_training
 from hybridrl.trainer.merge import merge
 from hybridrl.trainer.metrics import reduce_metrics
 from hybridrl.trainer.tracking import tracker_for_run
@@ -35,8 +36,9 @@ MODEL_DIR = "model"  # the worker checkpoint inside a step folder (PPO's are act
 
 
 class SupervisedTrainer:
-    """The loop: ``fit()`` trains until ``total_training_steps``, validating and checkpointing
-    when due. Subclasses give ``to_proto(batch)``, ``validate()`` and ``has_validation()``.
+    """``fit()`` trains until ``total_training_steps``, validating and checkpointing when due, in
+    the loop PPO runs (:func:`~hybridrl.trainer.loop.run_training`). Subclasses give
+    ``to_proto(batch)`` and ``validate()``.
 
     Args:
         config: the resolved ``sft_trainer`` / ``rm_trainer`` config.
@@ -44,21 +46,32 @@ class SupervisedTrainer:
         train_dataloader: a ``StatefulDataLoader`` (its position is checkpointed).
         val_data: the validation loader or dataset, or None.
         total_training_steps: optimizer steps of the whole run.
+        resume_path: the checkpoint ``fit()`` resumes from (:meth:`load_checkpoint`), or None.
     """
 
     name = ""  # the command, in messages
+    always_on_last = False  # whether the last step validates and saves whatever test_freq/save_freq say
 
-    def __init__(self, config, worker_group, train_dataloader, val_data, total_training_steps: int):
+    def __init__(
+        self,
+        config,
+        worker_group,
+        train_dataloader,
+        val_data,
+        total_training_steps: int,
+        resume_path: str | None = None,
+    ):
         self.config = config
         self.worker_group = worker_group
         self.train_dataloader = train_dataloader
         self.val_data = val_data
         self.total_training_steps = total_training_steps
+        self.resume_path = resume_path
         self.global_steps = 0
         self.export_dir: str | None = None
-        self._resumed_batches = None
 
     def has_validation(self) -> bool:
+        """Whether the run has validation data (``data.val_files``)."""
         return self.val_data is not None
 
     def to_proto(self, batch: dict) -> DataProto:
@@ -66,9 +79,10 @@ class SupervisedTrainer:
         raise NotImplementedError
 
     def validate(self) -> dict:
+        """The validation metrics (``val/...``)."""
         raise NotImplementedError
 
-    def train_step(self, batch: dict) -> dict:
+    def step(self, batch: dict) -> dict:
         """One optimizer step on ``batch`` over the worker group; the step's metrics (with verl's
         ``perf/max_memory_allocated_gb``, ``perf/max_memory_reserved_gb``, ``perf/cpu_memory_used_gb``:
         GiB, the maximum over the workers)."""
@@ -89,6 +103,7 @@ class SupervisedTrainer:
         return None
 
     def save_checkpoint(self) -> str:
+        """Writes ``global_step_<N>`` (module docstring); returns its folder."""
         trainer_cfg = self.config.trainer
 
         def write_workers(folder: str) -> None:
@@ -114,13 +129,17 @@ class SupervisedTrainer:
             "data.micro_batch_size_per_gpu": cfg.data.micro_batch_size_per_gpu,
         }
 
-    def load_checkpoint(self, path: str) -> None:
-        """Restores the workers (model, optimizer, schedule, RNG) and the data position from ``path``.
+    def load_checkpoint(self, path: str | None = None) -> Iterator[dict] | None:
+        """Restores the workers (model, optimizer, schedule, RNG) and the data position from ``path``
+        (default: ``resume_path``); returns the rest of the checkpoint's epoch (None: no checkpoint).
 
         Raises:
             CheckpointError: ``path`` has no ``model/`` worker checkpoint (e.g. a PPO checkpoint),
                 or it is incomplete or of another ``model.lora_rank``.
         """
+        path = path or self.resume_path
+        if path is None:
+            return None
         if not os.path.isdir(os.path.join(path, MODEL_DIR)):
             raise CheckpointError(
                 f"checkpoint {path} has no {MODEL_DIR}/ folder: it was not written by this version of "
@@ -132,38 +151,25 @@ class SupervisedTrainer:
             self.train_dataloader.load_state_dict(dataloader_state)
         # Starting an epoch's iterator draws from the global RNG: do it before the workers restore
         # the RNG, so the resumed run continues exactly as an uninterrupted one (as PPO does).
-        self._resumed_batches = iter(self.train_dataloader)
+        resumed = iter(self.train_dataloader)
         self.worker_group.load_checkpoint(os.path.join(path, MODEL_DIR))
         self.global_steps = trainer_state["global_step"]
         print(f"hybridrl: resumed from {path} (step {self.global_steps})", flush=True)
         checkpoint.warn_changed_settings(path, trainer_state, self.resume_settings())
-
-    def _due(self, freq, is_last: bool) -> bool:
-        """Whether a ``*_freq`` event (validation, checkpoint) happens at this step; <= 0: never."""
-        return bool(freq) and freq > 0 and (is_last or self.global_steps % freq == 0)
+        return resumed
 
     def fit(self, tracker) -> None:
-        """Trains until ``total_training_steps``; validates and checkpoints when due. A run resumed
-        at (or past) its last step trains nothing."""
+        """Resumes from ``resume_path``, then trains until ``total_training_steps``, validating and
+        checkpointing when due (:func:`~hybridrl.trainer.loop.run_training`). A run resumed at (or
+        past) its last step trains nothing."""
         trainer_cfg = self.config.trainer
-        if self.has_validation() and trainer_cfg.val_before_train and self.global_steps == 0:
-            tracker.log(self.validate(), step=0)
-        if checkpoint.run_is_complete(self.global_steps, self.total_training_steps):
-            return
-        self.global_steps += 1
-        while self.global_steps <= self.total_training_steps:
-            batches, self._resumed_batches = self._resumed_batches or iter(self.train_dataloader), None
-            for batch in batches:
-                metrics = self.train_step(batch)
-                is_last = self.global_steps >= self.total_training_steps
-                if self.has_validation() and self._due(trainer_cfg.test_freq, is_last):
-                    metrics.update(self.validate())
-                if self._due(trainer_cfg.save_freq, is_last):
-                    self.save_checkpoint()
-                tracker.log(metrics, step=self.global_steps)
-                if is_last:
-                    return
-                self.global_steps += 1
+        settings = LoopSettings(
+            test_freq=trainer_cfg.test_freq,
+            save_freq=trainer_cfg.save_freq,
+            val_before_train=trainer_cfg.val_before_train,
+            always_on_last=self.always_on_last,
+        )
+        run_training(self, tracker, settings)
 
     def export(self) -> str | None:
         """``hybridrl merge`` of the last step's checkpoint into its ``huggingface/`` folder
@@ -176,8 +182,8 @@ class SupervisedTrainer:
 
 def run_supervised(config, worker_cls, trainer_cls, build_data: Callable) -> SupervisedTrainer:
     """Trains with a typed ``sft_trainer`` / ``rm_trainer`` config (as a structured DictConfig,
-    :mod:`.supervised_config`): data, then the worker group, resume, ``fit()`` with the run's
-    tracker, and the export of the last checkpoint.
+    :mod:`.supervised_config`): data, then the worker group, ``fit()`` (resume included) with the
+    run's tracker, and the export of the last checkpoint.
 
     Args:
         worker_cls: the :class:`~hybridrl.workers.supervised_worker.SupervisedWorker` to train with.
@@ -199,9 +205,7 @@ def run_supervised(config, worker_cls, trainer_cls, build_data: Callable) -> Sup
         resume = checkpoint.resume_checkpoint_path(trainer_cfg)
         groups = launch_worker_groups(config, {MODEL_DIR: (worker_cls, (config, total_steps), {})})
         try:
-            trainer = trainer_cls(config, groups.groups[MODEL_DIR], train_dataloader, val_data, total_steps)
-            if resume:
-                trainer.load_checkpoint(resume)
+            trainer = trainer_cls(config, groups.groups[MODEL_DIR], train_dataloader, val_data, total_steps, resume)
             tracker = tracker_for_run(config, total_steps)
             try:
                 trainer.fit(tracker)
