@@ -13,7 +13,7 @@ import os
 import re
 from pathlib import Path
 
-from hybridrl.trainer.tracking import MissingLoggerPackage, TrackingError, _plain, register_logger
+from hybridrl.trainer.tracking import MissingLoggerPackage, TrackingError, plain_scalar, register_logger
 
 logger = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ def _numbers(data: dict) -> dict[str, int | float]:
     """The int/float entries of a metrics dict as plain Python numbers (bools and text left out)."""
     out = {}
     for key, value in data.items():
-        value = _plain(value)
+        value = plain_scalar(value)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             out[str(key)] = value
     return out

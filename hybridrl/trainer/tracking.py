@@ -66,7 +66,7 @@ def available_loggers() -> list[str]:
     return LOGGERS.names()
 
 
-def _plain(value):
+def plain_scalar(value):
     """numpy/torch scalars -> Python int/float/bool/str; None for anything non-scalar."""
     if hasattr(value, "numel"):  # torch.Tensor
         value = value.item() if value.numel() == 1 else None
@@ -211,16 +211,16 @@ def format_console_line(data: dict, step: int, total_steps: int | None = None) -
     """
     parts = [f"step {step}/{total_steps}" if total_steps else f"step {step}"]
     for label, key in _CONSOLE_KEYS:
-        value = _plain(data.get(key))
+        value = plain_scalar(data.get(key))
         if isinstance(value, (int, float)):
             parts.append(f"{label} {_fmt(value)}")
     for key in sorted(data):
         if key.startswith("val-core/") and key.endswith("/reward/mean@1"):
-            value = _plain(data[key])
+            value = plain_scalar(data[key])
             if isinstance(value, (int, float)):
                 source = key[len("val-core/") : -len("/reward/mean@1")]
                 parts.append(f"val {source} {_fmt(value)}")
-    seconds = _plain(data.get("perf/time_per_step"))
+    seconds = plain_scalar(data.get("perf/time_per_step"))
     if isinstance(seconds, (int, float)):
         parts.append(f"{seconds:.1f}s/step")
     return " | ".join(parts)
@@ -306,7 +306,7 @@ def _json_record(data: dict, step: int) -> dict:
     for key, value in data.items():
         if key == "step":
             continue
-        value = _plain(value)
+        value = plain_scalar(value)
         if value is None:
             continue
         if isinstance(value, float) and not math.isfinite(value):
