@@ -224,6 +224,78 @@ def test_a_start_error_naming_no_key_names_the_model():
     ), message
 
 
+def _validation_error(message):
+    """A pydantic ValidationError as vLLM's config dataclasses raise it (built without vLLM)."""
+    import pydantic
+
+    @pydantic.dataclasses.dataclass
+    class SchedulerConfig:
+        max_num_batched_tokens: int
+
+        @pydantic.model_validator(mode="after")
+        def _check(self):
+            raise ValueError(message)
+
+    try:
+        SchedulerConfig(max_num_batched_tokens=352)
+    except pydantic.ValidationError as exc:
+        return exc
+    raise AssertionError("no ValidationError")
+
+
+_BATCHED = "max_num_batched_tokens (352) must be greater than or equal to max_num_seqs (1024)."
+
+
+def test_a_validation_error_gives_vllms_own_reason_and_every_key_it_names():
+    import types
+
+    from hybridrl.errors import UserError
+    from hybridrl.workers.rollout.vllm import EngineStartError
+
+    error = _validation_error(_BATCHED)
+    assert str(error).startswith("1 validation error for SchedulerConfig")  # what the old message showed
+    config = engine_config(max_num_batched_tokens=256, max_num_seqs=1024, max_model_len=352)
+    fake = types.SimpleNamespace(
+        architectures="LlamaForCausalLM", config=config, device=torch.device("cpu"), max_model_len=352
+    )
+    err = VLLMRollout._start_error(fake, error)
+    assert isinstance(err, EngineStartError) and isinstance(err, UserError) and isinstance(err, RolloutEngineError)
+    assert str(err) == (
+        "actor_rollout_ref.rollout.name=vllm: vLLM could not start an engine for LlamaForCausalLM: "
+        f"{_BATCHED}; change actor_rollout_ref.rollout.max_num_batched_tokens (now 256, raised to "
+        "max_model_len 352) or actor_rollout_ref.rollout.max_num_seqs (now 1024)"
+    )
+
+
+def test_engine_error_text_follows_a_root_cause_wrapper_and_keeps_one_line():
+    from hybridrl.workers.rollout.vllm import engine_error_text
+
+    wrapper = RuntimeError("Engine core initialization failed. See root cause above. Failed core proc(s): {}")
+    wrapper.__cause__ = _validation_error("max_model_len 4096 exceeds the model's 2048.\nsecond line")
+    assert engine_error_text(wrapper) == (
+        "Engine core initialization failed. See root cause above. Failed core proc(s): {}; "
+        "max_model_len 4096 exceeds the model's 2048. second line"
+    )
+    assert engine_error_text(ValueError("\n  first real line\nmore")) == "first real line"
+    assert engine_error_text(ValueError()) == "ValueError"
+
+
+@pytest.mark.slow
+def test_a_real_engine_start_refused_by_vllms_validation_names_the_keys(vllm_model, tokenizer):
+    """vLLM 0.3x validates its SchedulerConfig before loading anything: max_num_batched_tokens
+    (raised by hybridrl to max_model_len = 42) must be >= max_num_seqs (4096 in engine_config)."""
+    from hybridrl.workers.rollout.vllm import EngineStartError
+
+    config = engine_config(max_num_batched_tokens=16)
+    with pytest.raises(EngineStartError) as err:
+        VLLMRollout(copy.deepcopy(vllm_model), config, tokenizer, vllm_model.generation_config)
+    message = str(err.value)
+    assert "max_num_batched_tokens (42) must be greater than or equal to max_num_seqs (4096)" in message, message
+    assert "actor_rollout_ref.rollout.max_num_batched_tokens (now 16, raised to max_model_len 42)" in message
+    assert "actor_rollout_ref.rollout.max_num_seqs (now 4096)" in message
+    assert "validation error for" not in message and "rollout.name=hf" not in message and "\n" not in message
+
+
 @pytest.mark.slow
 def test_grpo_two_steps_with_vllm_log_mismatch_metrics(gsm8k_parquet, vllm_model_dir, tmp_path):
     from hybridrl.trainer.main_ppo import main

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
 import warnings
 
@@ -124,38 +125,90 @@ def _hide_unscannable() -> list[tuple[dict, str, object]]:
     return hidden
 
 
-def _start_error_key(exc: BaseException, cfg, device: torch.device, max_model_len: int) -> str | None:
-    """The rollout key (with its value and the direction to change it) that vLLM's start-up error
-    ``exc`` (or an exception it chains) names, or None when it names none of them."""
+class EngineStartError(RolloutEngineError):
+    """vLLM refused to start an engine with this rollout config: one line with vLLM's own reason
+    (e.g. its config validation message) and the hybridrl keys that set the values it names."""
+
+
+def engine_error_text(exc: BaseException) -> str:
+    """vLLM's own reason for a failed start, on one line.
+
+    A pydantic ``ValidationError`` (how vLLM 0.1x+ validates ``SchedulerConfig``, ``ModelConfig``,
+    ...) gives the message of each failed rule (``max_num_batched_tokens (352) must be greater
+    than or equal to max_num_seqs (1024)``), not its header line ("1 validation error for
+    SchedulerConfig") nor the dump of the inputs. Another exception gives its first non-empty
+    line; a generic wrapper ("Engine core initialization failed. See root cause above.") is
+    followed by the reason of the exception it chains, when there is one.
+    """
+    parts: list[str] = []
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        parts.append(_own_text(cause))
+        if "root cause" not in parts[-1].lower() and "see stack trace" not in parts[-1].lower():
+            break
+        cause = cause.__cause__ or cause.__context__
+    return "; ".join(p for p in parts if p) or type(exc).__name__
+
+
+def _own_text(exc: BaseException) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors) and type(exc).__name__ == "ValidationError":  # pydantic, without importing it
+        try:
+            messages = [str(e.get("msg", "")) for e in errors()]
+        except Exception:  # noqa: BLE001 - not pydantic's errors(): fall back to the text
+            messages = []
+        messages = [" ".join(re.sub(r"^(Value|Assertion) error, ", "", m).split()) for m in messages if m]
+        if messages:
+            return "; ".join(messages)
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else ""
+
+
+def _start_error_keys(exc: BaseException, cfg, device: torch.device, max_model_len: int) -> list[str]:
+    """The rollout keys (each with its value and, where it helps, the direction to change it) that
+    vLLM's start-up error ``exc`` (or an exception it chains) names; [] when it names none."""
     chain, seen = [], set()
     cause: BaseException | None = exc
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
-        chain.append(str(cause).lower())
+        chain.append(engine_error_text(cause).lower())
         cause = cause.__cause__ or cause.__context__
     text = " ".join(chain)
     extra = dict(cfg.engine_kwargs.get("vllm") or {})  # a free-form map, not config keys
-    for name in extra:
-        if str(name).lower() in text:
-            return f"engine_kwargs.vllm.{name} (now {extra[name]!r}): vLLM refuses it"
+    keys = [
+        f"engine_kwargs.vllm.{name} (now {extra[name]!r}): vLLM refuses it"
+        for name in extra
+        if str(name).lower() in text
+    ]
+    if keys:
+        return keys
     if any(w in text for w in ("gpu_memory_utilization", "cache blocks", "kv cache", "kv_cache_memory", "memory")):
         if cfg.kv_cache_memory_gb is not None or device.type == "cpu":
             gb = cfg.kv_cache_memory_gb if cfg.kv_cache_memory_gb is not None else CPU_DEFAULT_KV_CACHE_GB
-            return f"kv_cache_memory_gb (now {gb}): the KV cache does not fit; lower it or the lengths, or free memory"
-        return (
-            f"gpu_memory_utilization (now {cfg.gpu_memory_utilization}): the KV cache does not fit; "
-            "raise it (at most 0.95) or lower max_num_seqs / the lengths"
+            keys.append(
+                f"kv_cache_memory_gb (now {gb}): the KV cache does not fit; lower it or the lengths, or free memory"
+            )
+        else:
+            keys.append(
+                f"gpu_memory_utilization (now {cfg.gpu_memory_utilization}): the KV cache does not fit; "
+                "raise it (at most 0.95) or lower max_num_seqs / the lengths"
+            )
+    if "max_num_batched_tokens" in text:
+        passed = max(int(cfg.max_num_batched_tokens), max_model_len)
+        now = f"{cfg.max_num_batched_tokens}" + (
+            "" if passed == cfg.max_num_batched_tokens else f", raised to max_model_len {passed}"
         )
+        keys.append(f"max_num_batched_tokens (now {now})")
+    if "max_num_seqs" in text:
+        keys.append(f"max_num_seqs (now {cfg.max_num_seqs})")
     if any(w in text for w in ("max_model_len", "max seq len", "max_seq_len", "max_position_embeddings")):
         now = cfg.max_model_len if cfg.max_model_len else f"{max_model_len} = prompt_length + response_length"
-        return f"max_model_len (now {now}): lower it, or prompt_length / response_length"
-    if "max_num_batched_tokens" in text:
-        return f"max_num_batched_tokens (now {cfg.max_num_batched_tokens})"
-    if "max_num_seqs" in text:
-        return f"max_num_seqs (now {cfg.max_num_seqs})"
-    if any(w in text for w in ("dtype", "bfloat16", "float16")):
-        return f"dtype (now {cfg.dtype}): pick one this device and vLLM support (bf16, fp16, fp32)"
-    return None
+        keys.append(f"max_model_len (now {now}): lower it, or data.max_prompt_length / data.max_response_length")
+    if not keys and any(w in text for w in ("dtype", "bfloat16", "float16")):
+        keys.append(f"dtype (now {cfg.dtype}): pick one this device and vLLM support (bf16, fp16, fp32)")
+    return keys
 
 
 @register_rollout("vllm")
@@ -169,8 +222,12 @@ class VLLMRollout(BaseRollout):
     temperature and top-k/top-p), as the HF engine's.
 
     Raises (at construction):
-        RolloutEngineError: vLLM missing, or an architecture vLLM cannot load. (Tensor
-            parallelism is refused at start-up by the config check.)
+        RolloutEngineError: vLLM missing. (Tensor parallelism is refused at start-up by the
+            config check.)
+        EngineStartError (a RolloutEngineError): vLLM refused to start: its own reason (e.g.
+            ``max_num_batched_tokens (352) must be greater than or equal to max_num_seqs (1024)``)
+            and the rollout keys that set the values it names, or ``rollout.name=hf`` when it
+            names none (an architecture vLLM cannot run).
     """
 
     def __init__(self, actor_module: torch.nn.Module, config, tokenizer, generation_config=None) -> None:
@@ -247,21 +304,20 @@ class VLLMRollout(BaseRollout):
         finally:
             torch.set_num_threads = set_threads
 
-    def _start_error(self, exc: Exception) -> RolloutEngineError:
-        """One line: vLLM's first line and the rollout key its message points at (memory, lengths,
-        batching, dtype, an ``engine_kwargs.vllm`` entry), else the model (``rollout.name=hf``
-        then)."""
-        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    def _start_error(self, exc: Exception) -> EngineStartError:
+        """One line: vLLM's own reason (:func:`engine_error_text`) and the rollout keys its message
+        names (memory, lengths, batching, dtype, ``engine_kwargs.vllm`` entries), else the model
+        (``rollout.name=hf`` then)."""
         head = f"actor_rollout_ref.rollout.name=vllm: vLLM could not start an engine for {self.architectures}"
-        key = _start_error_key(exc, self.config, self.device, self.max_model_len)
-        if key is None:
+        keys = _start_error_keys(exc, self.config, self.device, self.max_model_len)
+        if keys:
+            advice = "change " + " or ".join(f"actor_rollout_ref.rollout.{key}" for key in keys)
+        else:
             advice = (
                 f"if vLLM cannot run this model (actor_rollout_ref.model.path, {self.architectures}), "
                 "set actor_rollout_ref.rollout.name=hf"
             )
-        else:
-            advice = f"change actor_rollout_ref.rollout.{key}"
-        return RolloutEngineError(f"{head}: {first_line}; {advice}")
+        return EngineStartError(f"{head}: {engine_error_text(exc)}; {advice}")
 
     # ------------------------------------------------------------------ weights and memory
     @torch.no_grad()

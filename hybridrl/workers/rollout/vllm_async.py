@@ -132,8 +132,9 @@ class AsyncVLLMRollout(VLLMRollout):
     ``rollout.engine_timeout_s`` (default 900) bounds every wait on the engine.
 
     Raises (at construction):
-        RolloutEngineError: vLLM missing, an architecture vLLM cannot load, or no engine within
-            the deadline.
+        RolloutEngineError: vLLM missing, or no engine within the deadline.
+        EngineStartError (a RolloutEngineError): vLLM refused to start, as for
+            :class:`VLLMRollout`: its own reason and the rollout keys to change.
     """
 
     def _start(self, actor_module: torch.nn.Module, base: torch.nn.Module) -> None:
