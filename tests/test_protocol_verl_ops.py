@@ -186,8 +186,27 @@ def test_unfold_column_chunks_splits_tensors_and_repeats_the_rest():
     assert out.batch["cube"][1].tolist() == [[4, 5], [6, 7]]  # row 0, columns 2-3
     assert names(out) == ["a", "a", "b", "b"]
     assert out.non_tensor_batch["grid"].tolist() == [["p"], ["q"], ["r"], ["s"]]
-    assert out.non_tensor_batch["turns"].shape == (4,)
+    assert out.non_tensor_batch["turns"].shape == (4, 2)  # equal-length slices: verl's 2-D form
     assert out.non_tensor_batch["turns"].tolist() == [[1, 2], [3, 4], ["u", "v"], ["w", "x"]]
+
+
+def test_unfold_column_chunks_list_column_compares_like_verls():
+    """verl's test: a list of equal-length lists split in 2 equals [[a1], [a2], ...] element-wise."""
+    d = DataProto.from_dict(
+        tensors={"obs": torch.arange(12).reshape(3, 4)},
+        non_tensors={"labels": [["a1", "a2"], ["b1", "b2"], ["c1", "c2"]]},
+    )
+    out = d.unfold_column_chunks(2, split_keys=["obs", "labels"])
+    labels = out.non_tensor_batch["labels"]
+    assert labels.shape == (6, 1) and (labels == [["a1"], ["a2"], ["b1"], ["b2"], ["c1"], ["c2"]]).all()
+    assert isinstance(labels[0], np.ndarray) and labels[0].tolist() == ["a1"]
+
+
+def test_unfold_column_chunks_uneven_slices_stay_one_dimensional():
+    d = DataProto.from_dict(non_tensors={"turns": [[1, 2, 3, 4], [5, 6]]})
+    out = d.unfold_column_chunks(2, split_keys=["turns"])
+    assert out.non_tensor_batch["turns"].shape == (4,)
+    assert out.non_tensor_batch["turns"].tolist() == [[1, 2], [3, 4], [5], [6]]
 
 
 def test_unfold_column_chunks_without_split_keys_repeats_every_key():

@@ -124,7 +124,11 @@ def unfold_column_chunks(data: DataProto, n_split: int, split_keys: Sequence[str
     A split tensor or ≥2-D array ``(n, c, ...)`` becomes ``(n * n_split, c // n_split, ...)``,
     so row ``i`` turns into rows ``i*n_split .. i*n_split + n_split - 1``. A 1-D object array of
     sequences (e.g. lists, hybridrl's form of lists of lists) has each element cut into
-    ``n_split`` consecutive slices. Every other key is repeated ``n_split`` times per row
+    ``n_split`` consecutive slices; when every slice has the same length ``k`` the result is a
+    2-D object array ``(n * n_split, k)``, as verl gives for a list of equal-length lists (its
+    ``from_dict`` makes that column ``(n, c)``), so ``out[key] == [["a1"], ["a2"], ...]`` and
+    each row is an array; slices of different lengths stay a 1-D array of slices. Every other
+    key is repeated ``n_split`` times per row
     (as ``repeat(n_split, interleave=True)``). ``split_keys=None`` splits nothing.
 
     Raises:
@@ -191,6 +195,12 @@ def _split_elements(key: str, value: np.ndarray, n_split: int) -> np.ndarray:
             )
         for j in range(n_split):
             out[row * n_split + j] = element[j * size : (j + 1) * size]
+    sizes = {len(piece) for piece in out}
+    if len(out) and len(sizes) == 1:  # verl's (n * n_split, k) object array
+        table = np.empty((len(out), sizes.pop()), dtype=object)
+        for i, piece in enumerate(out):
+            table[i, :] = list(piece)  # one level only: elements that are lists stay lists
+        return table
     return out
 
 
