@@ -45,6 +45,7 @@ __all__ = [
     "RewardPoolError",
     "ScoringProcessDied",
     "call_with_deadline",
+    "timeout_limit",
     "serial_calls",
     "RewardPool",
     "check_num_workers",
@@ -113,6 +114,38 @@ def call_with_deadline(fn: Callable[..., Any], timeout_s: float, **kwargs) -> An
     if "error" in box:
         raise box["error"]
     return box["result"]
+
+
+def timeout_limit(seconds: float, use_signals: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator (verl's ``verl.utils.py_functional.timeout_limit``): each call of the decorated
+    function gets at most ``seconds``, with :func:`call_with_deadline`'s mechanism.
+
+    The call runs in a daemon thread, so the decorator works on closures and lambdas, in the main
+    thread and in others; a late call keeps running in its thread (it is not killed, unlike verl's
+    child process: for a scorer that can hang in C code use ``reward.num_workers``, whose pool
+    kills the process). ``use_signals`` is accepted for verl's signature and changes nothing
+    (verl deprecated it: signals work in the main thread only).
+
+    Raises (from the decorated function):
+        ScoreTimeoutError (a TimeoutError): no result within ``seconds``; the message says
+            ``<function> timed out after <seconds> seconds``.
+        Whatever the function raised, re-raised as is.
+    """
+    del use_signals
+
+    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return call_with_deadline(lambda: fn(*args, **kwargs), seconds)
+            except ScoreTimeoutError:
+                raise ScoreTimeoutError(
+                    f"{getattr(fn, '__name__', 'the call')} timed out after {seconds} seconds"
+                ) from None
+
+        return wrapper
+
+    return decorator
 
 
 def serial_calls(fn: Callable[..., Any], jobs: Sequence[dict], timeout_s: float) -> Iterator[tuple[Any, float]]:

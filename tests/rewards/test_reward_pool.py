@@ -239,3 +239,43 @@ def test_closing_kills_a_call_still_running_after_its_deadline(scorer_file, tmp_
     assert _pid_gone(int(pid_file.read_text()), within_s=5.0)
     thread.join(5)
     assert errors and "no result for a scoring call: the pool was closed" in errors[0]
+
+
+# ------------------------------------------------------------------ timeout_limit (verl's decorator)
+def test_timeout_limit_returns_raises_and_times_out_like_verls():
+    import threading
+    import time
+
+    from hybridrl.rewards.pool import ScoreTimeoutError, timeout_limit
+
+    @timeout_limit(seconds=0.5)
+    def quick(x, y=1):
+        return x + y
+
+    @timeout_limit(seconds=0.2, use_signals=True)  # verl's deprecated flag: accepted, same behaviour
+    def slow():
+        time.sleep(1.0)
+        return "finished"
+
+    def fails():
+        raise ValueError("from the task")
+
+    assert quick(1, y=2) == 3 and quick.__name__ == "quick"
+    with pytest.raises(TimeoutError, match=r"^slow timed out after 0\.2 seconds$") as err:
+        slow()
+    assert isinstance(err.value, ScoreTimeoutError)
+    with pytest.raises(ValueError, match="^from the task$"):
+        timeout_limit(seconds=0.5)(fails)()
+
+    caught = []  # in a thread other than the main one (where signals cannot work)
+
+    def in_thread():
+        try:
+            slow()
+        except TimeoutError as exc:
+            caught.append(exc)
+
+    thread = threading.Thread(target=in_thread)
+    thread.start()
+    thread.join(2.0)
+    assert len(caught) == 1
