@@ -32,6 +32,7 @@ __all__ = [
     "get_scorer",
     "known_data_sources",
     "default_compute_score",
+    "compute_score_details",
 ]
 
 # data_source -> "module:function", imported lazily so that `import hybridrl.rewards` stays light.
@@ -51,9 +52,7 @@ _BUILTIN_SCORERS: dict[str, str] = {
     },
     # code run in the sandbox: verl's code sets score the fraction of test cases passed (as verl
     # does), HumanEval all or nothing; code_tasks is the generated CPU demo (partial credit)
-    **dict.fromkeys(
-        ("codecontests", "apps", "codeforces", "taco", "code_tasks"), "hybridrl.rewards.code:compute_score_continuous"
-    ),
+    "code_tasks": "hybridrl.rewards.code:compute_score_continuous",
     **dict.fromkeys(
         ("humaneval", "openai_humaneval", "openai/openai_humaneval"), "hybridrl.rewards.code:compute_score"
     ),
@@ -79,6 +78,14 @@ SCORERS = Registry(
     hint="set custom_reward_function.path/name to your own compute_score file, or register one with "
     "@hybridrl.rewards.register_scorer",
 )
+
+
+# verl's code sets (its prime_code scorer, continuous): default_compute_score returns the score
+# alone, a float, as verl does; the details (passed, total, reason) reach the reward manager's
+# logs through compute_score_details. The capability belongs to the built-in entry: a scorer a
+# user registers for one of these names is returned as it answers.
+for _source in ("codecontests", "apps", "codeforces", "taco"):
+    SCORERS.register_lazy(_source, "hybridrl.rewards.code:compute_score_continuous", score_only=True)
 
 
 def register_scorer(*data_sources: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -125,25 +132,19 @@ def _accepts_extra_info(fn: Callable[..., Any]) -> bool:
     return any(p.name == "extra_info" or p.kind is p.VAR_KEYWORD for p in params)
 
 
-def default_compute_score(
+def compute_score_details(
     data_source: str,
     solution_str: str,
     ground_truth: Any,
     extra_info: dict | None = None,
     **kwargs: Any,
 ) -> float | dict:
-    """Score one response with the scorer registered for its ``data_source``.
+    """Score one response with the scorer registered for its ``data_source``, keeping its details.
 
-    Args:
-        data_source: the row's ``data_source`` column (e.g. ``"openai/gsm8k"``).
-        solution_str: the decoded response text.
-        ground_truth: ``reward_model["ground_truth"]`` of the row.
-        extra_info: the row's ``extra_info`` dict; passed on only to scorers that accept it.
-        **kwargs: passed on to the scorer (e.g. ``method="flexible"`` for GSM8K).
-
-    Returns:
-        A float, or a dict with a ``"score"`` key (as the scorer returned it; numbers are
-        converted to ``float``).
+    The arguments are :func:`default_compute_score`'s. Returns the scorer's result as it answered:
+    a dict with ``"score"`` and other per-sample values (e.g. ``passed``, ``total``, ``reason`` of
+    the code scorers) as is, any other result as a ``float``. The reward manager calls this, so
+    its logs keep the details where :func:`default_compute_score` gives verl's float.
 
     Raises:
         UnknownDataSourceError: no scorer is known for ``data_source``.
@@ -155,3 +156,34 @@ def default_compute_score(
     if isinstance(result, dict):
         return result
     return float(result)
+
+
+def default_compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: dict | None = None,
+    **kwargs: Any,
+) -> float | dict:
+    """Score one response with the scorer registered for its ``data_source`` (verl's function).
+
+    Args:
+        data_source: the row's ``data_source`` column (e.g. ``"openai/gsm8k"``).
+        solution_str: the decoded response text.
+        ground_truth: ``reward_model["ground_truth"]`` of the row.
+        extra_info: the row's ``extra_info`` dict; passed on only to scorers that accept it.
+        **kwargs: passed on to the scorer (e.g. ``method="flexible"`` for GSM8K).
+
+    Returns:
+        A float, or a dict with a ``"score"`` key (as the scorer returned it; numbers are
+        converted to ``float``). verl's code sets (``codecontests``, ``apps``, ``codeforces``,
+        ``taco``: verl's ``prime_code``) give the score alone, a float, as verl does; their
+        details are in :func:`compute_score_details`.
+
+    Raises:
+        UnknownDataSourceError: no scorer is known for ``data_source``.
+    """
+    result = compute_score_details(data_source, solution_str, ground_truth, extra_info, **kwargs)
+    if isinstance(result, dict) and SCORERS.capabilities(data_source).get("score_only"):
+        return float(result["score"])
+    return result

@@ -19,7 +19,7 @@ import torch
 
 from hybridrl.errors import UserError
 from hybridrl.registry import Registry, RegistryError
-from hybridrl.rewards import default_compute_score, known_data_sources
+from hybridrl.rewards import compute_score_details, default_compute_score, known_data_sources
 from hybridrl.rewards.custom import RewardConfigError, load_custom_reward_fn
 from hybridrl.rewards.pool import RewardPool, ScoreTimeoutError, serial_calls
 from hybridrl.rewards.settings import to_plain_dict
@@ -180,6 +180,8 @@ class NaiveRewardManager:
         self.tokenizer = tokenizer
         self.num_examine = int(num_examine)
         self.compute_score = compute_score or default_compute_score
+        # the default keeps the scorers' details (e.g. the code scorers' passed / total / reason)
+        self._score_fn = compute_score_details if self.compute_score is default_compute_score else self.compute_score
         self.reward_fn_key = reward_fn_key
         self.on_error = on_error
         self.timeout_s = float(timeout_s)
@@ -349,9 +351,9 @@ class NaiveRewardManager:
             attempt, retry = attempt + 1, []
             jobs = [row.job for row in pending]
             calls = (
-                self.pool.calls(self.compute_score, jobs, self.timeout_s)
+                self.pool.calls(self._score_fn, jobs, self.timeout_s)
                 if self.pool is not None
-                else serial_calls(self.compute_score, jobs, self.timeout_s)
+                else serial_calls(self._score_fn, jobs, self.timeout_s)
             )
             with contextlib.closing(calls):  # a raise stops the calls not yet made
                 for row, (outcome, seconds) in zip(pending, calls):
@@ -511,5 +513,5 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0, pool:
             f"{manager_name!r}: {exc}; remove the keys it does not take"
         ) from exc
     if getattr(manager, "pool", None) is not None:
-        manager.pool.check_started(manager.compute_score)
+        manager.pool.check_started(manager._score_fn)
     return manager

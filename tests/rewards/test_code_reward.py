@@ -205,8 +205,9 @@ def test_continuous_runs_only_the_first_cases_up_to_the_cap():
 def test_registered_code_sources_score_like_verl():
     program = "def f(x):\n    return 1 if x else 0"
     gt = call_gt("f", [((0,), 1), ((1,), 1)])
-    for source in ("codecontests", "apps", "codeforces", "taco", "code_tasks"):
-        assert default_compute_score(source, program, gt)["score"] == pytest.approx(0.5)
+    for source in ("codecontests", "apps", "codeforces", "taco"):  # verl's prime_code sets: a float, as verl
+        assert default_compute_score(source, program, gt) == pytest.approx(0.5)
+    assert default_compute_score("code_tasks", program, gt)["score"] == pytest.approx(0.5)
     for source in ("humaneval", "openai_humaneval"):
         assert get_scorer(source) is code.compute_score
         assert default_compute_score(source, program, gt)["score"] == 0.0
@@ -358,3 +359,30 @@ def test_sandbox_failure_raises_instead_of_scoring(monkeypatch):
     monkeypatch.setattr(code, "current_sandbox", Broken)
     with pytest.raises(CodeSandboxError, match="namespaces unavailable"):
         compute_score("print(1)", {"inputs": ["1"], "outputs": ["1"]})
+
+
+def test_verls_code_sets_score_a_float_and_the_manager_keeps_the_details(monkeypatch):
+    """verl's default_compute_score gives a float for codecontests / apps / codeforces / taco (its
+    prime_code, continuous: the first 10 cases); hybridrl's reward manager still logs passed /
+    total / reason. The sandbox run is stubbed: 9 of the first 10 of 11 cases pass (verl's sample)."""
+    from hybridrl.rewards import compute_score_details
+
+    gt = {"inputs": [f"{i}\n" for i in range(11)], "outputs": [f"{i}\n" for i in range(11)]}
+    monkeypatch.setattr(code, "run_stdio_cases", lambda program, tests, n, stop_at_failure: (n - 1, "case 4 of 10: x"))
+    for source in ("codecontests", "apps", "codeforces", "taco"):
+        score = default_compute_score(source, "print(input())", gt)
+        assert type(score) is float and score == pytest.approx(0.9)
+    details = compute_score_details("codecontests", "print(input())", gt)
+    assert details == {"score": pytest.approx(0.9), "passed": 9, "total": 10, "reason": "case 4 of 10: x"}
+    assert default_compute_score("code_tasks", "print(input())", gt)["passed"] == 9  # hybridrl's own set: details
+
+    from hybridrl.rewards import register_scorer
+
+    register_scorer("codecontests")(lambda s, g: {"score": 1.0, "mine": 1})  # a user's scorer: as it answers
+    try:
+        assert default_compute_score("codecontests", "x", gt) == {"score": 1.0, "mine": 1}
+    finally:
+        from hybridrl.rewards import SCORERS
+
+        SCORERS.unregister("codecontests")
+        SCORERS.register_lazy("codecontests", "hybridrl.rewards.code:compute_score_continuous", score_only=True)
