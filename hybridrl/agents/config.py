@@ -7,10 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from hybridrl.config.rules import at_least, number_above, one_of
 from hybridrl.config.typed import ignored, refused
 from hybridrl.data.config import ClassRefConfig
+from hybridrl.errors import ConfigError
 
 __all__ = ["RetrieverConfig", "SearchConfig", "MultiTurnConfig", "AgentLoopConfig"]
+
+MULTI_TURN = "actor_rollout_ref.rollout.multi_turn"
 
 
 @dataclass
@@ -26,6 +30,11 @@ class RetrieverConfig:
     corpus_path: Optional[str] = None
     index_dir: Optional[str] = None
 
+    def __post_init__(self):
+        at_least("retriever.topk", self.topk, 1)
+        if not number_above(self.timeout, 0):
+            raise ConfigError(f"retriever.timeout={self.timeout!r} must be a number of seconds > 0")
+
 
 @dataclass
 class SearchConfig:
@@ -33,6 +42,10 @@ class SearchConfig:
 
     max_turns: int = 2
     max_obs_length: int = 256
+
+    def __post_init__(self):
+        at_least(f"{MULTI_TURN}.search.max_turns", self.max_turns, 0)
+        at_least(f"{MULTI_TURN}.search.max_obs_length", self.max_obs_length, 1)
 
 
 @dataclass
@@ -60,6 +73,17 @@ class MultiTurnConfig:
     format: str = "hermes"
     search: SearchConfig = field(default_factory=SearchConfig)
     retriever: RetrieverConfig = "${retriever}"  # the top-level section, handed to the rollout worker
+
+    def __post_init__(self):
+        one_of(f"{MULTI_TURN}.format", self.format, ("hermes",))
+        one_of(
+            f"{MULTI_TURN}.tool_response_truncate_side", self.tool_response_truncate_side, ("left", "middle", "right")
+        )
+        at_least(f"{MULTI_TURN}.max_parallel_calls", self.max_parallel_calls, 1)
+        at_least(f"{MULTI_TURN}.max_tool_response_length", self.max_tool_response_length, 1)
+        for name in ("max_assistant_turns", "max_user_turns", "max_tokens_per_turn"):
+            if getattr(self, name) is not None:
+                at_least(f"{MULTI_TURN}.{name}", getattr(self, name), 1)
 
 
 @dataclass

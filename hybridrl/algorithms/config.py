@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from hybridrl.config.rules import plain
 from hybridrl.config.typed import refused, to_dataclass
+from hybridrl.errors import ConfigError
 
 from .errors import AlgorithmConfigError
 from .kl import get_kl_controller
@@ -111,6 +113,32 @@ class AlgoConfig:
         _check_unit_interval("lam", self.lam)
         if self.use_kl_in_reward:
             self.kl_ctrl.controller()
+        if self.filter_groups.enable and self.filter_groups.metric == "seq_final_reward" and self.use_kl_in_reward:
+            raise ConfigError(
+                "algorithm.filter_groups.metric=seq_final_reward with algorithm.use_kl_in_reward=true: "
+                "groups are filtered before the KL penalty exists here; use seq_reward"
+            )
+        if self.adv_estimator == "gdpo":
+            _check_gdpo(plain(self.gdpo_reward_keys), plain(self.gdpo_reward_weights))
+
+
+def _check_gdpo(keys, weights) -> None:
+    """``adv_estimator=gdpo`` names its reward components (and at most one weight each).
+
+    Raises:
+        ConfigError: no keys, or a weight list of another length.
+    """
+    if not isinstance(keys, list) or not keys or not all(isinstance(k, str) for k in keys):
+        raise ConfigError(
+            f"algorithm.adv_estimator=gdpo needs algorithm.gdpo_reward_keys, a list of the keys "
+            f"your compute_score returns in its dict (got {keys!r}), e.g. "
+            "\"['format_reward','accuracy_reward']\""
+        )
+    if weights is not None and (not isinstance(weights, list) or len(weights) != len(keys)):
+        raise ConfigError(
+            f"algorithm.gdpo_reward_weights={weights!r} must be a list with one number per "
+            f"gdpo_reward_keys entry ({len(keys)}), or null"
+        )
 
 
 def algo_config(config) -> AlgoConfig:

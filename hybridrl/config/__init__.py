@@ -1,4 +1,4 @@
-"""Run configs: the packaged Hydra YAML files, the loader, single-key reading and checking, the
+"""Run configs: the packaged Hydra YAML files, the loader, the single-key rules the sections share, the
 batch-size arithmetic and the ``auto`` precision. The checks of a whole run against the registered
 components (estimators, engines, reward managers, ...) sit above them, in
 :mod:`hybridrl.trainer.config_check`.

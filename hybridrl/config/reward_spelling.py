@@ -6,8 +6,8 @@ values is an error naming both keys.
 
 from __future__ import annotations
 
-from hybridrl.config.access import _UNSET, _get, _plain
 from hybridrl.config.defaults import packaged_defaults
+from hybridrl.config.rules import plain, value_at
 from hybridrl.errors import ConfigError
 
 __all__ = ["REWARD_SPELLING", "apply_reward_spelling"]
@@ -44,7 +44,7 @@ REWARD_SPELLING: dict[str, str] = {
 
 
 def _unset(value) -> bool:
-    return value is None or value is _UNSET or value == {}
+    return value is None or value == {}
 
 
 def apply_reward_spelling(cfg) -> None:
@@ -57,15 +57,15 @@ def apply_reward_spelling(cfg) -> None:
 
     defaults = packaged_defaults()
     for new_key, old_key in REWARD_SPELLING.items():
-        new = _plain(_get(cfg, new_key, None))
+        new = plain(value_at(cfg, new_key))
         if _unset(new):
             continue
-        old = _plain(_get(cfg, old_key, None))
-        if old != _plain(_get(defaults, old_key, None)) and old != new:
+        old = plain(value_at(cfg, old_key))
+        if old != plain(value_at(defaults, old_key)) and old != new:
             raise ConfigError(
                 f"{new_key}={new!r} and {old_key}={old!r} set the same thing differently; "
                 f"keep one of them ({new_key} is verl >= 0.8's spelling)"
             )
         parent, _, leaf = old_key.rpartition(".")
         with open_dict(cfg):
-            _get(cfg, parent)[leaf] = new
+            value_at(cfg, parent)[leaf] = new

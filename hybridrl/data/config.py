@@ -6,9 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
+from hybridrl.config.rules import at_least, one_of
 from hybridrl.config.typed import ignored, refused
 
-__all__ = ["DataConfig", "ClassRefConfig", "SamplerRefConfig"]
+__all__ = ["DataConfig", "ClassRefConfig", "SamplerRefConfig", "TRUNCATIONS"]
+
+TRUNCATIONS = ("error", "left", "right", "middle")  # of a prompt over data.max_prompt_length
 
 
 @dataclass
@@ -66,3 +69,10 @@ class DataConfig:
     custom_cls: ClassRefConfig = refused(factory=ClassRefConfig, subkeys={"path": "custom dataset classes"})
     sampler: SamplerRefConfig = field(default_factory=SamplerRefConfig)
     datagen: ClassRefConfig = refused(factory=ClassRefConfig, subkeys={"path": "dynamic data generation"})
+
+    def __post_init__(self):
+        for name in ("train_batch_size", "max_prompt_length", "max_response_length"):
+            at_least(f"data.{name}", getattr(self, name), 1)
+        if self.gen_batch_size is not None:
+            at_least("data.gen_batch_size", self.gen_batch_size, 1)
+        one_of("data.truncation", self.truncation, TRUNCATIONS)

@@ -12,10 +12,9 @@ import numpy as np
 import torch
 
 from hybridrl.config.typed import to_dataclass
-from hybridrl.data.config import DataConfig
+from hybridrl.data.config import TRUNCATIONS, DataConfig
 from hybridrl.data.errors import DataError
 
-TRUNCATIONS = ("error", "left", "right", "middle")
 _PREPROCESS_HINT = "create it with `python examples/data_preprocess/gsm8k.py --local_dir DIR` (or fix the path)"
 
 

@@ -10,16 +10,17 @@ weights, and both refuse the features whose meaning the schedule would change si
 from __future__ import annotations
 
 from hybridrl.algorithms.advantages import estimator_needs
-from hybridrl.algorithms.config import algo_config
 from hybridrl.algorithms.rollout_corr import SECTION
-from hybridrl.config.access import _get
 from hybridrl.config.key_tables import ACTOR, ROLLOUT
 from hybridrl.errors import ConfigError
+from hybridrl.trainer.ppo_config import TRAINER_MODES, V1Config
+from hybridrl.trainer.rollout_correction import rollout_correction_config
+
+__all__ = ["check_async_modes", "check_trainer_mode", "check_one_step_off", "check_rollout_pool_without_async"]
 
 KEY = "trainer.one_step_off_policy"
 MODE_KEY = "trainer.v1.trainer_mode"
-SAMPLER = "trainer.v1.sampler"
-TRAINER_MODES = ("sync", "colocate_async", "separate_async")
+assert TRAINER_MODES[0] == "sync"  # the one mode that is not asynchronous
 
 
 def check_async_modes(config) -> list[str]:
@@ -46,35 +47,38 @@ def check_trainer_mode(config) -> list[str]:
             (``rollout.nnodes`` > 0) outside ``separate_async``, without workers, or on the
             local backend.
     """
-    mode = _get(config, MODE_KEY)
-    if mode not in TRAINER_MODES:
-        raise ConfigError(f"{MODE_KEY}={mode!r} must be one of {', '.join(TRAINER_MODES)}")
+    mode = config.trainer.v1.trainer_mode  # one of TRAINER_MODES: checked when typed
     check_rollout_pool_without_async(config)
     if mode == "sync":
         return []
-    if _get(config, KEY):
+    if config.trainer.one_step_off_policy:
         raise ConfigError(f"{MODE_KEY}={mode} with {KEY}=true: these are two asynchronous trainers; choose one")
-    name, engine_mode = _get(config, f"{ROLLOUT}.name"), _get(config, f"{ROLLOUT}.mode")
-    if name != "vllm" or engine_mode != "async":
+    rollout = config.actor_rollout_ref.rollout
+    if rollout.name != "vllm" or rollout.mode != "async":
         raise ConfigError(
-            f"{MODE_KEY}={mode} with {ROLLOUT}.name={name} {ROLLOUT}.mode={engine_mode}: fully asynchronous training "
-            f"streams prompt groups through an engine that serves async requests and pauses for weight syncs; set "
-            f"{ROLLOUT}.name=vllm {ROLLOUT}.mode=async (pip install -e '.[vllm]')"
+            f"{MODE_KEY}={mode} with {ROLLOUT}.name={rollout.name} {ROLLOUT}.mode={rollout.mode}: fully asynchronous "
+            f"training streams prompt groups through an engine that serves async requests and pauses for weight "
+            f"syncs; set {ROLLOUT}.name=vllm {ROLLOUT}.mode=async (pip install -e '.[vllm]')"
         )
-    _check_sampler(config, mode)
+    V1Config.validate(config.trainer.v1)  # the run's section is a structured DictConfig
+    _check_parameter_sync_step(config, mode)
     _check_rollout_pool(config, mode)
     for key, value, why in (
         (
             "algorithm.filter_groups.enable",
-            True,
+            config.algorithm.filter_groups.enable,
             "DAPO's dynamic sampling draws batches until groups pass its "
             "filter; the stream keeps its own batches in flight",
         ),
-        (f"{ROLLOUT}.multi_turn.enable", True, "agent loops do not stream yet (use trainer.one_step_off_policy=true)"),
+        (
+            f"{ROLLOUT}.multi_turn.enable",
+            rollout.multi_turn.enable,
+            "agent loops do not stream yet (use trainer.one_step_off_policy=true)",
+        ),
     ):
-        if _get(config, key) == value:
-            raise ConfigError(f"{MODE_KEY}={mode} with {key}={value}: {why}; set {MODE_KEY}=sync or change {key}")
-    estimator = _get(config, "algorithm.adv_estimator")
+        if value:
+            raise ConfigError(f"{MODE_KEY}={mode} with {key}=True: {why}; set {MODE_KEY}=sync or change {key}")
+    estimator = config.algorithm.adv_estimator
     if estimator_needs(estimator, "needs_reward_baselines"):
         raise ConfigError(
             f"{MODE_KEY}={mode} with algorithm.adv_estimator={estimator}: its greedy baselines would "
@@ -89,8 +93,8 @@ def check_rollout_pool_without_async(config) -> None:
     Raises:
         ConfigError: ``rollout.nnodes`` set with another trainer mode.
     """
-    nnodes = _get(config, f"{ROLLOUT}.nnodes")
-    if nnodes and _get(config, MODE_KEY) != "separate_async":
+    nnodes = config.actor_rollout_ref.rollout.nnodes
+    if nnodes and config.trainer.v1.trainer_mode != "separate_async":
         raise ConfigError(
             f"{ROLLOUT}.nnodes={nnodes}: a rollout pool of its own generates while the trainer trains, "
             f"which only {MODE_KEY}=separate_async does; set that, or {ROLLOUT}.nnodes=0"
@@ -98,7 +102,7 @@ def check_rollout_pool_without_async(config) -> None:
 
 
 def _check_rollout_pool(config, mode: str) -> None:
-    nnodes, per_node = _get(config, f"{ROLLOUT}.nnodes"), _get(config, f"{ROLLOUT}.n_gpus_per_node")
+    nnodes, per_node = config.actor_rollout_ref.rollout.nnodes, config.actor_rollout_ref.rollout.n_gpus_per_node
     for key, value in (("nnodes", nnodes), ("n_gpus_per_node", per_node)):
         if value < 0:
             raise ConfigError(f"{ROLLOUT}.{key}={value!r} must be an integer >= 0")
@@ -110,33 +114,18 @@ def _check_rollout_pool(config, mode: str) -> None:
             f"pool no workers; set n_gpus_per_node >= 1, or {ROLLOUT}.nnodes=0 to generate in the "
             "trainer's workers"
         )
-    if _get(config, "trainer.backend") == "local":
+    if config.trainer.backend == "local":
         raise ConfigError(
             f"{ROLLOUT}.nnodes={nnodes}: a rollout pool of its own runs on Ray workers; set "
             f"trainer.backend=ray (or auto), or {ROLLOUT}.nnodes=0"
         )
 
 
-def _check_sampler(config, mode: str) -> None:
-    threshold = _get(config, f"{SAMPLER}.max_off_policy_threshold")
-    if threshold < 1:
-        raise ConfigError(
-            f"{SAMPLER}.max_off_policy_threshold={threshold!r} must be an integer >= 1: the oldest age (policy "
-            "versions behind, plus 1) a trained prompt group may have; 1 trains only groups started by the "
-            "current weights"
-        )
-    strategy = _get(config, f"{SAMPLER}.max_off_policy_strategy")
-    if strategy not in ("drop", "wait"):
-        raise ConfigError(f"{SAMPLER}.max_off_policy_strategy={strategy!r} must be drop or wait")
-    warmup = _get(config, f"trainer.v1.{mode}.num_warmup_batches")
-    if warmup < 0:
-        raise ConfigError(
-            f"trainer.v1.{mode}.num_warmup_batches={warmup!r} must be an integer >= 0: dataloader "
-            "batches kept in flight beyond the step's"
-        )
-    sync_step = _get(config, "trainer.v1.separate_async.parameter_sync_step")
+def _check_parameter_sync_step(config, mode: str) -> None:
+    """``separate_async.parameter_sync_step``: verl's count of mini batches per weight sync."""
+    sync_step = config.trainer.v1.separate_async.parameter_sync_step
     if mode == "separate_async" and sync_step is not None:
-        batch, mini = _get(config, "data.train_batch_size"), _get(config, f"{ACTOR}.ppo_mini_batch_size")
+        batch, mini = config.data.train_batch_size, config.actor_rollout_ref.actor.ppo_mini_batch_size
         if sync_step * mini != batch:
             raise ConfigError(
                 f"trainer.v1.separate_async.parameter_sync_step={sync_step!r}: the weights are synced once per step, "
@@ -155,21 +144,21 @@ def check_one_step_off(config) -> list[str]:
         ConfigError: an engine that generates with the actor's own module (``hf``,
             and the engines that fall back to it); DAPO's dynamic sampling; ReMax.
     """
-    if not _get(config, KEY):
+    if not config.trainer.one_step_off_policy:
         return []
-    name = _get(config, f"{ROLLOUT}.name")
+    name = config.actor_rollout_ref.rollout.name
     if name != "vllm":
         raise ConfigError(
             f"{KEY}=true with {ROLLOUT}.name={name}: the next batch is generated while the actor trains, so the "
             f"engine needs its own copy of the weights, and the HF engine generates with the actor's module; set "
             f"{ROLLOUT}.name=vllm (sync or async mode; pip install -e '.[vllm]') or {KEY}=false"
         )
-    if _get(config, "algorithm.filter_groups.enable"):
+    if config.algorithm.filter_groups.enable:
         raise ConfigError(
             f"{KEY}=true with algorithm.filter_groups.enable=true: DAPO's dynamic sampling generates a varying "
             "number of batches per step, and this schedule prefetches exactly one; set one of them to false"
         )
-    estimator = _get(config, "algorithm.adv_estimator")
+    estimator = config.algorithm.adv_estimator
     if estimator_needs(estimator, "needs_reward_baselines"):
         raise ConfigError(
             f"{KEY}=true with algorithm.adv_estimator={estimator}: its greedy baselines would come from weights one "
@@ -180,7 +169,7 @@ def check_one_step_off(config) -> list[str]:
 
 
 def _correction_notes(config, what: str) -> list[str]:
-    corr = algo_config(config).rollout_correction  # the one typed reading of the section
+    corr = rollout_correction_config(config)
     if corr.corrects or corr.bypass_mode:
         return []
     return [

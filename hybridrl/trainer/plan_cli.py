@@ -113,7 +113,7 @@ def _halved_batches(config, critic: bool, reference: bool) -> list[dict]:
         sections.append(
             ("critic", config.critic, "ppo_micro_batch_size", "use_dynamic_bsz", "ppo_max_token_len_per_gpu")
         )
-    train_micro = worker_batch_sizes(arr.actor, n, workers)["ppo_micro_batch_size_per_gpu"]
+    train_micro = worker_batch_sizes(arr.actor, n, workers).ppo_micro_batch_size_per_gpu
     for prefix, section, micro_key, dynamic_key, budget_key in sections:
         if section[dynamic_key]:
             budget = int(section[budget_key])

@@ -10,9 +10,9 @@ import math
 import os
 
 from hybridrl.config import worker_batch_sizes
-from hybridrl.config.access import _get, _int_at_least
-from hybridrl.config.batch_sizes import _check_batch_sizes
+from hybridrl.config.batch_sizes import check_batch_sizes
 from hybridrl.config.key_tables import ACTOR, REF, ROLLOUT
+from hybridrl.config.rules import at_least
 from hybridrl.errors import ConfigError
 from hybridrl.models import resolve_model_path
 from hybridrl.trainer.memory_plan import (
@@ -36,8 +36,9 @@ _DTYPE_BYTES = {"fp32": 4, "float32": 4, "float": 4, "bf16": 2, "bfloat16": 2, "
 MODEL = "actor_rollout_ref.model"
 
 
-def _dtype_bytes(config, key: str) -> int:
-    value = str(_get(config, key))
+def _dtype_bytes(key: str, value) -> int:
+    """Bytes per element of the dtype ``value`` at config ``key``."""
+    value = str(value)
     if value not in _DTYPE_BYTES:
         raise ConfigError(f"{key}={value!r} is not a dtype the memory plan knows ({', '.join(_DTYPE_BYTES)})")
     return _DTYPE_BYTES[value]
@@ -69,10 +70,12 @@ def default_device_memory_gb(config, device: str) -> float:
     return ram / GiB / max(1, int(config.trainer.n_gpus_per_node))
 
 
-def _shape(config, key: str, override_key: str | None = None):
-    """The shape of the model at config ``key``, with ``override_key``'s overrides (the loader's)."""
-    folder = resolve_model_path(str(_get(config, key)), config_key=key)
-    return read_model_shape(folder, key, dict(_get(config, override_key) or {}) if override_key else None)
+def _shape(key: str, model):
+    """The shape of the model section ``model`` at config ``key`` (its ``path``, with its
+    ``override_config`` when it has one: the loader's)."""
+    overrides = getattr(model, "override_config", None)
+    folder = resolve_model_path(str(model.path), config_key=f"{key}.path")
+    return read_model_shape(folder, f"{key}.path", dict(overrides or {}) if hasattr(model, "override_config") else None)
 
 
 def _shard(workers: int, fsdp_size) -> int:
@@ -80,8 +83,8 @@ def _shard(workers: int, fsdp_size) -> int:
     return int(fsdp_size) if isinstance(fsdp_size, int) and 0 < fsdp_size < workers else workers
 
 
-def _sp(config, key: str) -> int:
-    return _int_at_least(config, key, 1)
+def _sp(key: str, value) -> int:
+    return at_least(key, value, 1)
 
 
 def _tokens_pass(tokens: int, response_share: float, row_len: int, sp: int, **kwargs) -> Pass:
@@ -93,17 +96,17 @@ def _tokens_pass(tokens: int, response_share: float, row_len: int, sp: int, **kw
 
 def _forward_micro(section, prefix: str, name: str, workers: int, fallback: int):
     """Rows per forward: ``<name>_per_gpu``, else the deprecated global ``<name>`` / workers, else ``fallback``."""
-    per_gpu = _get(section, f"{name}_per_gpu")
+    per_gpu = getattr(section, f"{name}_per_gpu")
     if per_gpu is not None:
-        return _int_at_least(section, f"{name}_per_gpu", 1, prefix)
-    total = _get(section, name)
+        return at_least(f"{prefix}.{name}_per_gpu", per_gpu, 1)
+    total = getattr(section, name)
     return max(1, int(total) // workers) if total else fallback
 
 
 def _lengths(config) -> tuple[int, int, int]:
-    prompt = _int_at_least(config, "data.max_prompt_length", 1)
-    response = _int_at_least(config, "data.max_response_length", 1)
-    _int_at_least(config, f"{ROLLOUT}.response_length", 1)
+    prompt = at_least("data.max_prompt_length", config.data.max_prompt_length, 1)
+    response = at_least("data.max_response_length", config.data.max_response_length, 1)
+    at_least(f"{ROLLOUT}.response_length", config.actor_rollout_ref.rollout.response_length, 1)
     return prompt, response, prompt + response
 
 
@@ -111,21 +114,23 @@ def _actor_role(config, workers: int, cuda: bool, shape, train_micro: int) -> Ro
     arr = config.actor_rollout_ref
     actor, model, rollout = arr.actor, arr.model, arr.rollout
     _, response, seq = _lengths(config)
-    share, sp = response / seq, _sp(config, f"{ACTOR}.ulysses_sequence_parallel_size")
+    share, sp = response / seq, _sp(f"{ACTOR}.ulysses_sequence_parallel_size", actor.ulysses_sequence_parallel_size)
     temp_copy = 4 if float(rollout.temperature) != 1.0 else 0
     entropy_grad = 4 if actor.entropy_coeff and not actor.entropy_checkpointing else 0
     chunked = bool(actor.entropy_from_logits_with_chunking)
     update_tokens = int(actor.ppo_max_token_len_per_gpu) if actor.use_dynamic_bsz else train_micro * seq
     lp_rows = _forward_micro(rollout, ROLLOUT, "log_prob_micro_batch_size", workers, train_micro)
     lp_tokens = int(rollout.log_prob_max_token_len_per_gpu) if rollout.log_prob_use_dynamic_bsz else lp_rows * seq
-    lora = _int_at_least(config, f"{MODEL}.lora_rank", 0)
+    lora = at_least(f"{MODEL}.lora_rank", model.lora_rank, 0)
     adapters = shape.lora_param_count(lora, model.target_modules, model.exclude_modules) if lora else 0
     fsdp = actor.fsdp_config
     return Role(
         shape=shape,
         params=shape.param_count() + adapters,
-        weight_bytes=_dtype_bytes(config, f"{ACTOR}.fsdp_config.model_dtype"),
-        compute_bytes=_dtype_bytes(config, f"{ACTOR}.fsdp_config.mixed_precision.param_dtype"),
+        weight_bytes=_dtype_bytes(f"{ACTOR}.fsdp_config.model_dtype", fsdp.model_dtype),
+        compute_bytes=_dtype_bytes(
+            f"{ACTOR}.fsdp_config.mixed_precision.param_dtype", fsdp.mixed_precision.param_dtype
+        ),
         shard=_shard(workers, fsdp.fsdp_size),
         trainable=adapters or shape.param_count(),
         param_offload=bool(fsdp.param_offload),
@@ -149,9 +154,11 @@ def _reference_role(config, workers: int, cuda: bool, actor: Role, train_micro: 
     tokens = int(ref.log_prob_max_token_len_per_gpu) if ref.log_prob_use_dynamic_bsz else rows * seq
     temp_copy = 4 if float(config.actor_rollout_ref.rollout.temperature) != 1.0 else 0
     lora = int(config.actor_rollout_ref.model.lora_rank) > 0
-    compute = _dtype_bytes(config, f"{REF}.fsdp_config.mixed_precision.param_dtype")
+    compute = _dtype_bytes(
+        f"{REF}.fsdp_config.mixed_precision.param_dtype", ref.fsdp_config.mixed_precision.param_dtype
+    )
     offload = bool(ref.fsdp_config.param_offload)
-    sp = _sp(config, f"{REF}.ulysses_sequence_parallel_size")
+    sp = _sp(f"{REF}.ulysses_sequence_parallel_size", ref.ulysses_sequence_parallel_size)
     return Role(
         shape=actor.shape,
         params=actor.params,
@@ -179,23 +186,25 @@ def _critic_role(config, workers: int, cuda: bool) -> Role:
     critic = config.critic
     n = int(config.actor_rollout_ref.rollout.n)
     _, _, seq = _lengths(config)
-    shape = _shape(config, "critic.model.path", "critic.model.override_config")
-    micro = worker_batch_sizes(critic, n, workers)["ppo_micro_batch_size_per_gpu"]
+    shape = _shape("critic.model", critic.model)
+    micro = worker_batch_sizes(critic, n, workers).ppo_micro_batch_size_per_gpu
     update = int(critic.ppo_max_token_len_per_gpu) if critic.use_dynamic_bsz else micro * seq
     rows = _forward_micro(critic, "critic", "forward_micro_batch_size", workers, micro)
     forward = int(critic.forward_max_token_len_per_gpu) if critic.use_dynamic_bsz else rows * seq
-    sp = _sp(config, "critic.ulysses_sequence_parallel_size")
-    lora = _int_at_least(config, "critic.model.lora_rank", 0)
-    params = shape.scalar_head_param_count()
+    sp = _sp("critic.ulysses_sequence_parallel_size", critic.ulysses_sequence_parallel_size)
     model = critic.model
+    lora = at_least("critic.model.lora_rank", model.lora_rank, 0)
+    params = shape.scalar_head_param_count()
     adapters = shape.lora_param_count(lora, model.target_modules, model.exclude_modules) if lora else 0
     trainable = adapters + shape.hidden_size + 1 if lora else params  # LoRA: the adapters and the value head
     fsdp = model.fsdp_config
     return Role(
         shape=shape,
         params=params + adapters,
-        weight_bytes=_dtype_bytes(config, "critic.model.fsdp_config.model_dtype"),
-        compute_bytes=_dtype_bytes(config, "critic.model.fsdp_config.mixed_precision.param_dtype"),
+        weight_bytes=_dtype_bytes("critic.model.fsdp_config.model_dtype", fsdp.model_dtype),
+        compute_bytes=_dtype_bytes(
+            "critic.model.fsdp_config.mixed_precision.param_dtype", fsdp.mixed_precision.param_dtype
+        ),
         shard=_shard(workers, fsdp.fsdp_size),
         trainable=trainable,
         param_offload=bool(fsdp.param_offload),
@@ -213,15 +222,18 @@ def _critic_role(config, workers: int, cuda: bool) -> Role:
 def _reward_model_role(config, workers: int, cuda: bool, per_worker_rows: int) -> Role:
     rm = config.reward_model
     _, _, seq = _lengths(config)
-    shape = _shape(config, "reward_model.model.path")
+    shape = _shape("reward_model.model", rm.model)
     row_len = int(rm.max_length) if rm.max_length else seq
     rows = _forward_micro(rm, "reward_model", "micro_batch_size", workers, per_worker_rows)
     fsdp = rm.model.fsdp_config
     return Role(
         shape=shape,
         params=shape.scalar_head_param_count(),
-        weight_bytes=_dtype_bytes(config, "reward_model.model.fsdp_config.model_dtype"),
-        compute_bytes=_dtype_bytes(config, "reward_model.model.fsdp_config.mixed_precision.param_dtype"),
+        weight_bytes=_dtype_bytes("reward_model.model.fsdp_config.model_dtype", rm.model.fsdp_config.model_dtype),
+        compute_bytes=_dtype_bytes(
+            "reward_model.model.fsdp_config.mixed_precision.param_dtype",
+            rm.model.fsdp_config.mixed_precision.param_dtype,
+        ),
         shard=_shard(workers, fsdp.fsdp_size),
         param_offload=bool(fsdp.param_offload),
         reshard_after_forward=bool(fsdp.reshard_after_forward),
@@ -232,10 +244,10 @@ def _reward_model_role(config, workers: int, cuda: bool, per_worker_rows: int) -
 
 def _rollout(config, device_memory_gb: float, cuda: bool, actor: Role, per_worker_rows: int) -> Rollout:
     rollout = config.actor_rollout_ref.rollout
-    dtype = _dtype_bytes(config, f"{ROLLOUT}.dtype")
+    dtype = _dtype_bytes(f"{ROLLOUT}.dtype", rollout.dtype)
     micro = rollout.micro_batch_size
     if micro is not None:
-        micro = _int_at_least(config, f"{ROLLOUT}.micro_batch_size", 1)
+        micro = at_least(f"{ROLLOUT}.micro_batch_size", micro, 1)
     params = actor.shape.param_count()
     engine = "vllm" if rollout.name == "vllm" else "hf"
     vllm_gb = 0.0
@@ -270,14 +282,15 @@ def _rollout(config, device_memory_gb: float, cuda: bool, actor: Role, per_worke
 
 def _notes(config, device: str, workers: int) -> list[str]:
     notes = []
-    keys = [
-        f"{ACTOR}.fsdp_config.param_offload",
-        f"{ACTOR}.fsdp_config.optimizer_offload",
-        f"{REF}.fsdp_config.param_offload",
-        "critic.model.fsdp_config.param_offload",
-        "critic.model.fsdp_config.optimizer_offload",
-    ]
-    offloaded = [key for key in keys if _get(config, key)]
+    arr, critic_fsdp = config.actor_rollout_ref, config.critic.model.fsdp_config
+    switches = {
+        f"{ACTOR}.fsdp_config.param_offload": arr.actor.fsdp_config.param_offload,
+        f"{ACTOR}.fsdp_config.optimizer_offload": arr.actor.fsdp_config.optimizer_offload,
+        f"{REF}.fsdp_config.param_offload": arr.ref.fsdp_config.param_offload,
+        "critic.model.fsdp_config.param_offload": critic_fsdp.param_offload,
+        "critic.model.fsdp_config.optimizer_offload": critic_fsdp.optimizer_offload,
+    }
+    offloaded = [key for key, on in switches.items() if on]
     if device == "cpu" and offloaded:
         notes.append(f"on CPU the device memory is the host memory: {', '.join(offloaded)} saves nothing (not counted)")
     if int(config.actor_rollout_ref.model.lora_rank) > 0 and needs_reference_policy(config):
@@ -306,18 +319,21 @@ def build_plan(config, device_memory_gb: float | None = None) -> MemoryPlan:
     """
     device = plan_device(config)
     cuda = device == "cuda"
-    workers = _int_at_least(config, "trainer.nnodes", 1) * _int_at_least(config, "trainer.n_gpus_per_node", 1)
+    trainer = config.trainer
+    workers = at_least("trainer.nnodes", trainer.nnodes, 1) * at_least(
+        "trainer.n_gpus_per_node", trainer.n_gpus_per_node, 1
+    )
     if device_memory_gb is None:
         device_memory_gb = default_device_memory_gb(config, device)
     _lengths(config)
     use_critic = needs_critic(config)
-    _check_batch_sizes(config, workers, use_critic)
+    check_batch_sizes(config, workers, use_critic)
     n = int(config.actor_rollout_ref.rollout.n)
-    train_micro = worker_batch_sizes(config.actor_rollout_ref.actor, n, workers)["ppo_micro_batch_size_per_gpu"]
+    train_micro = worker_batch_sizes(config.actor_rollout_ref.actor, n, workers).ppo_micro_batch_size_per_gpu
     filtering = bool(config.algorithm.filter_groups.enable)
     batch = (filtering and config.data.gen_batch_size) or config.data.train_batch_size
     per_worker_rows = math.ceil(int(batch) * n / workers)
-    shape = _shape(config, f"{MODEL}.path", f"{MODEL}.override_config")
+    shape = _shape(MODEL, config.actor_rollout_ref.model)
     actor = _actor_role(config, workers, cuda, shape, train_micro)
     inputs = PlanInputs(
         device=device,

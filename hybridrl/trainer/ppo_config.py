@@ -16,12 +16,16 @@ from typing import Any, Dict, Optional
 
 from hybridrl.agents.config import RetrieverConfig
 from hybridrl.algorithms.config import AlgoConfig
+from hybridrl.config.rules import at_least, one_of
 from hybridrl.config.typed import ignored, refused, to_dataclass, to_structured
 from hybridrl.data.config import DataConfig
+from hybridrl.errors import ConfigError
 from hybridrl.rewards.config import CustomRewardFunctionConfig, RewardConfig
 from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelConfig
 
-__all__ = ["PPOConfig", "PPOTrainerConfig", "ppo_config", "typed_ppo_config"]
+__all__ = ["PPOConfig", "PPOTrainerConfig", "ppo_config", "typed_ppo_config", "TRAINER_MODES"]
+
+TRAINER_MODES = ("sync", "colocate_async", "separate_async")
 
 
 @dataclass
@@ -31,6 +35,22 @@ class SamplerConfig:
 
     max_off_policy_threshold: int = 8
     max_off_policy_strategy: str = "drop"
+
+    def validate(self) -> None:
+        """The rules of a fully asynchronous run (the sampler means nothing in ``sync`` mode).
+
+        Raises:
+            ConfigError: a threshold below 1 or a strategy other than ``drop`` / ``wait``.
+        """
+        key = "trainer.v1.sampler"
+        if self.max_off_policy_threshold < 1:
+            raise ConfigError(
+                f"{key}.max_off_policy_threshold={self.max_off_policy_threshold!r} must be an integer >= 1: the "
+                "oldest age (policy versions behind, plus 1) a trained prompt group may have; 1 trains only groups "
+                "started by the current weights"
+            )
+        if self.max_off_policy_strategy not in ("drop", "wait"):
+            raise ConfigError(f"{key}.max_off_policy_strategy={self.max_off_policy_strategy!r} must be drop or wait")
 
 
 @dataclass
@@ -52,6 +72,26 @@ class V1Config:
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     colocate_async: ColocateAsyncConfig = field(default_factory=ColocateAsyncConfig)
     separate_async: SeparateAsyncConfig = field(default_factory=SeparateAsyncConfig)
+
+    def __post_init__(self):
+        mode = self.trainer_mode
+        if mode not in TRAINER_MODES:
+            raise ConfigError(f"trainer.v1.trainer_mode={mode!r} must be one of {', '.join(TRAINER_MODES)}")
+
+    def validate(self) -> None:
+        """The rules of the asynchronous ``trainer_mode``: the sampler's and ``num_warmup_batches``.
+
+        Raises:
+            ConfigError: as :meth:`SamplerConfig.validate`; a negative ``num_warmup_batches``.
+        """
+        SamplerConfig.validate(self.sampler)
+        mode = self.trainer_mode
+        warmup = getattr(self, mode).num_warmup_batches
+        if warmup < 0:
+            raise ConfigError(
+                f"trainer.v1.{mode}.num_warmup_batches={warmup!r} must be an integer >= 0: dataloader "
+                "batches kept in flight beyond the step's"
+            )
 
 
 @dataclass
@@ -98,6 +138,27 @@ class PPOTrainerConfig:
     ray_wait_register_center_timeout: float = ignored(
         300, "workers are ready when their constructor returns (no register center)"
     )
+
+    def __post_init__(self):
+        one_of("trainer.device", self.device, ("cpu", "cuda", "auto"))
+        one_of("trainer.backend", self.backend, ("local", "ray", "auto"))
+        one_of("trainer.resume_mode", self.resume_mode, ("auto", "disable", "resume_path"))
+        at_least("trainer.critic_warmup", self.critic_warmup, 0)
+        # how long the run trains: a typo fails now, and a run that would train nothing
+        # (total_epochs=0, total_training_steps=-1) does not exit 0 having done nothing
+        at_least("trainer.total_epochs", self.total_epochs, 1)
+        if self.total_training_steps is not None:
+            at_least(
+                "trainer.total_training_steps",
+                self.total_training_steps,
+                1,
+                hint="or null (total_epochs x batches per epoch)",
+            )
+        if self.resume_mode == "resume_path" and not self.resume_from_path:
+            raise ConfigError(
+                "trainer.resume_mode=resume_path needs trainer.resume_from_path; "
+                "set it to a global_step_* folder or use trainer.resume_mode=auto"
+            )
 
 
 @dataclass

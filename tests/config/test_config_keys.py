@@ -96,14 +96,16 @@ def test_every_logger_entry_is_checked(base_cfg):
 def test_choices_come_from_the_modules_that_implement_them(base_cfg, monkeypatch):
     """One list per concept: a mode added to the implementing module is accepted by the check."""
     import hybridrl.algorithms.functional as functional
-    import hybridrl.data.rl_dataset as rl_dataset
+    import hybridrl.data.config as data_config
 
     assert not hasattr(schema, "LOSS_AGG_MODES")
-    cfg = with_keys(base_cfg, {f"{A}.loss_agg_mode": "seq-sum", "data.truncation": "head"})
+    cfg = with_keys(base_cfg, {f"{A}.loss_agg_mode": "seq-sum"})
     assert "loss_agg_mode='seq-sum' is not one of" in error_of(cfg)
     monkeypatch.setattr(functional, "LOSS_AGG_MODES", functional.LOSS_AGG_MODES + ("seq-sum",))
+    validate_ppo_config(cfg)
+    cfg = with_keys(cfg, {"data.truncation": "head"})  # the data section's list, checked when typed
     assert "data.truncation='head' is not one of error, left, right, middle" in error_of(cfg)
-    monkeypatch.setattr(rl_dataset, "TRUNCATIONS", rl_dataset.TRUNCATIONS + ("head",))
+    monkeypatch.setattr(data_config, "TRUNCATIONS", data_config.TRUNCATIONS + ("head",))
     validate_ppo_config(cfg)
 
 

@@ -1,6 +1,7 @@
 """validate_ppo_config / normalize_batch_sizes: verl's batch-size rules and the value checks."""
 
 import copy
+from dataclasses import replace
 
 import pytest
 from omegaconf import OmegaConf
@@ -9,6 +10,7 @@ from hybridrl.config import ConfigError, load_config, normalize_batch_sizes
 from hybridrl.config.defaults import packaged_defaults
 from hybridrl.trainer import config_check as schema
 from hybridrl.trainer.config_check import ignored_key_notes, validate_ppo_config
+from hybridrl.workers.config import ActorConfig, CriticConfig
 
 A = "actor_rollout_ref.actor"
 R = "actor_rollout_ref.rollout"
@@ -258,36 +260,29 @@ def test_every_ignored_key_exists_in_the_packaged_yaml():
 
 
 def test_normalize_batch_sizes_like_verl_workers():
-    actor = {
-        "ppo_mini_batch_size": 256,
-        "ppo_micro_batch_size": None,
-        "ppo_micro_batch_size_per_gpu": 16,
-        "use_dynamic_bsz": False,
-    }
+    actor = ActorConfig(ppo_mini_batch_size=256, ppo_micro_batch_size_per_gpu=16)  # a typed section
     # 256 prompts x 5 responses / 8 workers = 160 responses per worker
     assert normalize_batch_sizes(actor, 5, 8) == {"ppo_mini_batch_size": 160, "ppo_micro_batch_size_per_gpu": 16}
-    deprecated = dict(actor, ppo_micro_batch_size=64, ppo_micro_batch_size_per_gpu=None)
+    deprecated = replace(actor, ppo_micro_batch_size=64, ppo_micro_batch_size_per_gpu=None)
     assert normalize_batch_sizes(deprecated, 5, 8)["ppo_micro_batch_size_per_gpu"] == 8  # 64 // 8
-    dynamic = dict(actor, ppo_micro_batch_size_per_gpu=None, use_dynamic_bsz=True)
+    dynamic = replace(actor, ppo_micro_batch_size_per_gpu=None, use_dynamic_bsz=True)
     assert normalize_batch_sizes(dynamic, 1, 2) == {"ppo_mini_batch_size": 128, "ppo_micro_batch_size_per_gpu": None}
 
 
 def test_normalize_batch_sizes_critic_forward_micro_batch():
-    critic = {
-        "ppo_mini_batch_size": 4,
-        "ppo_micro_batch_size": None,
-        "ppo_micro_batch_size_per_gpu": 2,
-        "forward_micro_batch_size": None,
-        "forward_micro_batch_size_per_gpu": 8,
-        "use_dynamic_bsz": False,
-        "cliprange_value": 0.5,
-    }
+    critic = CriticConfig(
+        ppo_mini_batch_size=4,
+        ppo_micro_batch_size_per_gpu=2,
+        forward_micro_batch_size=None,
+        forward_micro_batch_size_per_gpu=8,
+        use_dynamic_bsz=False,
+    )  # a typed section
     out = normalize_batch_sizes(critic, 2, 1)
     assert out == {"ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 2, "forward_micro_batch_size_per_gpu": 8}
-    critic["forward_micro_batch_size_per_gpu"] = None
+    critic = replace(critic, forward_micro_batch_size_per_gpu=None)
     assert normalize_batch_sizes(critic, 2, 1)["forward_micro_batch_size_per_gpu"] == 2
     with pytest.raises(ConfigError, match=r"critic\.ppo_micro_batch_size_per_gpu is not set"):
-        normalize_batch_sizes(dict(critic, ppo_micro_batch_size_per_gpu=None), 2, 1)
+        normalize_batch_sizes(replace(critic, ppo_micro_batch_size_per_gpu=None), 2, 1)
 
 
 @pytest.mark.parametrize(

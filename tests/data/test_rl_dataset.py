@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from hybridrl.data import DataError, RLHFDataset
+from hybridrl.errors import ConfigError
 
 
 def ref_ids(tokenizer, chat):
@@ -145,7 +146,8 @@ def test_extra_info_that_is_not_a_dict_is_one_line(tokenizer, tmp_path):
 
 
 def test_bad_truncation_value(tokenizer, train_file):
-    with pytest.raises(DataError, match=r"data\.truncation='top'"):
+    # the data section's own rule (DataConfig), run when the dataset types its section
+    with pytest.raises(ConfigError, match=r"data\.truncation='top' is not one of error, left, right, middle"):
         RLHFDataset(train_file, tokenizer, {"truncation": "top"})
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from hybridrl.algorithms.rollout_corr import RolloutCorrectionConfig
+from hybridrl.config.rules import at_least, number_above, one_of, positive
 from hybridrl.config.typed import ignored
 from hybridrl.errors import ConfigError
 
@@ -22,6 +23,17 @@ IN_ORDER = "mini batches are taken in batch order"
 __all__ = ["PolicyLossConfig", "ActorConfig", "RefConfig", "ActorRolloutRefConfig"]
 
 ACTOR = "${actor_rollout_ref.actor."  # the reference follows these actor keys
+STRATEGIES = ("fsdp", "fsdp2")
+
+
+def check_optim_lr(prefix: str, lr) -> None:
+    """``<prefix>.optim.lr`` is a number > 0.
+
+    Raises:
+        ConfigError: one line naming the key.
+    """
+    if not number_above(lr, 0):
+        raise ConfigError(f"{prefix}.optim.lr={lr!r} must be a number > 0 (1e-6 is usual for full fine-tuning)")
 
 
 def check_sequence_parallel_size(value, key: str) -> None:
@@ -95,9 +107,20 @@ class ActorConfig:
     fsdp_config: TrainingFSDPConfig = field(default_factory=TrainingFSDPConfig)
 
     def __post_init__(self):
-        check_sequence_parallel_size(
-            self.ulysses_sequence_parallel_size, "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
-        )
+        key = "actor_rollout_ref.actor"
+        check_sequence_parallel_size(self.ulysses_sequence_parallel_size, f"{key}.ulysses_sequence_parallel_size")
+        one_of(f"{key}.strategy", self.strategy, STRATEGIES)
+        at_least(f"{key}.ppo_epochs", self.ppo_epochs, 1)
+        at_least(f"{key}.ppo_mini_batch_size", self.ppo_mini_batch_size, 1)
+        for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
+            value = getattr(self, name)
+            if value is not None:
+                positive(f"{key}.{name}", value, "0.2 is usual")
+        if not number_above(self.clip_ratio_c, 1):
+            raise ConfigError(
+                f"{key}.clip_ratio_c={self.clip_ratio_c!r} must be > 1 (the dual-clip bound; 3.0 is usual)"
+            )
+        check_optim_lr(key, self.optim.lr)
 
 
 @dataclass

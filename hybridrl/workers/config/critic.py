@@ -7,9 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from hybridrl.config.rules import at_least, one_of, positive
 from hybridrl.config.typed import ignored
 
-from .actor import FSDP_EITHER, IN_ORDER, check_sequence_parallel_size
+from .actor import FSDP_EITHER, IN_ORDER, STRATEGIES, check_optim_lr, check_sequence_parallel_size
 from .fsdp import CheckpointConfig, OptimConfig
 from .model import CriticModelConfig
 
@@ -46,3 +47,20 @@ class CriticConfig:
 
     def __post_init__(self):
         check_sequence_parallel_size(self.ulysses_sequence_parallel_size, "critic.ulysses_sequence_parallel_size")
+
+    def validate(self) -> None:
+        """The critic's own rules, checked when it trains (called as ``CriticConfig.validate(section)``
+        on the run's typed section, a structured DictConfig) (``algorithm.adv_estimator`` needs values:
+        GAE); with another estimator its keys mean nothing. ``loss_agg_mode`` is checked against
+        the registered modes by the start-up check.
+
+        Raises:
+            ConfigError: ``ppo_epochs`` < 1, ``cliprange_value`` or ``optim.lr`` not > 0, an unknown
+                ``strategy``, or a LoRA key out of range (one line naming the key).
+        """
+        one_of("critic.strategy", self.strategy, STRATEGIES)
+        at_least("critic.ppo_epochs", self.ppo_epochs, 1)
+        if self.cliprange_value is not None:
+            positive("critic.cliprange_value", self.cliprange_value, "0.5 is usual")
+        check_optim_lr("critic", self.optim.lr)
+        CriticModelConfig.validate(self.model)

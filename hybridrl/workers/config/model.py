@@ -6,7 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
+from hybridrl.config.rules import number_above, plain
 from hybridrl.config.typed import ignored
+from hybridrl.errors import ConfigError
 
 from .fsdp import FSDPConfig, TrainingFSDPConfig
 
@@ -15,6 +17,34 @@ _IN_MEMORY = "activations stay in memory"
 _NO_FUSED = "no fused kernels in this build"
 
 __all__ = ["FusedKernelConfig", "PolicyModelConfig", "CriticModelConfig", "RewardModelModelConfig"]
+
+
+def check_lora(prefix: str, model) -> None:
+    """``<prefix>.lora_rank`` / ``lora_alpha`` / ``target_modules`` of a model section: rank 0
+    (full fine-tuning) or LoRA with a positive alpha and the modules to adapt.
+
+    Raises:
+        ConfigError: one line naming the key, what is wrong and the usual values.
+    """
+    rank = model.lora_rank
+    if rank < 0:
+        raise ConfigError(
+            f"{prefix}.lora_rank={rank!r} must be 0 (full fine-tuning) or a whole number > 0 (8-64 is usual)"
+        )
+    if rank == 0:
+        return
+    if not number_above(model.lora_alpha, 0):
+        raise ConfigError(
+            f"{prefix}.lora_alpha={model.lora_alpha!r} must be a number > 0 (the update is scaled by "
+            "lora_alpha / lora_rank; 16 or 2 x lora_rank is usual)"
+        )
+    targets = plain(model.target_modules)
+    names = [targets] if isinstance(targets, str) else targets
+    if not isinstance(names, list) or not names or not all(isinstance(t, str) and t for t in names):
+        raise ConfigError(
+            f"{prefix}.target_modules={targets!r} must be all-linear or a list of module names, "
+            "e.g. [q_proj,k_proj,v_proj,o_proj]"
+        )
 
 
 @dataclass
@@ -47,6 +77,9 @@ class PolicyModelConfig:
     fused_kernel_options: FusedKernelConfig = field(default_factory=FusedKernelConfig)
     trust_remote_code: bool = False
 
+    def __post_init__(self):
+        check_lora("actor_rollout_ref.model", self)
+
 
 @dataclass
 class CriticModelConfig:
@@ -66,6 +99,14 @@ class CriticModelConfig:
     target_modules: Any = "all-linear"
     exclude_modules: Any = None
     fsdp_config: TrainingFSDPConfig = field(default_factory=TrainingFSDPConfig)
+
+    def validate(self) -> None:
+        """The LoRA keys, checked when the critic trains (``algorithm.adv_estimator`` needs values).
+
+        Raises:
+            ConfigError: as :func:`check_lora`.
+        """
+        check_lora("critic.model", self)
 
 
 @dataclass

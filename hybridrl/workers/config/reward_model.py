@@ -7,14 +7,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
+from hybridrl.config.rules import at_least, one_of
 from hybridrl.config.typed import ignored
+from hybridrl.errors import ConfigError
 from hybridrl.rewards.config import JudgeConfig, OverlongBufferConfig, SandboxConfig, SandboxFusionConfig
 
 from .actor import FSDP_EITHER
 from .model import RewardModelModelConfig
 from .rollout import EngineConfig
 
-__all__ = ["RewardModelConfig"]
+__all__ = ["RewardModelConfig", "ON_ERROR"]
+
+ON_ERROR = ("raise", "zero", "mask_sample", "drop_group", "retry")  # what a failed scoring call does
 
 # verl's reward model has the key too; its forwards score short (prompt, response) pairs once per step
 NO_SEQUENCE_PARALLEL = (
@@ -60,3 +64,12 @@ class RewardModelConfig:
     rollout: EngineConfig = field(default_factory=EngineConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     num_workers: Optional[int] = None
+
+    def __post_init__(self):
+        one_of("reward_model.on_error", self.on_error, ON_ERROR)
+        if self.enable and self.max_length is not None:
+            at_least("reward_model.max_length", self.max_length, 2)
+        if self.overlong_buffer.enable and self.reward_manager != "dapo":
+            raise ConfigError(
+                "reward_model.overlong_buffer.enable=true is DAPO's shaping; set reward_model.reward_manager=dapo"
+            )

@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 from hybridrl.agents.config import AgentLoopConfig, MultiTurnConfig
+from hybridrl.config.rules import at_least, number_above, one_of
 from hybridrl.config.typed import ignored, refused
+from hybridrl.errors import ConfigError
 
 _HF_ENGINE = "the HF generate engine does not use it"
 _ONE_STAGE = "the engine is woken up in one stage"
@@ -115,3 +117,19 @@ class RolloutConfig(EngineConfig):
     agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
     update_weights_bucket_megabytes: int = ignored(512, "the whole state dict goes to the engine in one call")
     trace: TraceConfig = field(default_factory=TraceConfig)
+
+    def __post_init__(self):
+        key = "actor_rollout_ref.rollout"
+        at_least(f"{key}.n", self.n, 1)
+        one_of(f"{key}.mode", self.mode, ("sync", "async"))
+        # training samples and their log-probs divide the logits by the temperature; validation may be greedy
+        if not number_above(self.temperature, 0):
+            raise ConfigError(
+                f"{key}.temperature={self.temperature!r} must be a number > 0 (training samples and their "
+                f"log-probs divide the logits by it); for greedy decoding set {key}.val_kwargs.temperature=0"
+            )
+        if self.val_kwargs.temperature < 0:
+            raise ConfigError(
+                f"{key}.val_kwargs.temperature={self.val_kwargs.temperature!r} must be a number >= 0 (0: greedy "
+                "validation)"
+            )
