@@ -9,6 +9,7 @@ verl's `verl.trainer.ppo.metric_utils` and `verl.utils.metric.reduce_metrics`.
 
 from __future__ import annotations
 
+import numbers
 import time
 from contextlib import contextmanager
 from typing import Iterator, Mapping
@@ -261,14 +262,18 @@ def compute_throughput_metrics(batch, timing_raw: dict[str, float], n_devices: i
     Raises:
         MetricsInputError: timing_raw has no "step", or n_devices < 1.
     """
-    fn = "compute_throughput_metrics"
+    return _throughput(batch, timing_raw, n_devices, "compute_throughput_metrics", "n_devices")
+
+
+def _throughput(batch, timing_raw: dict[str, float], n_devices: int, fn: str, arg: str) -> dict[str, float]:
+    """:func:`compute_throughput_metrics`; errors name the function ``fn`` called and its argument ``arg``."""
     if "step" not in timing_raw:
         raise MetricsInputError(
             f"{fn}: timing_raw has no 'step' entry (has {sorted(timing_raw)}); "
             "wrap the whole step in marked_timer('step', timing_raw)"
         )
-    if n_devices < 1:
-        raise MetricsInputError(f"{fn}: n_devices={n_devices}; it must be at least 1")
+    if isinstance(n_devices, bool) or not isinstance(n_devices, numbers.Real) or n_devices < 1:
+        raise MetricsInputError(f"{fn}: {arg}={n_devices!r}; give the number of devices that worked on the step, >= 1")
     token_nums = _meta_info(batch).get("global_token_num")
     if token_nums is not None:
         total_tokens = float(np.sum(token_nums))
@@ -284,9 +289,14 @@ def compute_throughput_metrics(batch, timing_raw: dict[str, float], n_devices: i
 
 
 def compute_throughout_metrics(batch, timing_raw: dict[str, float], n_gpus: int) -> dict[str, float]:
-    """verl's name (sic) and signature for :func:`compute_throughput_metrics`, which see;
-    ``n_gpus`` is its ``n_devices``."""
-    return compute_throughput_metrics(batch, timing_raw, n_devices=n_gpus)
+    """verl's name (sic) and signature ``(batch, timing_raw, n_gpus)`` for
+    :func:`compute_throughput_metrics`, which see; ``n_gpus`` is its ``n_devices``.
+
+    Raises:
+        MetricsInputError: timing_raw has no "step", or ``n_gpus`` is not a number >= 1
+            (the message names this function and ``n_gpus``).
+    """
+    return _throughput(batch, timing_raw, n_gpus, "compute_throughout_metrics", "n_gpus")
 
 
 # Metrics whose per-worker (or per-call) values are reduced to their maximum instead of their mean:
