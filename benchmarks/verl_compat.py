@@ -47,7 +47,7 @@ IMPORT_MAP: dict[str, str | None] = {
     "verl.utils.metric.utils": "hybridrl.trainer.metrics",
     "verl.utils.tensordict_utils": None,
     "verl.trainer.ppo.core_algos": "hybridrl.algorithms",
-    "verl.utils.py_functional": None,
+    "verl.utils.py_functional": "hybridrl.rewards.pool",  # timeout_limit (the per-call deadline)
 }
 
 _TO_TENSORDICT = (
@@ -78,8 +78,6 @@ VERL_TEST_FILES = [
             "hybridrl has DataProto.union",
             "test_tensor_dict_constructor": "hybridrl supports from_dict(num_batch_dims=2) on purpose; verl "
             "asserts num_batch_dims == 1",
-            "test_dataproto_unfold_column_chunks": "hybridrl keeps a list of equal-length lists 1-D (rows are "
-            "lists), verl makes it a 2-D object array; split parts differ in shape",
             "test_to_tensordict": _TO_TENSORDICT,
             "test_from_tensordict": _TO_TENSORDICT,
             "test_to_tensordict_with_nested_lists": _TO_TENSORDICT,
@@ -108,8 +106,9 @@ VERL_TEST_FILES = [
         excluded={
             "TestRegisterAdvEst": "setUp replaces the module's ADV_ESTIMATOR_REGISTRY dict (by its dotted path, "
             "not an import) and expects register_adv_est to write into the replacement; "
-            "hybridrl's registry is hybridrl.algorithms.advantages' own dict (enum names, "
-            "refused duplicates and re-registration are in hybridrl's tests)",
+            "hybridrl's registry is hybridrl.algorithms.advantages' own dict. The facts it checks "
+            "(a plain Enum member registers under its value, the same function twice is fine, another "
+            "one is a ValueError) are in tests/test_registry.py",
         },
     ),
     VerlTestFile("tests/trainer/ppo/test_loss_aggregation_on_cpu.py"),
@@ -120,6 +119,14 @@ VERL_TEST_FILES = [
         },
     ),
     VerlTestFile("tests/trainer/ppo/test_reinforce_pp_multiturn_on_cpu.py"),
+    # verl's git tree only (not in the 0.9.1 wheel): run with --verl-repo
+    VerlTestFile(
+        "tests/utils/test_timeout_decorator_cpu.py",
+        excluded={
+            "test_signal_in_thread_does_not_timeout": "skipped by verl itself (it shows why signals fail in "
+            "threads); hybridrl's timeout_limit uses no signals, so it would time out there",
+        },
+    ),
 ]
 
 _STUB_MODULE = "_verl_compat_stub"
@@ -251,16 +258,22 @@ def _wheel_tests(version: str) -> str:
     return folder
 
 
-def _read_test(args, path: str) -> str:
+def _read_test(args, path: str) -> str | None:
+    """The test file's text, or None when this verl source has no such file (a newer or older verl)."""
     if args.verl_repo:
         return _git_show(args.verl_repo, args.rev, path)
-    with open(os.path.join(_wheel_tests(args.verl_version), path)) as f:
+    file = os.path.join(_wheel_tests(args.verl_version), path)
+    if not os.path.isfile(file):
+        return None
+    with open(file) as f:
         return f.read()
 
 
-def _git_show(repo: str, rev: str, path: str) -> str:
+def _git_show(repo: str, rev: str, path: str) -> str | None:
     result = subprocess.run(["git", "-C", repo, "show", f"{rev}:{path}"], capture_output=True, text=True)
     if result.returncode != 0:
+        if "does not exist" in result.stderr or "exists on disk, but not in" in result.stderr:
+            return None
         raise SystemExit(f"verl_compat: cannot read {path} at {rev} from {repo}: {result.stderr.strip()}")
     return result.stdout
 
@@ -371,11 +384,13 @@ def main(argv: list[str] | None = None) -> int:
         f.write("[pytest]\n")
     sys.path.insert(0, REPO_ROOT)  # _resolve imports hybridrl modules to see which names exist
     try:
-        results = [
-            run_file(spec, _read_test(args, spec.path), workdir, args.show_imports, not args.no_exclude)
-            for spec in VERL_TEST_FILES
-        ]
-        return _report(results, VERL_TEST_FILES, args.verbose)
+        sources = [(spec, _read_test(args, spec.path)) for spec in VERL_TEST_FILES]
+        for spec, source in sources:
+            if source is None:
+                print(f"not in this verl source (skipped): {spec.path}")
+        present = [(spec, source) for spec, source in sources if source is not None]
+        results = [run_file(spec, source, workdir, args.show_imports, not args.no_exclude) for spec, source in present]
+        return _report(results, [spec for spec, _ in present], args.verbose)
     finally:
         if args.keep:
             print(f"\ntemporary folder kept: {workdir}")

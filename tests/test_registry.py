@@ -171,3 +171,29 @@ def test_more_migrated_registries_suggest_the_closest_name():
         Tracking("p", "e", ["console", "consol"])
     with pytest.raises(ValueError, match="rollout.name='vllmm' is not a known rollout engine .*did you mean 'vllm'"):
         get_rollout_cls("vllmm")
+
+
+def test_register_adv_est_with_a_plain_enum_registers_under_its_value():
+    """verl's TestRegisterAdvEst facts: a plain Enum member (not a str Enum) registers under its value."""
+    from hybridrl.algorithms import ADV_ESTIMATOR_REGISTRY, get_adv_estimator_fn, register_adv_est
+    from hybridrl.algorithms.advantages.base import ADV_ESTIMATORS
+
+    class AdvantageEstimator(Enum):
+        TEST = "test_plain_enum_estimator"
+
+    def fn(**kwargs):
+        return None
+
+    def other(**kwargs):
+        return None
+
+    try:
+        assert register_adv_est(AdvantageEstimator.TEST)(fn) is fn
+        assert ADV_ESTIMATOR_REGISTRY["test_plain_enum_estimator"] is fn
+        assert AdvantageEstimator.TEST not in ADV_ESTIMATOR_REGISTRY  # the key is the value, not the member
+        assert get_adv_estimator_fn(AdvantageEstimator.TEST) is fn is get_adv_estimator_fn("test_plain_enum_estimator")
+        register_adv_est(AdvantageEstimator.TEST)(fn)  # the same function again: fine
+        with pytest.raises(ValueError, match="'test_plain_enum_estimator' is already registered"):
+            register_adv_est("test_plain_enum_estimator")(other)
+    finally:
+        ADV_ESTIMATORS.unregister("test_plain_enum_estimator")
