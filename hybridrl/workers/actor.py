@@ -1,7 +1,9 @@
 """The PPO actor: log-probabilities of responses and the policy update.
 
 Used for the actor (with an optimizer) and for the reference policy (without one). It holds
-no config beyond the ``actor_rollout_ref.actor`` section and works on one data-parallel shard.
+the ``actor_rollout_ref.actor`` (or ``.ref``) section and works on one data-parallel shard; how
+each pass runs (micro batches, temperature, packing) is the spec the worker hands each call
+(:mod:`hybridrl.workers.pass_specs`), never the batch's ``meta_info``.
 With sequence parallelism it works on its SP group's rows and returns its own rows' results
 (:mod:`hybridrl.workers.sequence_parallel`).
 """
@@ -21,7 +23,7 @@ from hybridrl.models import to_torch_dtype
 from hybridrl.models.attention import use_ulysses_attention
 from hybridrl.models.ulysses import UlyssesGroup
 from hybridrl.protocol import DataProto
-from hybridrl.workers.micro_batches import restore_order, split_micro_batches
+from hybridrl.workers.micro_batches import restore_order
 from hybridrl.workers.model_forward import (  # noqa: F401 (autocast: the shared mixed-precision context)
     ForwardOptions,
     ResponseOutput,
@@ -30,6 +32,7 @@ from hybridrl.workers.model_forward import (  # noqa: F401 (autocast: the shared
     scatter_slots,
 )
 from hybridrl.workers.optim import optimizer_step
+from hybridrl.workers.pass_specs import LogProbSpec, UpdateSpec
 from hybridrl.workers.sequence_parallel import gather_rows, own_rows, sequence_parallel_group
 from hybridrl.workers.sharding import loss_normalizers
 
@@ -72,8 +75,8 @@ class PPOActor:
     """Computes log-probs and runs PPO updates on ``actor_module``.
 
     Args:
-        config: the ``actor_rollout_ref.actor`` (or ``.ref``) section; ``ppo_mini_batch_size``
-            and ``ppo_micro_batch_size_per_gpu`` already normalised to this worker (rows).
+        config: the ``actor_rollout_ref.actor`` (or ``.ref``) section as configured: the loss,
+            KL, entropy and logits-chunking settings; batch sizes come with each call's spec.
         actor_module: a causal LM.
         actor_optimizer: None for the reference policy.
         ref_module: the reference policy's module; needed only for ``kl_loss_type=full``, whose
@@ -107,54 +110,46 @@ class PPOActor:
             self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
             self.policy_loss_config = build_policy_loss_config(config)
 
-    def forward_options(self, meta_info: dict) -> ForwardOptions:
-        """Padded or packed (``meta_info["use_remove_padding"]``, the worker's
+    def forward_options(self, spec: LogProbSpec | UpdateSpec) -> ForwardOptions:
+        """Padded or packed (the pass's ``spec.use_remove_padding``, the worker's
         ``model.use_remove_padding``); chunked logits from this section's
         ``entropy_from_logits_with_chunking`` / ``entropy_checkpointing``."""
         return ForwardOptions(
-            use_remove_padding=bool(meta_info.get("use_remove_padding", False)),
+            use_remove_padding=spec.use_remove_padding,
             logits_chunking=bool(self.config.entropy_from_logits_with_chunking),
             entropy_checkpointing=bool(self.config.entropy_checkpointing),
             sequence_parallel=self.sequence_parallel,
         )
 
-    def _forward_micro_batches(self, data: DataProto) -> tuple[list[DataProto], list[int] | None]:
-        """Micro batches of a log-prob pass: ``meta_info["micro_batch_size"]`` rows, or with
-        ``use_dynamic_bsz`` at most ``max_token_len`` tokens (``max_token_len_key`` names it) per
-        rank: ``S * max_token_len`` over an SP group's rows, as verl. Over the SP group's rows."""
-        meta = data.meta_info
+    def _forward_micro_batches(self, data: DataProto, spec: LogProbSpec) -> tuple[list[DataProto], list[int] | None]:
+        """Micro batches of a log-prob pass as ``spec`` cuts them, over the SP group's rows
+        (with ``use_dynamic_bsz`` a budget of ``S * max_token_len`` tokens, as verl)."""
         keys = ["responses", "input_ids", "attention_mask", "position_ids"]
-        budget = meta.get("max_token_len")
-        return split_micro_batches(
-            gather_rows(data.select(batch_keys=keys), self.sequence_parallel),
-            meta.get("micro_batch_size"),
-            bool(meta.get("use_dynamic_bsz", False)),
-            budget * self.sp_size if budget else budget,
-            key=meta.get("max_token_len_key", "log_prob_max_token_len_per_gpu"),
-        )
+        return spec.micro_batches(gather_rows(data.select(batch_keys=keys), self.sequence_parallel), self.sp_size)
 
     @torch.no_grad()
-    def compute_log_prob(
-        self, data: DataProto, calculate_entropy: bool = False, calculate_sum_pi_squared: bool = False
-    ):
-        """Log-probs of ``data.batch["responses"]`` under the module.
+    def compute_log_prob(self, data: DataProto, spec: LogProbSpec):
+        """Log-probs of ``data.batch["responses"]`` under the module, the pass run as ``spec`` says
+        (temperature, rows or tokens per forward, packing, which extras).
 
-        ``data.meta_info`` holds ``temperature``, ``micro_batch_size`` (rows per forward) or
-        ``use_dynamic_bsz`` + ``max_token_len`` (tokens per forward), and ``use_remove_padding``.
         Returns ``(log_probs, entropys, sum_pi_squared)``, each ``(bs, response_length)`` fp32 in
         the rows' order, 0 where there is no response token; ``entropys`` and ``sum_pi_squared``
         (``sum_v pi(v)^2`` of each position's distribution, for the optimal token baseline) are
-        None unless asked for. ``sum_pi_squared`` needs each micro batch's full logits (no
-        logits chunking in that pass).
+        None unless ``spec`` asks for them. ``sum_pi_squared`` needs each micro batch's full
+        logits (no logits chunking in that pass).
+
+        Raises:
+            ConfigError: with ``spec.use_dynamic_bsz``, a row longer than the token budget.
         """
         self.actor_module.eval()
-        options = self.forward_options(data.meta_info)
-        micros, order = self._forward_micro_batches(data)
+        options = self.forward_options(spec)
+        micros, order = self._forward_micro_batches(data, spec)
+        calculate_entropy, calculate_sum_pi_squared = spec.calculate_entropy, spec.calculate_sum_pi_squared
         outs = [
             forward_response(
                 self.actor_module,
                 micro,
-                data.meta_info["temperature"],
+                spec.temperature,
                 self.compute_dtype,
                 options,
                 calculate_entropy=calculate_entropy,
@@ -174,17 +169,17 @@ class PPOActor:
         return log_probs, entropys, sum_pi_squared
 
     @torch.no_grad()
-    def compute_full_kl(self, data: DataProto, ref_module: torch.nn.Module) -> torch.Tensor:
+    def compute_full_kl(self, data: DataProto, ref_module: torch.nn.Module, spec: LogProbSpec) -> torch.Tensor:
         """Exact per-token KL(actor || ref) over the vocabulary, ``(bs, response_length)`` fp32.
 
-        For ``algorithm.kl_penalty=full``: both models see the same micro batches (with
-        ``data.meta_info`` ``micro_batch_size`` and ``temperature``), so only one micro batch's
-        two ``(rows, response_length, vocab)`` logits tensors exist at a time.
+        For ``algorithm.kl_penalty=full``: both models see the same micro batches, cut as ``spec``
+        (the reference pass's) says and at its temperature, so only one micro batch's two
+        ``(rows, response_length, vocab)`` logits tensors exist at a time.
         """
         self.actor_module.eval()
-        temperature = data.meta_info["temperature"]
-        options = self.forward_options(data.meta_info)
-        micros, order = self._forward_micro_batches(data)
+        temperature = spec.temperature
+        options = self.forward_options(spec)
+        micros, order = self._forward_micro_batches(data, spec)
         kls = []
         for micro in micros:
             out = forward_response(
@@ -194,8 +189,11 @@ class PPOActor:
             kls.append(scatter_slots(kl_full_from_logits(out.logits, ref.logits), out.slots))
         return own_rows(restore_order(torch.cat(kls), order), self.sequence_parallel)
 
-    def update_policy(self, data: DataProto, on_policy: bool = False) -> dict[str, list[float]]:
-        """PPO update over ``ppo_epochs`` x mini batches, accumulating micro batches.
+    def update_policy(
+        self, data: DataProto, spec: UpdateSpec, on_policy: bool = False
+    ) -> tuple[dict[str, list[float]], torch.Tensor | None]:
+        """PPO update over ``spec.ppo_epochs`` x mini batches of ``spec.ppo_mini_batch_size`` rows,
+        accumulating micro batches (``spec.ppo_micro_batch_size_per_gpu`` rows, or token budgets).
 
         Each micro-batch loss is normalised by the token (or sequence) count of its whole
         mini batch, so the summed gradients equal those of one pass over the mini batch.
@@ -226,44 +224,36 @@ class PPOActor:
         if cfg.use_kl_loss and cfg.kl_loss_type != FULL_KL:
             keys.append("ref_log_prob")
         metrics: dict[str, list[float]] = defaultdict(list)
-        options = self.forward_options(data.meta_info)
-        mini_batches = data.select(batch_keys=keys).split(cfg.ppo_mini_batch_size)
-        if on_policy and (cfg.ppo_epochs != 1 or len(mini_batches) != 1):
+        options = self.forward_options(spec)
+        mini_batches = data.select(batch_keys=keys).split(spec.ppo_mini_batch_size)
+        if on_policy and (spec.ppo_epochs != 1 or len(mini_batches) != 1):
             raise AlgorithmConfigError(
-                f"actor update: on_policy=True but the batch makes {cfg.ppo_epochs * len(mini_batches)} "
+                f"actor update: on_policy=True but the batch makes {spec.ppo_epochs * len(mini_batches)} "
                 "optimizer steps; only a single-step (on-policy) update can use its own log-probs; "
                 "compute old_log_probs first or set ppo_epochs=1 and ppo_mini_batch_size=data.train_batch_size"
             )
         log_probs = None
-        for _ in range(cfg.ppo_epochs):
+        for _ in range(spec.ppo_epochs):
             for mini_batch in mini_batches:  # with SP: the mini batch of every rank of the group
                 log_probs = self._update_mini_batch(
-                    gather_rows(mini_batch, self.sequence_parallel),
-                    data.meta_info["temperature"],
-                    metrics,
-                    options,
-                    on_policy,
+                    gather_rows(mini_batch, self.sequence_parallel), spec, metrics, options, on_policy
                 )
         self.actor_optimizer.zero_grad(set_to_none=True)
         return dict(metrics), own_rows(log_probs, self.sequence_parallel) if log_probs is not None else None
 
     def _update_mini_batch(
-        self, mini_batch: DataProto, temperature: float, metrics, options: ForwardOptions, on_policy: bool = False
+        self, mini_batch: DataProto, spec: UpdateSpec, metrics, options: ForwardOptions, on_policy: bool = False
     ) -> torch.Tensor | None:
         """One optimizer step; returns the detached log-probs of an on-policy mini batch, else None."""
         cfg = self.config
+        temperature = spec.temperature
         norm = loss_normalizers(mini_batch.batch["response_mask"], cfg.loss_scale_factor, self.sp_size)
         self.actor_optimizer.zero_grad(set_to_none=True)
         # Micro losses are already scaled by the mini-batch size: their sums are the mini-batch
         # values, however the rows fall into micro batches (fixed row counts or token budgets).
         loss_sums: dict[str, float] = defaultdict(float)
-        micros, order = split_micro_batches(  # token budget per rank: S times more over an SP group's rows
-            mini_batch,
-            cfg.ppo_micro_batch_size_per_gpu,
-            bool(cfg.use_dynamic_bsz),
-            cfg.ppo_max_token_len_per_gpu * self.sp_size,
-            key="actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-        )
+        # token budget per rank: S times more over an SP group's rows
+        micros, order = spec.micro_batches(mini_batch, self.sp_size)
         full_kl = cfg.use_kl_loss and cfg.kl_loss_type == FULL_KL
         own_log_probs = []
         for micro in micros:

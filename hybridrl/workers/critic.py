@@ -1,7 +1,8 @@
 """The PPO critic: token values and the clipped value-loss update.
 
 With sequence parallelism it works on its SP group's rows and returns its own rows' values
-(:mod:`hybridrl.workers.sequence_parallel`), as the actor does.
+(:mod:`hybridrl.workers.sequence_parallel`), as the actor does. How each pass runs (micro
+batches, packing) is the spec the worker hands each call (:mod:`hybridrl.workers.pass_specs`).
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from hybridrl.models.attention import use_ulysses_attention
 from hybridrl.models.ulysses import UlyssesGroup
 from hybridrl.protocol import DataProto
 from hybridrl.workers.actor import compute_dtype_of
-from hybridrl.workers.micro_batches import restore_order, split_micro_batches
+from hybridrl.workers.micro_batches import restore_order
 from hybridrl.workers.model_forward import ForwardOptions, forward_response_values
 from hybridrl.workers.optim import optimizer_step
+from hybridrl.workers.pass_specs import ForwardSpec, UpdateSpec
 from hybridrl.workers.sequence_parallel import gather_rows, own_rows, sequence_parallel_group
 from hybridrl.workers.sharding import loss_normalizers
 
@@ -26,7 +28,8 @@ SP_KEY = "critic.ulysses_sequence_parallel_size"
 
 
 class PPOCritic:
-    """Args: ``config`` is the ``critic`` section with batch sizes normalised to this worker.
+    """Args: ``config`` is the ``critic`` section as configured (value clipping, loss aggregation,
+    gradient clipping, precision); batch sizes come with each call's spec.
 
     With ``critic.ulysses_sequence_parallel_size`` S > 1 the critic joins its SP group (a
     collective the first time, see :class:`~hybridrl.workers.actor.PPOActor`).
@@ -47,61 +50,60 @@ class PPOCritic:
         self.sp_size = self.sequence_parallel.size if self.sequence_parallel is not None else 1
         if self.sequence_parallel is not None:
             use_ulysses_attention(critic_module, self.sp_size, SP_KEY)
-        self.forward_options = ForwardOptions(
-            use_remove_padding=bool(config.model.use_remove_padding), sequence_parallel=self.sequence_parallel
-        )
+
+    def forward_options(self, spec: ForwardSpec | UpdateSpec) -> ForwardOptions:
+        """Padded or packed, as the pass's ``spec.use_remove_padding`` says; over the SP group."""
+        return ForwardOptions(use_remove_padding=spec.use_remove_padding, sequence_parallel=self.sequence_parallel)
 
     @torch.no_grad()
-    def compute_values(self, data: DataProto) -> torch.Tensor:
+    def compute_values(self, data: DataProto, spec: ForwardSpec) -> torch.Tensor:
         """``(bs, response_length)`` values, zero outside ``response_mask``.
 
-        Micro batches: ``data.meta_info["micro_batch_size"]`` rows, or with ``use_dynamic_bsz``
-        at most ``forward_max_token_len_per_gpu`` tokens per rank.
+        Micro batches as ``spec`` cuts them: ``micro_batch_size`` rows, or with ``use_dynamic_bsz``
+        at most ``max_token_len`` tokens per rank (S times that over an SP group's rows).
+
+        Raises:
+            ConfigError: with ``spec.use_dynamic_bsz``, a row longer than the token budget.
         """
         self.critic_module.eval()
         keys = ["responses", "input_ids", "attention_mask", "position_ids"]
-        micros, order = split_micro_batches(
-            gather_rows(data.select(batch_keys=keys), self.sequence_parallel),
-            data.meta_info.get("micro_batch_size"),
-            bool(self.config.use_dynamic_bsz),
-            self.config.forward_max_token_len_per_gpu * self.sp_size,
-            key="critic.forward_max_token_len_per_gpu",
+        micros, order = spec.micro_batches(
+            gather_rows(data.select(batch_keys=keys), self.sequence_parallel), self.sp_size
         )
-        values = [
-            forward_response_values(self.critic_module, micro, self.compute_dtype, self.forward_options)
-            for micro in micros
-        ]
+        options = self.forward_options(spec)
+        values = [forward_response_values(self.critic_module, micro, self.compute_dtype, options) for micro in micros]
         values = own_rows(restore_order(torch.cat(values), order), self.sequence_parallel)
         mask = data.batch["response_mask"].bool()
         return torch.where(mask, values, 0.0)  # not `* mask`: NaN * 0 is NaN
 
-    def update_critic(self, data: DataProto) -> dict[str, list[float]]:
-        """Clipped value-loss updates over ``ppo_epochs`` x mini batches (micro-batch accumulation)."""
-        cfg = self.config
+    def update_critic(self, data: DataProto, spec: UpdateSpec) -> dict[str, list[float]]:
+        """Clipped value-loss updates over ``spec.ppo_epochs`` x mini batches of
+        ``spec.ppo_mini_batch_size`` rows (micro-batch accumulation, micro batches as ``spec`` cuts
+        them). Returns the metrics as lists (one entry per micro batch or per optimizer step).
+
+        Raises:
+            ConfigError: with ``spec.use_dynamic_bsz``, a row longer than the token budget.
+        """
         self.critic_module.train()
         keys = ["responses", "response_mask", "input_ids", "attention_mask", "position_ids", "values", "returns"]
         metrics: dict[str, list[float]] = defaultdict(list)
-        for _ in range(cfg.ppo_epochs):
-            for mini_batch in data.select(batch_keys=keys).split(cfg.ppo_mini_batch_size):
-                self._update_mini_batch(gather_rows(mini_batch, self.sequence_parallel), metrics)
+        for _ in range(spec.ppo_epochs):
+            for mini_batch in data.select(batch_keys=keys).split(spec.ppo_mini_batch_size):
+                self._update_mini_batch(gather_rows(mini_batch, self.sequence_parallel), spec, metrics)
         self.critic_optimizer.zero_grad(set_to_none=True)
         return dict(metrics)
 
-    def _update_mini_batch(self, mini_batch: DataProto, metrics) -> None:
+    def _update_mini_batch(self, mini_batch: DataProto, spec: UpdateSpec, metrics) -> None:
+        """One optimizer step over ``mini_batch``; appends its metrics."""
         cfg = self.config
         norm = loss_normalizers(mini_batch.batch["response_mask"], cfg.loss_scale_factor, self.sp_size)
         self.critic_optimizer.zero_grad(set_to_none=True)
         vf_loss_sum = 0.0
-        micros, _ = split_micro_batches(
-            mini_batch,
-            cfg.ppo_micro_batch_size_per_gpu,
-            bool(cfg.use_dynamic_bsz),
-            cfg.ppo_max_token_len_per_gpu * self.sp_size,
-            key="critic.ppo_max_token_len_per_gpu",
-        )
+        micros, _ = spec.micro_batches(mini_batch, self.sp_size)
+        options = self.forward_options(spec)
         for micro in micros:
             mb = micro.batch
-            vpreds = forward_response_values(self.critic_module, micro, self.compute_dtype, self.forward_options)
+            vpreds = forward_response_values(self.critic_module, micro, self.compute_dtype, options)
             vf_loss, vf_clipfrac = compute_value_loss(
                 vpreds,
                 mb["returns"],

@@ -7,13 +7,13 @@ local backend (world size 1) and are written against ``self.rank`` / ``self.worl
 
 from __future__ import annotations
 
-import copy
 import functools
 import logging
 
 import numpy as np
 
 from hybridrl.agents.manager import AgentLoopManager
+from hybridrl.config.batch_sizes import WorkerBatchSizes
 from hybridrl.controller.decorator import Dispatch, register
 from hybridrl.controller.worker import Worker
 from hybridrl.models import load_causal_lm, load_tokenizer, load_value_model, resolve_model_path
@@ -26,6 +26,7 @@ from hybridrl.workers.critic import PPOCritic
 from hybridrl.workers.engine_lock import EngineLock
 from hybridrl.workers.memory import memory_metrics
 from hybridrl.workers.optim import build_lr_scheduler, build_optimizer
+from hybridrl.workers.pass_specs import critic_specs, policy_specs
 from hybridrl.workers.reward_model import load_reward_model
 from hybridrl.workers.rollout.base import get_rollout_cls, policy_weights
 from hybridrl.workers.sharding import apply_fsdp2, optimizer_on_device
@@ -63,17 +64,6 @@ def shard_module(module, fsdp_config, device: str, reduce_dtype: str = "fp32"):
     )
 
 
-def _with_batch_sizes(section, batch_sizes: dict):
-    """A copy of an actor/critic section with the per-worker batch sizes the driver computed
-    (``hybridrl.config.worker_batch_sizes``: responses per mini and micro batch on this worker)."""
-    from omegaconf import open_dict
-
-    section = copy.deepcopy(section)
-    with open_dict(section):
-        section.update(batch_sizes)
-    return section
-
-
 class ActorRolloutRefWorker(StreamingMethods, Worker):
     """Policy worker. ``role`` is ``actor_rollout``, ``actor_rollout_ref`` or ``ref``; ``actor`` and
     ``actor_ref`` leave the engine out (it runs in a rollout pool of its own, :mod:`.rollout_worker`).
@@ -81,7 +71,8 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
     Args:
         config: the ``actor_rollout_ref`` section.
         batch_sizes: the actor's per-worker batch sizes, computed once by the driver
-            (``hybridrl.config.worker_batch_sizes(config.actor, rollout.n, world_size)``).
+            (``hybridrl.config.worker_batch_sizes(config.actor, rollout.n, world_size)``); with
+            the section they make the passes' specs (``self.specs``, built in ``init_model``).
         role: which of actor / rollout / reference this worker hosts.
         device: ``trainer.device`` (cpu | cuda | auto).
         total_training_steps: the run's optimizer steps, the length of the actor's LR schedule
@@ -91,7 +82,7 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
     def __init__(
         self,
         config,
-        batch_sizes: dict,
+        batch_sizes: WorkerBatchSizes,
         role: str = "actor_rollout_ref",
         device: str = "auto",
         total_training_steps: int = 1,
@@ -99,7 +90,7 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
         if role not in ("actor_rollout", "actor_rollout_ref", "ref", "actor", "actor_ref"):
             raise ValueError(f"ActorRolloutRefWorker: unknown role {role!r}")
         super().__init__(config, device)
-        self.batch_sizes = dict(batch_sizes)
+        self.batch_sizes = batch_sizes
         self.total_training_steps = total_training_steps
         self.role = role
         self._is_actor = role != "ref"
@@ -117,8 +108,7 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
         self.tokenizer = load_tokenizer(
             self.model_path, trust_remote_code=model_cfg.trust_remote_code, chat_template=model_cfg.custom_chat_template
         )
-        actor_sizes = _with_batch_sizes(self.config.actor, self.batch_sizes)
-        self.actor_micro_batch_size = actor_sizes.ppo_micro_batch_size_per_gpu
+        self.specs = policy_specs(self.config, self.batch_sizes, self.world_size)
         lora = lora_settings(model_cfg) if self._is_actor else None
         module = self._load_actor(lora) if self._is_actor else None
         if self._is_ref:
@@ -127,10 +117,11 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
             self.ref_policy = PPOActor(self.config.ref, ref_module)
         if not self._is_actor:
             return
-        self.actor_optimizer = build_optimizer(module, actor_sizes.optim)
-        self.actor_lr_scheduler = build_lr_scheduler(self.actor_optimizer, actor_sizes.optim, self.total_training_steps)
+        optim = self.config.actor.optim
+        self.actor_optimizer = build_optimizer(module, optim)
+        self.actor_lr_scheduler = build_lr_scheduler(self.actor_optimizer, optim, self.total_training_steps)
         ref_module = self.ref_policy.actor_module if self._is_ref else None
-        self.actor = PPOActor(actor_sizes, module, self.actor_optimizer, ref_module=ref_module)
+        self.actor = PPOActor(self.config.actor, module, self.actor_optimizer, ref_module=ref_module)
         self._start_engine_bookkeeping()
         if not self._is_rollout:
             return
@@ -199,25 +190,6 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
             self.agent_loop_manager = AgentLoopManager(self.rollout, self.tokenizer, self.config.rollout)
         return self.agent_loop_manager
 
-    def _log_prob_meta(self, section, name: str = "rollout") -> dict:
-        """How a log-prob pass of ``actor_rollout_ref.<name>`` runs: rows per forward
-        (``log_prob_micro_batch_size_per_gpu``, else the deprecated global
-        ``log_prob_micro_batch_size`` / workers, else the actor's training micro batch), or with
-        ``log_prob_use_dynamic_bsz`` tokens per forward (``log_prob_max_token_len_per_gpu``);
-        packed or padded (``model.use_remove_padding``)."""
-        micro = section.log_prob_micro_batch_size_per_gpu
-        if not micro and section.log_prob_micro_batch_size:
-            micro = max(1, section.log_prob_micro_batch_size // self.world_size)
-        micro = micro or self.actor_micro_batch_size
-        return {
-            "micro_batch_size": int(micro),
-            "temperature": float(self.config.rollout.temperature),
-            "use_dynamic_bsz": bool(section.log_prob_use_dynamic_bsz),
-            "max_token_len": section.log_prob_max_token_len_per_gpu,
-            "max_token_len_key": f"actor_rollout_ref.{name}.log_prob_max_token_len_per_gpu",
-            "use_remove_padding": bool(self.config.model.use_remove_padding),
-        }
-
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Responses in the :class:`~hybridrl.workers.rollout.base.BaseRollout` layout, plus the
@@ -268,10 +240,7 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
         """``old_log_probs`` and ``entropys`` ``(bs, response_length)``; with
         ``actor.calculate_sum_pi_squared`` also ``sum_pi_squared`` (the optimal token baseline's)."""
         data = data.to(self.device)
-        data.meta_info.update(self._log_prob_meta(self.config.rollout))
-        log_probs, entropys, sum_pi_squared = self.actor.compute_log_prob(
-            data, calculate_entropy=True, calculate_sum_pi_squared=bool(self.config.actor.calculate_sum_pi_squared)
-        )
+        log_probs, entropys, sum_pi_squared = self.actor.compute_log_prob(data, self.specs.log_prob)
         tensors = {"old_log_probs": log_probs, "entropys": entropys}
         if sum_pi_squared is not None:
             tensors["sum_pi_squared"] = sum_pi_squared
@@ -285,13 +254,12 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
         per-token KL(actor || ref) over the vocabulary.
         """
         data = data.to(self.device)
-        data.meta_info.update(self._log_prob_meta(self.config.ref, "ref"))
-        log_probs, _, _ = self.ref_policy.compute_log_prob(data)
+        log_probs, _, _ = self.ref_policy.compute_log_prob(data, self.specs.ref_log_prob)
         tensors = {"ref_log_prob": log_probs}
         if full_kl:
             if not self._is_actor:
                 raise RuntimeError("full_kl needs the actor and the reference in one worker (role actor_rollout_ref)")
-            tensors["full_kl"] = self.actor.compute_full_kl(data, self.ref_policy.actor_module)
+            tensors["full_kl"] = self.actor.compute_full_kl(data, self.ref_policy.actor_module, self.specs.ref_log_prob)
         return DataProto.from_dict(tensors=tensors).to("cpu")
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -309,11 +277,10 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
         ``(bs, response_length)``, the update's own. The metrics include this process's memory
         (``perf/max_memory_allocated_gb`` ..., GiB: :func:`~hybridrl.workers.memory.memory_metrics`)."""
         data = data.to(self.device)
-        data.meta_info["temperature"] = float(self.config.rollout.temperature)
-        data.meta_info["use_remove_padding"] = bool(self.config.model.use_remove_padding)
         offload = self.config.actor.fsdp_config.optimizer_offload
         with optimizer_on_device(self.actor_optimizer, self.device, offload):
-            metrics, own_log_probs = self.actor.update_policy(data, on_policy=on_policy)
+            policy_metrics, own_log_probs = self.actor.update_policy(data, self.specs.update, on_policy=on_policy)
+        metrics: dict[str, list[float] | float] = dict(policy_metrics)  # + the memory's floats
         metrics["actor/lr"] = [self.actor_lr_scheduler.get_last_lr()[0]]
         self.actor_lr_scheduler.step()
         self.param_version += 1
@@ -359,12 +326,15 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
 
 class CriticWorker(Worker):
     """Value-model worker. ``config`` is the ``critic`` section; ``batch_sizes`` its per-worker
-    batch sizes, computed once by the driver (``hybridrl.config.worker_batch_sizes``);
+    batch sizes, computed once by the driver (``hybridrl.config.worker_batch_sizes``), which with
+    the section make the passes' specs (``self.specs``, built in ``init_model``);
     ``total_training_steps`` the length of its LR schedule (the run's optimizer steps)."""
 
-    def __init__(self, config, batch_sizes: dict, device: str = "auto", total_training_steps: int = 1) -> None:
+    def __init__(
+        self, config, batch_sizes: WorkerBatchSizes, device: str = "auto", total_training_steps: int = 1
+    ) -> None:
         super().__init__(config, device)
-        self.batch_sizes = dict(batch_sizes)
+        self.batch_sizes = batch_sizes
         self.total_training_steps = total_training_steps
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -388,27 +358,24 @@ class CriticWorker(Worker):
             shard=shard,
             enable_gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
         )
-        critic_cfg = _with_batch_sizes(self.config, self.batch_sizes)
-        self.critic_optimizer = build_optimizer(module, critic_cfg.optim)
+        self.specs = critic_specs(self.config, self.batch_sizes)
+        self.critic_optimizer = build_optimizer(module, self.config.optim)
         self.critic_lr_scheduler = build_lr_scheduler(
-            self.critic_optimizer, critic_cfg.optim, self.total_training_steps
+            self.critic_optimizer, self.config.optim, self.total_training_steps
         )
-        self.critic = PPOCritic(critic_cfg, module, self.critic_optimizer)
+        self.critic = PPOCritic(self.config, module, self.critic_optimizer)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:
-        data = data.to(self.device)
-        cfg = self.critic.config
-        data.meta_info["micro_batch_size"] = int(
-            cfg.forward_micro_batch_size_per_gpu or cfg.ppo_micro_batch_size_per_gpu
-        )
-        return DataProto.from_dict(tensors={"values": self.critic.compute_values(data)}).to("cpu")
+        """``values`` ``(bs, response_length)`` fp32, zero outside ``response_mask``."""
+        values = self.critic.compute_values(data.to(self.device), self.specs.values)
+        return DataProto.from_dict(tensors={"values": values}).to("cpu")
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_critic(self, data: DataProto) -> DataProto:
         offload = self.config.model.fsdp_config.optimizer_offload
         with optimizer_on_device(self.critic_optimizer, self.device, offload):
-            metrics = self.critic.update_critic(data.to(self.device))
+            metrics = self.critic.update_critic(data.to(self.device), self.specs.update)
         metrics["critic/lr"] = [self.critic_lr_scheduler.get_last_lr()[0]]
         metrics.update(memory_metrics(self.device))  # verl's perf/max_memory_*_gb (driver: max)
         self.critic_lr_scheduler.step()

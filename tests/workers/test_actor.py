@@ -8,7 +8,9 @@ import torch
 
 from hybridrl.protocol import DataProto
 from hybridrl.workers.actor import PPOActor
+from hybridrl.workers.pass_specs import LogProbSpec
 from tests.tiny_models import ppo_section
+from tests.workers.specs_helpers import update_spec_of
 
 # fp32 tolerance for gradients summed in a different order (micro batches vs one pass):
 # relative 1e-4, absolute 1e-6 on the weight deltas (weights are ~0.02, deltas up to ~1).
@@ -74,7 +76,7 @@ def _ppo_batch(model, make_batch, seed=0):
 def _run_update(base_model, batch, config):
     module = copy.deepcopy(base_model)
     actor = PPOActor(config, module, torch.optim.SGD(module.parameters(), lr=1.0))
-    metrics, _ = actor.update_policy(DataProto.from_dict(tensors=batch, meta_info={"temperature": 1.0}))
+    metrics, _ = actor.update_policy(DataProto.from_dict(tensors=batch), update_spec_of(config))
     return module, metrics
 
 
@@ -103,12 +105,14 @@ def _assert_same_params(a, b, rtol=RTOL, atol=ATOL):
 def test_compute_log_prob_matches_full_forward(base_model, make_batch, temperature, remove_padding):
     b = make_batch(PROMPT_LENS, RESPONSE_LENS, seed=3)
     actor = PPOActor(_actor_config(2), base_model)  # no optimizer: the reference-policy form
-    data = DataProto.from_dict(
-        tensors=b, meta_info={"micro_batch_size": 3, "temperature": temperature, "use_remove_padding": remove_padding}
+    spec = LogProbSpec(
+        micro_batch_size=3,
+        temperature=temperature,
+        use_remove_padding=remove_padding,
+        calculate_entropy=True,
+        calculate_sum_pi_squared=True,
     )
-    log_probs, entropys, sum_pi_squared = actor.compute_log_prob(
-        data, calculate_entropy=True, calculate_sum_pi_squared=True
-    )
+    log_probs, entropys, sum_pi_squared = actor.compute_log_prob(DataProto.from_dict(tensors=b), spec)
 
     with torch.no_grad():
         logits = _full_response_logits(base_model, b, temperature)
@@ -128,20 +132,52 @@ def test_compute_log_prob_matches_full_forward(base_model, make_batch, temperatu
 def test_temperature_divides_logits(base_model, make_batch):
     b = make_batch(PROMPT_LENS, RESPONSE_LENS, seed=4)
     actor = PPOActor(_actor_config(2), base_model)
-    data = DataProto.from_dict(tensors=b, meta_info={"micro_batch_size": 4, "temperature": 2.0})
-    hot = actor.compute_log_prob(data)[0]
+    hot = actor.compute_log_prob(DataProto.from_dict(tensors=b), LogProbSpec(micro_batch_size=4, temperature=2.0))[0]
     with torch.no_grad():
         logits = _full_response_logits(base_model, b)  # T = 1
     torch.testing.assert_close(hot, _gather_logp(logits / 2.0, b["responses"]), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(hot, _gather_logp(logits, b["responses"]), atol=1e-3)
 
 
+# verl's workers write these settings into meta_info; here they would change every result
+LYING_META = {
+    "temperature": 5.0,
+    "micro_batch_size": 1,
+    "use_dynamic_bsz": True,
+    "max_token_len": 1,
+    "use_remove_padding": True,
+}
+
+
+def test_log_prob_settings_come_from_the_spec_not_meta_info(base_model, make_batch):
+    b = make_batch(PROMPT_LENS, RESPONSE_LENS, seed=4)
+    actor = PPOActor(_actor_config(2), base_model)
+    spec = LogProbSpec(micro_batch_size=4, temperature=0.7, calculate_entropy=True)
+    clean = actor.compute_log_prob(DataProto.from_dict(tensors=b), spec)
+    lying = actor.compute_log_prob(DataProto.from_dict(tensors=b, meta_info=dict(LYING_META)), spec)
+    for got, expected in zip(lying[:2], clean[:2]):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_update_settings_come_from_the_spec_not_meta_info(base_model, make_batch):
+    b = _ppo_batch(base_model, make_batch, seed=8)
+    cfg = _actor_config(2, entropy_coeff=0.01)
+    spec = update_spec_of(cfg, temperature=0.7)
+    modules = []
+    for meta in ({}, dict(LYING_META)):
+        module = copy.deepcopy(base_model)
+        PPOActor(cfg, module, torch.optim.SGD(module.parameters(), lr=1.0)).update_policy(
+            DataProto.from_dict(tensors=dict(b), meta_info=meta), spec
+        )
+        modules.append(module)
+    _assert_same_params(modules[1], modules[0], rtol=0, atol=0)
+
+
 def test_compute_log_prob_bf16_autocast_is_close_and_fp32(base_model, make_batch):
     b = make_batch(PROMPT_LENS, RESPONSE_LENS, seed=5)
     cfg = _actor_config(2, fsdp_config={"mixed_precision": {"param_dtype": "bf16"}})
     actor = PPOActor(cfg, base_model)
-    data = DataProto.from_dict(tensors=b, meta_info={"micro_batch_size": 4, "temperature": 1.0})
-    log_probs, _, _ = actor.compute_log_prob(data)
+    log_probs, _, _ = actor.compute_log_prob(DataProto.from_dict(tensors=b), LogProbSpec(micro_batch_size=4))
     with torch.no_grad():
         expected = _gather_logp(_full_response_logits(base_model, b), b["responses"])
     assert log_probs.dtype == torch.float32
@@ -212,18 +248,17 @@ def test_on_policy_update_without_old_log_probs_equals_recomputed(base_model, ma
     recomputed by compute_log_prob, and actor/entropy equals that pass's token-mean entropy."""
     b = _ppo_batch(base_model, make_batch, seed=13)
     cfg = _actor_config(2, use_kl_loss=True)
-    meta = {"temperature": 1.0, "micro_batch_size": 4, "use_remove_padding": remove_padding}
-    old, entropy, _ = PPOActor(cfg, base_model).compute_log_prob(
-        DataProto.from_dict(tensors=b, meta_info=meta), calculate_entropy=True
-    )
+    spec = LogProbSpec(micro_batch_size=4, use_remove_padding=remove_padding, calculate_entropy=True)
+    old, entropy, _ = PPOActor(cfg, base_model).compute_log_prob(DataProto.from_dict(tensors=b), spec)
+    update = update_spec_of(cfg, use_remove_padding=remove_padding)
     with_old = dict(b, old_log_probs=old)
     without_old = {k: v for k, v in b.items() if k != "old_log_probs"}
     module_a, module_b = copy.deepcopy(base_model), copy.deepcopy(base_model)
     m_a, none = PPOActor(cfg, module_a, torch.optim.SGD(module_a.parameters(), lr=1.0)).update_policy(
-        DataProto.from_dict(tensors=with_old, meta_info=meta)
+        DataProto.from_dict(tensors=with_old), update
     )
     m_b, own = PPOActor(cfg, module_b, torch.optim.SGD(module_b.parameters(), lr=1.0)).update_policy(
-        DataProto.from_dict(tensors=without_old, meta_info=meta), on_policy=True
+        DataProto.from_dict(tensors=without_old), update, on_policy=True
     )
 
     _assert_same_params(module_b, module_a)
@@ -246,13 +281,14 @@ def test_on_policy_update_refuses_several_optimizer_steps(base_model, make_batch
     module = copy.deepcopy(base_model)
     actor = PPOActor(cfg, module, torch.optim.SGD(module.parameters(), lr=1.0))
     with pytest.raises(AlgorithmConfigError, match="on_policy=True but the batch makes 2 optimizer steps"):
-        actor.update_policy(DataProto.from_dict(tensors=b, meta_info={"temperature": 1.0}), on_policy=True)
+        actor.update_policy(DataProto.from_dict(tensors=b), update_spec_of(cfg), on_policy=True)
 
 
 def test_an_off_policy_update_without_old_log_probs_is_one_line(base_model, make_batch):
     from hybridrl.algorithms.errors import AlgorithmInputError
 
     b = {k: v for k, v in _ppo_batch(base_model, make_batch).items() if k != "old_log_probs"}
-    actor = PPOActor(_actor_config(2), copy.deepcopy(base_model))
+    cfg = _actor_config(2)
+    actor = PPOActor(cfg, copy.deepcopy(base_model))
     with pytest.raises(AlgorithmInputError, match="the batch has no old_log_probs; compute them first"):
-        actor.update_policy(DataProto.from_dict(tensors=b, meta_info={"temperature": 1.0}))
+        actor.update_policy(DataProto.from_dict(tensors=b), update_spec_of(cfg))

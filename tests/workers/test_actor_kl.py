@@ -10,6 +10,7 @@ from hybridrl.algorithms.errors import NonFiniteError
 from hybridrl.protocol import DataProto
 from hybridrl.workers.actor import PPOActor
 from tests.tiny_models import ppo_section
+from tests.workers.specs_helpers import update_spec_of
 
 PROMPT_LENS, RESPONSE_LENS = [6, 3, 1, 4], [5, 2, 4, 1]
 KL_COEF = 0.5
@@ -66,8 +67,9 @@ def test_full_kl_loss_gradient_equals_exact_kl_by_hand(models, make_batch):
     actor_model, ref_model = models
     b = _batch(make_batch, actor_model)
     module = copy.deepcopy(actor_model)
-    actor = PPOActor(_config("full"), module, torch.optim.SGD(module.parameters(), lr=1.0), ref_module=ref_model)
-    metrics, _ = actor.update_policy(DataProto.from_dict(tensors=dict(b), meta_info={"temperature": 1.0}))
+    cfg = _config("full")
+    actor = PPOActor(cfg, module, torch.optim.SGD(module.parameters(), lr=1.0), ref_module=ref_model)
+    metrics, _ = actor.update_policy(DataProto.from_dict(tensors=dict(b)), update_spec_of(cfg))
 
     hand = copy.deepcopy(actor_model)
     p_logits, q_logits = _response_logits(hand, b), _response_logits(ref_model, b)
@@ -87,11 +89,10 @@ def test_full_kl_loss_gradient_equals_exact_kl_by_hand(models, make_batch):
 def test_full_kl_loss_without_reference_module_is_a_clear_error(models, make_batch):
     actor_model, _ = models
     module = copy.deepcopy(actor_model)
-    actor = PPOActor(_config("full"), module, torch.optim.SGD(module.parameters(), lr=1.0))
+    cfg = _config("full")
+    actor = PPOActor(cfg, module, torch.optim.SGD(module.parameters(), lr=1.0))
     with pytest.raises(ValueError, match="kl_loss_type=full"):
-        actor.update_policy(
-            DataProto.from_dict(tensors=_batch(make_batch, actor_model), meta_info={"temperature": 1.0})
-        )
+        actor.update_policy(DataProto.from_dict(tensors=_batch(make_batch, actor_model)), update_spec_of(cfg))
 
 
 def test_non_finite_loss_stops_the_update_naming_the_step(models, make_batch):
@@ -101,8 +102,9 @@ def test_non_finite_loss_stops_the_update_naming_the_step(models, make_batch):
     b["ref_log_prob"] = b["old_log_probs"].clone()
     module = copy.deepcopy(actor_model)
     before = [p.detach().clone() for p in module.parameters()]
-    actor = PPOActor(_config("low_var_kl"), module, torch.optim.SGD(module.parameters(), lr=1.0))
-    data = DataProto.from_dict(tensors=dict(b), meta_info={"temperature": 1.0, "global_steps": 7})
+    cfg = _config("low_var_kl")
+    actor = PPOActor(cfg, module, torch.optim.SGD(module.parameters(), lr=1.0))
+    data = DataProto.from_dict(tensors=dict(b), meta_info={"global_steps": 7})
     with pytest.raises(NonFiniteError, match="step 7: actor loss"):
-        actor.update_policy(data)
+        actor.update_policy(data, update_spec_of(cfg))
     assert all(torch.equal(p, q) for p, q in zip(module.parameters(), before))  # weights untouched

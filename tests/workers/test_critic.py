@@ -7,7 +7,9 @@ import torch
 
 from hybridrl.protocol import DataProto
 from hybridrl.workers.critic import PPOCritic
+from hybridrl.workers.pass_specs import ForwardSpec
 from tests.tiny_models import ppo_section
+from tests.workers.specs_helpers import update_spec_of
 
 PROMPT_LENS = [6, 3, 1, 4]
 RESPONSE_LENS = [5, 2, 4, 1]
@@ -56,13 +58,25 @@ def _full_values(module, b):
 def test_compute_values_matches_full_forward(value_model, make_batch):
     b = make_batch(PROMPT_LENS, RESPONSE_LENS, seed=1)
     critic = PPOCritic(_critic_config(), value_model, critic_optimizer=None)
-    values = critic.compute_values(DataProto.from_dict(tensors=b, meta_info={"micro_batch_size": 3}))
+    values = critic.compute_values(DataProto.from_dict(tensors=b), ForwardSpec(micro_batch_size=3))
     with torch.no_grad():
         expected = _full_values(value_model, b) * b["response_mask"]
     assert values.shape == (4, 5) and values.dtype == torch.float32
     torch.testing.assert_close(values, expected, rtol=1e-5, atol=1e-5)
     assert (values[b["response_mask"] == 0] == 0).all()
     assert (values[b["response_mask"] == 1].abs() > 0).all()  # the random head is really read
+
+
+def test_values_settings_come_from_the_spec_not_meta_info(value_model, make_batch):
+    """verl's worker writes micro_batch_size & co into meta_info; here the spec alone decides: a
+    token budget of 1 or packed forwards would raise or change the values."""
+    b = make_batch(PROMPT_LENS, RESPONSE_LENS, seed=1)
+    critic = PPOCritic(_critic_config(), value_model, critic_optimizer=None)
+    spec = ForwardSpec(micro_batch_size=2)
+    clean = critic.compute_values(DataProto.from_dict(tensors=b), spec)
+    meta = {"micro_batch_size": 1, "use_dynamic_bsz": True, "max_token_len": 1, "use_remove_padding": True}
+    lying = critic.compute_values(DataProto.from_dict(tensors=b, meta_info=meta), spec)
+    torch.testing.assert_close(lying, clean, rtol=0, atol=0)
 
 
 def test_update_critic_reduces_value_loss(value_model, make_batch):
@@ -85,8 +99,9 @@ def test_update_critic_reduces_value_loss(value_model, make_batch):
     grad_norm = torch.norm(torch.stack([p.grad.norm() for p in reference.parameters()])).item()
     scale = LR * min(1.0, 1.0 / grad_norm)
 
-    critic = PPOCritic(_critic_config(micro=2), module, torch.optim.SGD(module.parameters(), lr=LR))
-    metrics = critic.update_critic(DataProto.from_dict(tensors=b))
+    cfg = _critic_config(micro=2)
+    critic = PPOCritic(cfg, module, torch.optim.SGD(module.parameters(), lr=LR))
+    metrics = critic.update_critic(DataProto.from_dict(tensors=b), update_spec_of(cfg))
     after = hand_loss(module)
 
     assert {"critic/vf_loss", "critic/vf_clipfrac", "critic/grad_norm"} <= set(metrics)

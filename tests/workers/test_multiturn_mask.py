@@ -12,6 +12,7 @@ from hybridrl.algorithms.advantages import get_adv_estimator_fn
 from hybridrl.protocol import DataProto
 from hybridrl.workers.actor import PPOActor
 from tests.tiny_models import ppo_section
+from tests.workers.specs_helpers import update_spec_of
 
 R = 10
 # Row 0: model(3) obs(4) model(2) pad(1); row 1: model(2) obs(2) model(4) obs(1) model(1)
@@ -70,7 +71,8 @@ def _batch(seed=0):
 def _update_grads(model, batch):
     """(gradient of the loss w.r.t. the response logits (2, R, vocab), parameter gradients)."""
     module = copy.deepcopy(model)
-    actor = PPOActor(_config(), module, torch.optim.SGD(module.parameters(), lr=0.0))
+    cfg = _config()
+    actor = PPOActor(cfg, module, torch.optim.SGD(module.parameters(), lr=0.0))
     logit_grads = []
 
     def keep_grad(_module, _inputs, output):
@@ -84,7 +86,7 @@ def _update_grads(model, batch):
         return 0.0
 
     with mock.patch("hybridrl.workers.actor.optimizer_step", lambda *args: capture_and_skip()):
-        actor.update_policy(DataProto.from_dict(tensors=batch, meta_info={"temperature": 1.0}))
+        actor.update_policy(DataProto.from_dict(tensors=batch), update_spec_of(cfg))
     handle.remove()
     (grad,) = logit_grads
     return grad[:, :-1], param_grads  # logits_to_keep=R+1: position t predicts response token t

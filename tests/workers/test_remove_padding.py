@@ -8,15 +8,19 @@ order (as tests/workers/test_actor.py).
 """
 
 import copy
+import dataclasses
 from unittest import mock
 
 import pytest
 import torch
 
+from hybridrl.config.batch_sizes import worker_batch_sizes
 from hybridrl.protocol import DataProto
 from hybridrl.workers.actor import PPOActor
 from hybridrl.workers.critic import PPOCritic
+from hybridrl.workers.pass_specs import LogProbSpec, critic_specs
 from tests.tiny_models import ppo_section
+from tests.workers.specs_helpers import update_spec_of
 
 PROMPT_LENS = [6, 3, 1, 4, 2, 5]
 RESPONSE_LENS = [5, 2, 4, 1, 3, 5]
@@ -78,24 +82,24 @@ def _ppo_batch(make_batch, seed=0):
 
 
 def _log_probs(model, batch, rmpad, temperature=0.7, **config):
-    meta = {
-        "temperature": temperature,
-        "micro_batch_size": 4,
-        "use_remove_padding": rmpad,
-        "use_dynamic_bsz": config.get("dynamic", False),
-        "max_token_len": config.get("budget"),
-    }
-    actor = PPOActor(_actor_config(**config), model)
-    log_probs, entropys, _ = actor.compute_log_prob(
-        DataProto.from_dict(tensors=batch, meta_info=meta), calculate_entropy=True
+    spec = LogProbSpec(
+        micro_batch_size=4,
+        use_dynamic_bsz=config.get("dynamic", False),
+        max_token_len=config.get("budget"),
+        use_remove_padding=rmpad,
+        temperature=temperature,
+        calculate_entropy=True,
     )
+    actor = PPOActor(_actor_config(**config), model)
+    log_probs, entropys, _ = actor.compute_log_prob(DataProto.from_dict(tensors=batch), spec)
     return log_probs, entropys
 
 
 def _update(model, batch, rmpad, **config):
     """(parameter gradients of one mini batch, metrics) without stepping the optimizer."""
     module = copy.deepcopy(model)
-    actor = PPOActor(_actor_config(**config), module, torch.optim.SGD(module.parameters(), lr=0.0), ref_module=model)
+    cfg = _actor_config(**config)
+    actor = PPOActor(cfg, module, torch.optim.SGD(module.parameters(), lr=0.0), ref_module=model)
     grads = {}
 
     def capture():
@@ -104,7 +108,7 @@ def _update(model, batch, rmpad, **config):
 
     with mock.patch("hybridrl.workers.actor.optimizer_step", lambda *args: capture()):
         metrics, _ = actor.update_policy(
-            DataProto.from_dict(tensors=batch, meta_info={"temperature": 0.7, "use_remove_padding": rmpad})
+            DataProto.from_dict(tensors=batch), update_spec_of(cfg, temperature=0.7, use_remove_padding=rmpad)
         )
     return grads, metrics
 
@@ -175,10 +179,8 @@ def test_full_kl_packed_equals_padded(base_model, make_batch):
             p.add_(0.01 * torch.randn_like(p))
     kls = []
     for rmpad in (False, True):
-        data = DataProto.from_dict(
-            tensors=b, meta_info={"temperature": 1.0, "micro_batch_size": 4, "use_remove_padding": rmpad}
-        )
-        kls.append(PPOActor(_actor_config(), base_model).compute_full_kl(data, ref))
+        spec = LogProbSpec(micro_batch_size=4, use_remove_padding=rmpad)
+        kls.append(PPOActor(_actor_config(), base_model).compute_full_kl(DataProto.from_dict(tensors=b), ref, spec))
     valid = b["response_mask"].bool()
     torch.testing.assert_close(kls[1][valid], kls[0][valid], rtol=1e-5, atol=1e-6)
     assert torch.all(kls[1][valid] > 0)
@@ -208,8 +210,9 @@ def test_bf16_autocast_keeps_fp32_master_weights_and_optimizer(base_model, make_
     torch.testing.assert_close(bf16_lp[valid], fp32_lp[valid], rtol=0.02, atol=0.1)
     module = copy.deepcopy(base_model)
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
-    actor = PPOActor(_actor_config(param_dtype="bf16"), module, optimizer)
-    actor.update_policy(DataProto.from_dict(tensors=b, meta_info={"temperature": 1.0, "use_remove_padding": True}))
+    cfg = _actor_config(param_dtype="bf16")
+    actor = PPOActor(cfg, module, optimizer)
+    actor.update_policy(DataProto.from_dict(tensors=b), update_spec_of(cfg, use_remove_padding=True))
     assert all(p.dtype == torch.float32 for p in module.parameters())
     states = [s for s in optimizer.state.values() if s]
     assert states and all(s["exp_avg"].dtype == torch.float32 for s in states)
@@ -301,10 +304,11 @@ def test_critic_values_and_update_equal_padded(value_model, make_batch, rmpad, d
     results = []
     for packed, dyn in ((False, False), (rmpad, dynamic)):
         critic, grads = _critic(value_model, packed, dyn, budget=14)
-        data = DataProto.from_dict(tensors=b, meta_info={"micro_batch_size": 4})
-        values = critic.compute_values(data)
+        data = DataProto.from_dict(tensors=b)
+        specs = critic_specs(critic.config, worker_batch_sizes(critic.config, 1, 1))
+        values = critic.compute_values(data, dataclasses.replace(specs.values, micro_batch_size=4))
         data.batch["values"] = values + 0.1
-        metrics = critic.update_critic(data)
+        metrics = critic.update_critic(data, specs.update)
         results.append((values, grads, metrics))
     (values, grads, metrics), (other_values, other_grads, other_metrics) = results
     assert values.abs().sum() > 0
