@@ -36,7 +36,7 @@ def karmarkar_karp(sizes: Sequence[int], k: int, equal_size: bool = False) -> li
     # A heap entry is one partial partition: k (sum, items) sets, kept sorted by sum descending;
     # it is keyed by its spread (largest - smallest sum), largest first.
     groups = [order[i : i + k] for i in range(0, n, k)] if equal_size else [[i] for i in order]
-    heap = []
+    heap: list[tuple[int, int, list[tuple[int, list[int]]]]] = []
     for tie, group in enumerate(groups):
         sets = [(sizes[i], [i]) for i in group] + [(0, []) for _ in range(k - len(group))]
         sets.sort(key=lambda s: (-s[0], -len(s[1])))

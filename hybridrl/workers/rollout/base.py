@@ -227,7 +227,7 @@ def eos_token_ids(tokenizer, generation_config) -> list[int]:
     Raises:
         ValueError: neither names an end-of-sequence token.
     """
-    ids = []
+    ids: list[int] = []
     for source in (getattr(generation_config, "eos_token_id", None), tokenizer.eos_token_id):
         if source is None:
             continue
