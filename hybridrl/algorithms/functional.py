@@ -176,7 +176,9 @@ def clip_by_value(x: torch.Tensor, tensor_min, tensor_max) -> torch.Tensor:
     return torch.maximum(torch.minimum(x, upper), lower)
 
 
-def _unknown_agg_mode(loss_agg_mode: str) -> UnknownAlgorithmError:
+def unknown_agg_mode(loss_agg_mode: str) -> UnknownAlgorithmError:
+    """The error for a ``loss_agg_mode`` that is not one of :data:`LOSS_AGG_MODES` (returned, for
+    the caller to raise): it names the config key and lists the known modes."""
     return UnknownAlgorithmError(
         f"unknown loss_agg_mode {loss_agg_mode!r} (config key "
         f"`{_ACTOR}.loss_agg_mode`); use one of: {', '.join(LOSS_AGG_MODES)}"
@@ -241,7 +243,7 @@ def agg_loss(
     elif loss_agg_mode == "seq-mean-token-mean":
         seq_losses = masked_mean(loss_mat, loss_mask, axis=-1)
     else:
-        raise _unknown_agg_mode(loss_agg_mode)
+        raise unknown_agg_mode(loss_agg_mode)
     has_tokens = loss_mask.to(loss_mat.device).sum(dim=-1) > 0
     sequences = _global_count("global_batch_size", global_batch_size, has_tokens.sum(), dp_size)
     loss = torch.where(has_tokens, seq_losses, torch.zeros_like(seq_losses)).sum() / sequences * dp_size

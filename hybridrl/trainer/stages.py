@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from hybridrl.algorithms.advantages import get_adv_estimator_fn
-from hybridrl.algorithms.config import algo_config
+from hybridrl.algorithms.config import AlgoConfig
 from hybridrl.algorithms.errors import check_finite
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.dynamic_sampling import DynamicSampler
@@ -50,19 +50,22 @@ def compute_advantage(
     gamma: float = 1.0,
     lam: float = 1.0,
     norm_adv_by_std_in_grpo: bool = True,
-    config=None,
+    config: AlgoConfig | None = None,
 ) -> DataProto:
     """Fills ``advantages`` and ``returns`` ``(bs, response_length)`` with the named estimator.
 
     Every estimator gets the same keyword arguments and uses the ones it needs: the group-based
     ones group responses by the per-prompt ``uid``; GAE uses the critic's ``values``; ReMax the
-    greedy responses' ``reward_baselines``; ``config`` is the ``algorithm`` section.
+    greedy responses' ``reward_baselines``; GDPO the reward components named by
+    ``config.gdpo_reward_keys`` / ``gdpo_reward_weights``. ``config`` is the typed ``algorithm``
+    section (None: its defaults), also handed on for estimators written for verl.
 
     Raises:
         NonFiniteError: the rewards, values, advantages or returns hold NaN/inf on a response token.
     """
     batch = data.batch
     step = data.meta_info.get("global_steps")
+    algo = config if config is not None else AlgoConfig()
     for key in ("token_level_rewards", "values"):
         if key in batch.keys():
             check_finite(batch[key], key, step, mask=batch["response_mask"])
@@ -79,6 +82,8 @@ def compute_advantage(
         gamma=gamma,
         lam=lam,
         norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
+        gdpo_reward_keys=algo.gdpo_reward_keys,
+        gdpo_reward_weights=algo.gdpo_reward_weights,
         config=config,
     )
     check_finite(advantages, "advantages", step, mask=batch["response_mask"])
@@ -102,8 +107,9 @@ def object_array(values: list) -> np.ndarray:
 
 
 def build_dynamic_sampler(config, tokenizer) -> DynamicSampler | None:
-    """DAPO's group filter when ``algorithm.filter_groups.enable``, else None."""
-    groups = algo_config(config).filter_groups
+    """DAPO's group filter when ``algorithm.filter_groups.enable``, else None (``config``: the
+    run's typed config, read by attribute)."""
+    groups = config.algorithm.filter_groups
     if not groups.enable:
         return None
     return DynamicSampler(

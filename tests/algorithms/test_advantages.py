@@ -1,3 +1,5 @@
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -220,16 +222,16 @@ def test_reinforce_plus_plus_masked_middle_token_equals_deleting_it():
     assert adv[0, 2] == 0 and ret[0, 2] == 0 and adv[1, 4] == 0
 
 
-def test_reinforce_plus_plus_gamma_from_config_when_not_passed():
-    from omegaconf import OmegaConf
-
-    cfg = OmegaConf.create({"gamma": 0.5})
-    _, ret = compute_reinforce_plus_plus_outcome_advantage(REWARDS, MASK, config=cfg)
+def test_reinforce_plus_plus_gamma_is_a_plain_argument():
+    _, ret = compute_reinforce_plus_plus_outcome_advantage(REWARDS, MASK, gamma=0.5)
     assert torch.allclose(ret, torch.tensor([[0.25, 0.5, 1.0]]))
-    _, ret = compute_reinforce_plus_plus_outcome_advantage(REWARDS, MASK, config=cfg, gamma=1.0)
-    assert torch.allclose(ret, torch.ones(1, 3))  # the explicit argument wins
-    _, ret = compute_reinforce_plus_plus_outcome_advantage(REWARDS, MASK, config=None)
+    _, ret = compute_reinforce_plus_plus_outcome_advantage(REWARDS, MASK, gamma=1.0)
+    assert torch.allclose(ret, torch.ones(1, 3))
+    _, ret = compute_reinforce_plus_plus_outcome_advantage(REWARDS, MASK)
     assert torch.allclose(ret, torch.ones(1, 3))  # default gamma 1
+    # a verl-style ``config`` keyword is swallowed by **kwargs, never read: gamma stays the argument
+    _, ret = compute_reinforce_plus_plus_outcome_advantage(REWARDS, MASK, config=SimpleNamespace(gamma=0.5))
+    assert torch.allclose(ret, torch.ones(1, 3))
 
 
 # ----------------------------------------------------------------------------- ReMax
@@ -312,7 +314,6 @@ def test_group_estimators_need_index(name):
 
 def test_verl_enum_members_and_vectorized_names_select_estimators():
     from enum import Enum
-    from types import SimpleNamespace
 
     from hybridrl.algorithms import (
         ADV_ESTIMATOR_NEEDS_GROUP,
@@ -341,11 +342,11 @@ def test_verl_enum_members_and_vectorized_names_select_estimators():
     assert get_adv_estimator_fn("grpo_vectorized") is compute_grpo_outcome_advantage
     assert get_adv_estimator_fn("rloo_vectorized") is compute_rloo_outcome_advantage
     assert {"grpo_vectorized", "rloo_vectorized"} <= ADV_ESTIMATOR_NEEDS_GROUP
-    # a typed config (attributes, no .get) is read like a DictConfig
+    # the registry's function takes gamma as the driver passes it, a plain keyword
     rewards = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 2.0]])
     mask = torch.ones(2, 3)
     fn = get_adv_estimator_fn("reinforce_plus_plus")
-    typed, _ = fn(token_level_rewards=rewards, response_mask=mask, config=SimpleNamespace(gamma=0.5))
-    mapped, _ = fn(token_level_rewards=rewards, response_mask=mask, config={"gamma": 0.5})
-    plain, _ = fn(token_level_rewards=rewards, response_mask=mask, config={"gamma": 1.0})
-    assert torch.equal(typed, mapped) and not torch.equal(typed, plain)
+    half, _ = fn(token_level_rewards=rewards, response_mask=mask, gamma=0.5)
+    again, _ = fn(token_level_rewards=rewards, response_mask=mask, gamma=0.5, config=None)
+    plain, _ = fn(token_level_rewards=rewards, response_mask=mask, gamma=1.0)
+    assert torch.equal(half, again) and not torch.equal(half, plain)

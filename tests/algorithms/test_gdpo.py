@@ -26,12 +26,12 @@ def group_norm(values):
 
 
 def test_components_are_normalised_apart_then_weighted_and_whitened():
-    config = {"gdpo_reward_keys": ["acc", "fmt"], "gdpo_reward_weights": [1.0, 0.5]}
     adv, returns = get_adv_estimator_fn("gdpo")(
         token_level_rewards=torch.zeros(6, 3),
         response_mask=MASK,
         index=INDEX,
-        config=config,
+        gdpo_reward_keys=["acc", "fmt"],
+        gdpo_reward_weights=[1.0, 0.5],
         non_tensor_batch={"acc": np.array(ACC, dtype=object), "fmt": np.array(FMT, dtype=object), "uid": INDEX},
     )
     per_response = group_norm(ACC) + 0.5 * group_norm(FMT)
@@ -58,7 +58,7 @@ def test_missing_components_and_bad_weights_are_one_line():
             token_level_rewards=torch.zeros(6, 3),
             response_mask=MASK,
             index=INDEX,
-            config={"gdpo_reward_keys": ["acc", "fmt"]},
+            gdpo_reward_keys=["acc", "fmt"],
             non_tensor_batch={"acc": np.array(ACC), "uid": INDEX},
         )
     with pytest.raises(AlgorithmConfigError, match=r"has 1 values for 2 gdpo_reward_keys"):
@@ -66,6 +66,7 @@ def test_missing_components_and_bad_weights_are_one_line():
             token_level_rewards=torch.zeros(6, 3),
             response_mask=MASK,
             index=INDEX,
-            config={"gdpo_reward_keys": ["acc", "fmt"], "gdpo_reward_weights": [1.0]},
+            gdpo_reward_keys=["acc", "fmt"],
+            gdpo_reward_weights=[1.0],
             non_tensor_batch={"acc": np.array(ACC), "fmt": np.array(FMT), "uid": INDEX},
         )

@@ -5,7 +5,6 @@ from collections import defaultdict
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from hybridrl.algorithms import (
     AlgorithmConfigError,
@@ -85,13 +84,12 @@ def test_passk_by_hand():
     assert torch.allclose(adv[:, 1], torch.tensor([0.0, 0.0, 1.0, 0.0, 0.0, 0.0]), atol=1e-6)
 
 
-def test_passk_reads_norm_flag_from_config_when_not_passed():
+def test_passk_norm_flag_is_a_plain_argument():
     rewards, mask = _outcome([0.0, 4.0, 2.0])
     index = _uids("a", "a", "a")
-    cfg = OmegaConf.create({"norm_adv_by_std_in_grpo": False})
-    adv, _ = compute_grpo_passk_outcome_advantage(rewards, mask, index, config=cfg)
+    adv, _ = compute_grpo_passk_outcome_advantage(rewards, mask, index, norm_adv_by_std_in_grpo=False)
     assert adv[1, 0] == 2.0
-    adv, _ = compute_grpo_passk_outcome_advantage(rewards, mask, index, config=None)
+    adv, _ = compute_grpo_passk_outcome_advantage(rewards, mask, index)
     assert adv[1, 0] == pytest.approx(1.0, abs=1e-6)  # default: divide by std 2
 
 

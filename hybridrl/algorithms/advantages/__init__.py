@@ -5,13 +5,16 @@ The driver calls every estimator the same way, with keyword arguments::
     fn = get_adv_estimator_fn(config.algorithm.adv_estimator)
     advantages, returns = fn(token_level_rewards=..., response_mask=..., values=..., index=...,
                              reward_baselines=..., gamma=..., lam=...,
-                             norm_adv_by_std_in_grpo=..., epsilon=..., config=...)
+                             norm_adv_by_std_in_grpo=..., gdpo_reward_keys=...,
+                             gdpo_reward_weights=..., config=...)
 
 Each estimator takes the arguments it needs and swallows the rest through ``**kwargs``, so a
 new estimator only has to be registered with :func:`register_adv_est`. All of them return
 ``(advantages, returns)`` of shape ``(bs, response_length)``, zero on masked positions, computed
-under ``torch.no_grad``. ``config`` is the ``algorithm`` config section (or None), read only for
-estimator-specific knobs from ``config`` (a mapping, or a typed config read by attribute).
+under ``torch.no_grad``. The built-in estimators take plain values (the driver reads them from
+the typed ``algorithm`` section); ``config`` is that section, an
+:class:`~hybridrl.algorithms.config.AlgoConfig`, passed for estimators written for verl, which
+read their knobs from it by attribute.
 
 The registry and the shared checks are in :mod:`.base`; the estimators register themselves in
 :mod:`.token_level` (GAE, REINFORCE++, ReMax), :mod:`.group` (GRPO, RLOO, OPO, GPG, Pass@k,

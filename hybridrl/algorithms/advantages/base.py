@@ -63,39 +63,51 @@ def get_adv_estimator_fn(name: "str | Enum") -> Callable:
 
 
 # ----------------------------------------------------------------------------- shared helpers
-def _describe(x: Any) -> str:
+def describe_shape(x: Any) -> str:
+    """``x``'s shape as a tuple string (``"(4, 8)"``) for a tensor, else ``"a <type name>"``:
+    what an input check's message says was given."""
     return str(tuple(x.shape)) if isinstance(x, torch.Tensor) else f"a {type(x).__name__}"
 
 
 def _check_mask(response_mask: torch.Tensor) -> None:
     if not isinstance(response_mask, torch.Tensor) or response_mask.dim() != 2:
         raise AlgorithmInputError(
-            f"response_mask is {_describe(response_mask)}; it must be a 2-D tensor (bs, response_length) of 0/1"
+            f"response_mask is {describe_shape(response_mask)}; it must be a 2-D tensor (bs, response_length) of 0/1"
         )
 
 
-def _check_finite(name: str, tensor: torch.Tensor, fix: str) -> None:
+def check_input_finite(name: str, tensor: torch.Tensor, fix: str) -> None:
+    """An estimator's input ``tensor`` (any shape) holds no NaN/inf (integer tensors always pass).
+
+    Raises:
+        AlgorithmInputError: ``"<name> has NaN/inf at <k> positions; <fix>"``.
+    """
     bad = int((~torch.isfinite(tensor)).sum().item()) if tensor.is_floating_point() else 0
     if bad:
         raise AlgorithmInputError(f"{name} has NaN/inf at {bad} positions; {fix}")
 
 
-def _check_same_shape(
+def check_same_shape(
     name: str,
     tensor: Optional[torch.Tensor],
     response_mask: torch.Tensor,
     missing: str = "this advantage estimator needs it",
 ) -> None:
-    """``tensor`` must be a finite ``(bs, response_length)`` tensor like ``response_mask``."""
+    """``tensor`` must be a finite ``(bs, response_length)`` tensor like ``response_mask``.
+
+    Raises:
+        AlgorithmInputError: ``response_mask`` is not 2-D; ``tensor`` is None (the message ends
+            with ``missing``), has another shape, or holds NaN/inf.
+    """
     _check_mask(response_mask)
     if tensor is None:
         raise AlgorithmInputError(f"{name} is None: {missing}")
     if not isinstance(tensor, torch.Tensor) or tensor.shape != response_mask.shape:
         raise AlgorithmInputError(
-            f"{name} has shape {_describe(tensor)} but response_mask has {tuple(response_mask.shape)}; "
+            f"{name} has shape {describe_shape(tensor)} but response_mask has {tuple(response_mask.shape)}; "
             "both must be (bs, response_length)"
         )
-    _check_finite(
+    check_input_finite(
         name,
         tensor,
         "check the reward function and the KL penalty that produce it"
@@ -104,30 +116,24 @@ def _check_same_shape(
     )
 
 
-def _float_dtype(tensor: torch.Tensor) -> torch.dtype:
-    # At least fp32: bf16 sums and std are too coarse for advantages.
+def advantage_dtype(tensor: torch.Tensor) -> torch.dtype:
+    """The dtype advantages are computed in: ``tensor``'s, at least fp32 (bf16 sums and std are
+    too coarse for advantages)."""
     return torch.promote_types(tensor.dtype, torch.float32)
 
 
-def _outcome_scores(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """Checked ``(bs,)`` sequence scores ``sum_t token_level_rewards[:, t]`` in fp32 or wider."""
-    _check_same_shape("token_level_rewards", token_level_rewards, response_mask)
-    return token_level_rewards.sum(dim=-1).to(_float_dtype(token_level_rewards))
+def outcome_scores(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Checked ``(bs,)`` sequence scores ``score_i = sum_t token_level_rewards[i, t]`` in fp32 or
+    wider, from ``(bs, response_length)`` rewards.
+
+    Raises:
+        AlgorithmInputError: the shapes differ or the rewards hold NaN/inf.
+    """
+    check_same_shape("token_level_rewards", token_level_rewards, response_mask)
+    return token_level_rewards.sum(dim=-1).to(advantage_dtype(token_level_rewards))
 
 
-def _knob(value: Any, config: Any, key: str, default: Any) -> Any:
-    """An explicit argument wins; else the config's ``key`` (a mapping such as a DictConfig, or a
-    typed config read by attribute, as verl's ``AlgoConfig``; None: no config); else ``default``."""
-    if value is not None:
-        return value
-    if config is not None:
-        found = config.get(key, None) if hasattr(config, "get") else getattr(config, key, None)
-        if found is not None:
-            return found
-    return default
-
-
-def _group_ids(index: Sequence, bs: int) -> torch.Tensor:
+def group_ids(index: Sequence, bs: int) -> torch.Tensor:
     """``(bs,)`` long tensor numbering the distinct uids of ``index`` 0.. in first-seen order.
 
     Raises:
@@ -145,6 +151,3 @@ def _group_ids(index: Sequence, bs: int) -> torch.Tensor:
         )
     ids: Dict = {}
     return torch.tensor([ids.setdefault(uid, len(ids)) for uid in index], dtype=torch.long)
-
-
-# ----------------------------------------------------------------------------- estimators

@@ -3,14 +3,14 @@
 Registered on import of :mod:`hybridrl.algorithms.advantages`.
 """
 
-from typing import Any, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from ..errors import AlgorithmConfigError, AlgorithmInputError
 from ..functional import masked_whiten
-from .base import _knob, register_adv_est
+from .base import register_adv_est
 from .group import compute_grpo_outcome_advantage
 
 __all__ = ["compute_gdpo_outcome_advantage"]
@@ -39,7 +39,8 @@ def compute_gdpo_outcome_advantage(
     index: Sequence,
     epsilon: float = 1e-6,
     norm_adv_by_std_in_grpo: bool = True,
-    config: Any = None,
+    gdpo_reward_keys: Optional[Sequence[str]] = None,
+    gdpo_reward_weights: Optional[Sequence[float]] = None,
     non_tensor_batch: Optional[dict] = None,
     **kwargs,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -53,12 +54,16 @@ def compute_gdpo_outcome_advantage(
         A   = whiten_batch(sum_k w_k A_k)
 
     Summing first (GRPO) lets a large-variance component drown the others; normalising each
-    first gives every component the same scale inside a group. Without keys in the config (or
-    without the batch's reward outputs) it is GRPO on ``token_level_rewards`` then whitened.
+    first gives every component the same scale inside a group. Without keys (or without the
+    batch's reward outputs) it is GRPO on ``token_level_rewards`` then whitened.
 
     Args:
         token_level_rewards, response_mask: ``(bs, response_length)``.
         index: ``(bs,)`` prompt uids.
+        epsilon, norm_adv_by_std_in_grpo: as in :func:`compute_grpo_outcome_advantage`.
+        gdpo_reward_keys: ``algorithm.gdpo_reward_keys``, the components' keys (None or empty:
+            ``token_level_rewards`` is the one component).
+        gdpo_reward_weights: ``algorithm.gdpo_reward_weights``, one per component (None: 1 each).
         non_tensor_batch: the batch's non-tensor columns, holding each component per response.
 
     Returns:
@@ -68,8 +73,8 @@ def compute_gdpo_outcome_advantage(
         AlgorithmConfigError: the weights do not match the keys.
         AlgorithmInputError: a key is missing from the reward function's output (names it).
     """
-    keys = list(_knob(None, config, "gdpo_reward_keys", None) or [])
-    weights = _knob(None, config, "gdpo_reward_weights", None)
+    keys = list(gdpo_reward_keys or [])
+    weights = gdpo_reward_weights
     if keys and non_tensor_batch is not None:
         components = _component_scores(non_tensor_batch, keys, response_mask)
     else:

@@ -9,14 +9,14 @@ All group statistics come from :func:`compute_group_stats` (vectorised scatter s
 loop over groups). Registered on import of :mod:`hybridrl.algorithms.advantages`.
 """
 
-from typing import Any, NamedTuple, Optional, Sequence, Tuple
+from typing import NamedTuple, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from ..errors import AlgorithmConfigError, AlgorithmInputError
 from ..functional import masked_whiten
-from .base import _group_ids, _knob, _outcome_scores, register_adv_est
+from .base import group_ids, outcome_scores, register_adv_est
 
 
 class GroupStats(NamedTuple):
@@ -47,7 +47,7 @@ def compute_group_stats(scores: torch.Tensor, index: Sequence) -> GroupStats:
     Raises:
         AlgorithmInputError: ``index`` is None or does not have ``bs`` entries.
     """
-    group = _group_ids(index, scores.shape[0]).to(scores.device)
+    group = group_ids(index, scores.shape[0]).to(scores.device)
     num_groups = int(group.max().item()) + 1 if group.numel() else 0
     count = _group_reduce(torch.ones_like(scores), group, num_groups)
     mean = _group_reduce(scores, group, num_groups) / count
@@ -72,7 +72,6 @@ def compute_grpo_outcome_advantage(
     index: Sequence,
     epsilon: float = 1e-6,
     norm_adv_by_std_in_grpo: bool = True,
-    config: Any = None,
     **kwargs,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """GRPO outcome advantage: the response score normalised within its prompt's group.
@@ -99,7 +98,7 @@ def compute_grpo_outcome_advantage(
         AlgorithmInputError: ``index`` is missing or has the wrong length, shapes differ, or
             the rewards hold NaN/inf.
     """
-    scores = _outcome_scores(token_level_rewards, response_mask)
+    scores = outcome_scores(token_level_rewards, response_mask)
     with torch.no_grad():
         stats = compute_group_stats(scores, index)
         adv = scores - _baseline_or_zero(stats, stats.mean)
@@ -115,8 +114,7 @@ def compute_grpo_passk_outcome_advantage(
     response_mask: torch.Tensor,
     index: Sequence,
     epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: Optional[bool] = None,
-    config: Any = None,
+    norm_adv_by_std_in_grpo: bool = True,
     **kwargs,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Pass@k advantage: only the best response of each group learns, from its margin.
@@ -129,8 +127,8 @@ def compute_grpo_passk_outcome_advantage(
     In each group the best response gets ``A = r_max - r_second_max`` (divided by
     ``std_g + epsilon``, the unbiased group std, when ``norm_adv_by_std_in_grpo``); all other
     responses get 0. With a tie for the best, ``r_max == r_second_max`` and the whole group
-    gets 0. ``norm_adv_by_std_in_grpo`` defaults to ``config.norm_adv_by_std_in_grpo``
-    (verl reads it there), else True.
+    gets 0. ``norm_adv_by_std_in_grpo`` is ``algorithm.norm_adv_by_std_in_grpo`` (the driver
+    passes it; verl reads it from its ``config`` argument, swallowed here by ``**kwargs``).
 
     Group of one: there is no second response, so the margin is undefined; as in verl this
     raises (``rollout.n >= 2`` avoids it).
@@ -139,6 +137,7 @@ def compute_grpo_passk_outcome_advantage(
         token_level_rewards, response_mask: ``(bs, response_length)``.
         index: ``(bs,)`` prompt uids.
         epsilon: added to the std.
+        norm_adv_by_std_in_grpo: divide the margin by the group std.
 
     Returns:
         ``(advantages, returns)``, both ``(bs, response_length)``; ``returns == advantages``.
@@ -147,8 +146,7 @@ def compute_grpo_passk_outcome_advantage(
         AlgorithmInputError: a group has a single response, ``index`` is missing or has the
             wrong length, shapes differ, or the rewards hold NaN/inf.
     """
-    scores = _outcome_scores(token_level_rewards, response_mask)
-    norm = bool(_knob(norm_adv_by_std_in_grpo, config, "norm_adv_by_std_in_grpo", True))
+    scores = outcome_scores(token_level_rewards, response_mask)
     with torch.no_grad():
         stats = compute_group_stats(scores, index)
         single = (stats.count < 2).nonzero()
@@ -167,7 +165,7 @@ def compute_grpo_passk_outcome_advantage(
         others = torch.where(best, torch.full_like(scores, -torch.inf), scores)
         r_second = _group_reduce(others, g, n_g, "amax")
         adv = torch.where(best, scores - r_second[g], torch.zeros_like(scores))
-        if norm:
+        if norm_adv_by_std_in_grpo:
             adv = adv / (stats.std + epsilon)
         advantages = _broadcast(adv, response_mask)
     return advantages, advantages.clone()
@@ -179,7 +177,6 @@ def compute_rloo_outcome_advantage(
     response_mask: torch.Tensor,
     index: Sequence,
     epsilon: float = 1e-6,
-    config: Any = None,
     **kwargs,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """RLOO advantage: the score minus the mean score of the *other* responses to the prompt.
@@ -203,7 +200,7 @@ def compute_rloo_outcome_advantage(
         AlgorithmInputError: ``index`` is missing or has the wrong length, shapes differ, or
             the rewards hold NaN/inf.
     """
-    scores = _outcome_scores(token_level_rewards, response_mask)
+    scores = outcome_scores(token_level_rewards, response_mask)
     with torch.no_grad():
         stats = compute_group_stats(scores, index)
         n = stats.count
@@ -219,7 +216,6 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     response_mask: torch.Tensor,
     index: Sequence,
     epsilon: float = 1e-6,
-    config: Any = None,
     **kwargs,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++-baseline advantage: group-mean-centred score, whitened over the batch.
@@ -244,7 +240,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
         AlgorithmInputError: ``index`` is missing or has the wrong length, shapes differ, the
             rewards hold NaN/inf, or the mask has no valid token.
     """
-    scores = _outcome_scores(token_level_rewards, response_mask)
+    scores = outcome_scores(token_level_rewards, response_mask)
     with torch.no_grad():
         stats = compute_group_stats(scores, index)
         mask = response_mask.to(scores.dtype)
@@ -259,7 +255,6 @@ def compute_opo_outcome_advantage(
     response_mask: torch.Tensor,
     index: Sequence,
     epsilon: float = 1e-6,
-    config: Any = None,
     **kwargs,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """OPO advantage: the score minus a length-weighted group baseline.
@@ -284,7 +279,7 @@ def compute_opo_outcome_advantage(
         AlgorithmInputError: ``index`` is missing or has the wrong length, shapes differ, or
             the rewards hold NaN/inf.
     """
-    scores = _outcome_scores(token_level_rewards, response_mask)
+    scores = outcome_scores(token_level_rewards, response_mask)
     with torch.no_grad():
         stats = compute_group_stats(scores, index)
         lengths = response_mask.to(scores.dtype).sum(dim=-1)
@@ -302,7 +297,6 @@ def compute_gpg_outcome_advantage(
     index: Sequence,
     epsilon: float = 1e-6,
     f_norm: float = 1.0,
-    config: Any = None,
     **kwargs,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """GPG advantage: group-mean-centred score, rescaled by the share of rewarded responses.
@@ -332,7 +326,7 @@ def compute_gpg_outcome_advantage(
     """
     if not f_norm > 0:
         raise AlgorithmConfigError(f"gpg: f_norm={f_norm!r} must be a positive number (1.0 is GPG's value)")
-    scores = _outcome_scores(token_level_rewards, response_mask)
+    scores = outcome_scores(token_level_rewards, response_mask)
     with torch.no_grad():
         stats = compute_group_stats(scores, index)
         alpha = scores.shape[0] / torch.count_nonzero(scores).clamp_min(1).to(scores.dtype)

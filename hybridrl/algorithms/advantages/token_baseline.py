@@ -10,7 +10,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 from ..errors import AlgorithmInputError
-from .base import _group_ids, register_adv_est
+from .base import group_ids, register_adv_est
 
 __all__ = ["compute_optimal_token_baseline_advantage", "compute_multi_turn_optimal_token_baseline_advantage"]
 
@@ -88,7 +88,7 @@ def compute_optimal_token_baseline_advantage(
         w_steps, g_steps = _compact(w_cum, mask, rank, steps), _compact(returns, mask, rank, steps)
         reach = torch.arange(steps, device=mask.device)[None, :] < lengths[:, None]
         baseline = torch.zeros_like(g_steps)
-        group = _group_ids(index, mask.shape[0]).to(mask.device)
+        group = group_ids(index, mask.shape[0]).to(mask.device)
         for g in group.unique():
             rows = (group == g).nonzero(as_tuple=True)[0]
             if rows.numel() < 2:

@@ -1,12 +1,12 @@
 """Token-level advantage estimators: GAE (PPO), REINFORCE++ and ReMax."""
 
-from typing import Any, Optional, Tuple
+from typing import Tuple
 
 import torch
 
 from ..errors import AlgorithmInputError
 from ..functional import masked_whiten
-from .base import _check_finite, _check_same_shape, _describe, _float_dtype, _knob, register_adv_est
+from .base import advantage_dtype, check_input_finite, check_same_shape, describe_shape, register_adv_est
 
 
 @register_adv_est("gae", needs_values=True)
@@ -49,16 +49,16 @@ def compute_gae_advantage_return(
         AlgorithmInputError: ``values`` is None, shapes differ, a tensor holds NaN/inf, or the
             mask has no valid token.
     """
-    _check_same_shape(
+    check_same_shape(
         "values",
         values,
         response_mask,
         "the gae estimator needs the critic's values (bs, response_length); run "
         "critic_wg.compute_values before compute_advantage",
     )
-    _check_same_shape("token_level_rewards", token_level_rewards, response_mask)
+    check_same_shape("token_level_rewards", token_level_rewards, response_mask)
     with torch.no_grad():
-        values = values.to(_float_dtype(values))
+        values = values.to(advantage_dtype(values))
         mask = response_mask.to(values.dtype)
         rewards = token_level_rewards.to(values.dtype)
         next_value = torch.zeros_like(values[:, 0])
@@ -82,8 +82,7 @@ def compute_gae_advantage_return(
 def compute_reinforce_plus_plus_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
-    config: Any = None,
-    gamma: Optional[float] = None,
+    gamma: float = 1.0,
     **kwargs,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ advantage: discounted return-to-go, whitened over the batch.
@@ -105,8 +104,9 @@ def compute_reinforce_plus_plus_outcome_advantage(
     Args:
         token_level_rewards: ``(bs, response_length)`` rewards per token.
         response_mask: ``(bs, response_length)`` 1 for tokens the policy generated.
-        config: the ``algorithm`` section; ``gamma`` is read from it when not passed.
-        gamma: discount factor; default ``config.gamma``, else 1.0.
+        gamma: discount factor (``algorithm.gamma``; the driver passes it). verl reads it from its
+            ``config`` argument (``AlgoConfig``); here it is a plain value, and a ``config``
+            keyword is swallowed by ``**kwargs`` unread.
 
     Returns:
         ``(advantages, returns)``, both ``(bs, response_length)`` and 0 at masked positions.
@@ -114,10 +114,10 @@ def compute_reinforce_plus_plus_outcome_advantage(
     Raises:
         AlgorithmInputError: shapes differ, rewards hold NaN/inf, or the mask has no valid token.
     """
-    _check_same_shape("token_level_rewards", token_level_rewards, response_mask)
-    gamma = float(_knob(gamma, config, "gamma", 1.0))
+    check_same_shape("token_level_rewards", token_level_rewards, response_mask)
+    gamma = float(gamma)
     with torch.no_grad():
-        rewards = token_level_rewards.to(_float_dtype(token_level_rewards))
+        rewards = token_level_rewards.to(advantage_dtype(token_level_rewards))
         mask = response_mask.to(rewards.dtype)
         running = torch.zeros_like(rewards[:, 0])
         reversed_returns = []
@@ -134,7 +134,6 @@ def compute_remax_outcome_advantage(
     token_level_rewards: torch.Tensor,
     reward_baselines: torch.Tensor,
     response_mask: torch.Tensor,
-    config: Any = None,
     **kwargs,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """ReMax advantage: return-to-go minus the reward of the greedy response.
@@ -159,7 +158,7 @@ def compute_remax_outcome_advantage(
         AlgorithmInputError: ``reward_baselines`` is None or not ``(bs,)``, shapes differ, or a
             tensor holds NaN/inf.
     """
-    _check_same_shape("token_level_rewards", token_level_rewards, response_mask)
+    check_same_shape("token_level_rewards", token_level_rewards, response_mask)
     bs = response_mask.shape[0]
     if reward_baselines is None:
         raise AlgorithmInputError(
@@ -169,12 +168,12 @@ def compute_remax_outcome_advantage(
         )
     if not isinstance(reward_baselines, torch.Tensor) or tuple(reward_baselines.shape) != (bs,):
         raise AlgorithmInputError(
-            f"reward_baselines has shape {_describe(reward_baselines)}; it must be ({bs},): one "
+            f"reward_baselines has shape {describe_shape(reward_baselines)}; it must be ({bs},): one "
             "greedy reward per response"
         )
-    _check_finite("reward_baselines", reward_baselines, "check the reward of the greedy responses")
+    check_input_finite("reward_baselines", reward_baselines, "check the reward of the greedy responses")
     with torch.no_grad():
-        rewards = token_level_rewards.to(_float_dtype(token_level_rewards))
+        rewards = token_level_rewards.to(advantage_dtype(token_level_rewards))
         mask = response_mask.to(rewards.dtype)
         returns = (rewards * mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1]) * mask
         advantages = (returns - reward_baselines.to(rewards.dtype).unsqueeze(-1)) * mask

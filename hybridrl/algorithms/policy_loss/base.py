@@ -12,7 +12,7 @@ import torch
 from hybridrl.registry import Registry
 
 from ..errors import AlgorithmConfigError, AlgorithmInputError, UnknownAlgorithmError
-from ..functional import LOSS_AGG_MODES, Number, _unknown_agg_mode
+from ..functional import LOSS_AGG_MODES, Number, unknown_agg_mode
 from ..rollout_corr import RolloutCorrectionConfig
 
 logger = logging.getLogger(__name__)
@@ -210,7 +210,7 @@ def note_fixed_aggregation(loss_mode: str, loss_agg_mode: str, used: str) -> Non
         UnknownAlgorithmError: unknown ``loss_agg_mode`` (it still drives the entropy/KL terms).
     """
     if loss_agg_mode not in LOSS_AGG_MODES:
-        raise _unknown_agg_mode(loss_agg_mode)
+        raise unknown_agg_mode(loss_agg_mode)
     if loss_agg_mode != used and (loss_mode, loss_agg_mode) not in _LOGGED_FIXED_AGG:
         _LOGGED_FIXED_AGG.add((loss_mode, loss_agg_mode))
         logger.warning(
