@@ -10,11 +10,10 @@ weights, and both refuse the features whose meaning the schedule would change si
 from __future__ import annotations
 
 from hybridrl.algorithms.advantages import estimator_needs
-from hybridrl.algorithms.rollout_corr import SECTION
+from hybridrl.algorithms.rollout_corr import SECTION, RolloutCorrectionConfig
 from hybridrl.config.key_tables import ACTOR, ROLLOUT
 from hybridrl.errors import ConfigError
 from hybridrl.trainer.ppo_config import TRAINER_MODES, V1Config
-from hybridrl.trainer.rollout_correction import rollout_correction_config
 
 __all__ = ["check_async_modes", "check_trainer_mode", "check_one_step_off", "check_rollout_pool_without_async"]
 
@@ -23,17 +22,20 @@ MODE_KEY = "trainer.v1.trainer_mode"
 assert TRAINER_MODES[0] == "sync"  # the one mode that is not asynchronous
 
 
-def check_async_modes(config) -> list[str]:
+def check_async_modes(config, corr: RolloutCorrectionConfig) -> list[str]:
     """Checks ``trainer.one_step_off_policy`` and ``trainer.v1.*``; returns the start-up notes.
+    ``corr`` is the run's typed ``algorithm.rollout_correction`` (whether something corrects for
+    the samples' age).
 
     Raises:
         ConfigError: as :func:`check_one_step_off` and :func:`check_trainer_mode`.
     """
-    return check_one_step_off(config) + check_trainer_mode(config)
+    return check_one_step_off(config, corr) + check_trainer_mode(config, corr)
 
 
-def check_trainer_mode(config) -> list[str]:
-    """Checks ``trainer.v1.trainer_mode`` and, for the fully asynchronous modes, what they run with.
+def check_trainer_mode(config, corr: RolloutCorrectionConfig) -> list[str]:
+    """Checks ``trainer.v1.trainer_mode`` and, for the fully asynchronous modes, what they run with
+    (``corr``: the typed ``algorithm.rollout_correction``).
 
     Returns:
         list[str]: a note when nothing corrects for the samples' age.
@@ -84,7 +86,7 @@ def check_trainer_mode(config) -> list[str]:
             f"{MODE_KEY}={mode} with algorithm.adv_estimator={estimator}: its greedy baselines would "
             f"come from other weights than its samples; set {MODE_KEY}=sync or change algorithm.adv_estimator"
         )
-    return _correction_notes(config, f"{MODE_KEY}={mode}: samples may be several updates old")
+    return _correction_notes(corr, f"{MODE_KEY}={mode}: samples may be several updates old")
 
 
 def check_rollout_pool_without_async(config) -> None:
@@ -134,8 +136,9 @@ def _check_parameter_sync_step(config, mode: str) -> None:
             )
 
 
-def check_one_step_off(config) -> list[str]:
-    """Checks ``trainer.one_step_off_policy`` and what it runs with.
+def check_one_step_off(config, corr: RolloutCorrectionConfig) -> list[str]:
+    """Checks ``trainer.one_step_off_policy`` and what it runs with (``corr``: the typed
+    ``algorithm.rollout_correction``).
 
     Returns:
         list[str]: a note when nothing corrects for the samples' age (no rollout correction).
@@ -165,11 +168,10 @@ def check_one_step_off(config) -> list[str]:
             "update newer than its samples; use grpo, rloo or reinforce_plus_plus, or set "
             f"{KEY}=false"
         )
-    return _correction_notes(config, f"{KEY}=true: every batch after the first was sampled by weights one update old")
+    return _correction_notes(corr, f"{KEY}=true: every batch after the first was sampled by weights one update old")
 
 
-def _correction_notes(config, what: str) -> list[str]:
-    corr = rollout_correction_config(config)
+def _correction_notes(corr: RolloutCorrectionConfig, what: str) -> list[str]:
     if corr.corrects or corr.bypass_mode:
         return []
     return [

@@ -17,7 +17,6 @@ from typing import Any, Callable
 
 import torch
 
-from hybridrl.algorithms.config import algo_config
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.manager import RewardFunctionError
 from hybridrl.rewards.pool import START_TIMEOUT_S, check_num_workers
@@ -29,7 +28,7 @@ __all__ = ["PendingReward", "reward_deadline_s", "scores_async"]
 def scores_async(config) -> bool:
     """Whether the trainer scores in a thread: ``launch_reward_fn_async`` without dynamic sampling."""
     launch = bool(config.reward_model.launch_reward_fn_async)
-    return launch and not algo_config(config).filter_groups.enable
+    return launch and not config.algorithm.filter_groups.enable
 
 
 def reward_deadline_s(config, n_samples: int) -> float:

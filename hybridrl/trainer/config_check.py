@@ -17,10 +17,11 @@ import re
 from hybridrl.agents import known_agent_loops
 from hybridrl.algorithms import functional
 from hybridrl.algorithms.advantages import ADV_ESTIMATOR_NEEDS_GROUP, ADV_ESTIMATOR_REGISTRY
+from hybridrl.algorithms.config import AlgoConfig, algo_config
 from hybridrl.algorithms.errors import AlgorithmConfigError, UnknownAlgorithmError
 from hybridrl.algorithms.kl import kl_penalty_names
 from hybridrl.algorithms.policy_loss import POLICY_LOSS_REGISTRY
-from hybridrl.algorithms.rollout_corr import SECTION
+from hybridrl.algorithms.rollout_corr import SECTION, RolloutCorrectionConfig
 from hybridrl.config.batch_sizes import check_batch_sizes
 from hybridrl.config.defaults import packaged_defaults
 from hybridrl.config.key_tables import ACTOR, ROLLOUT
@@ -33,7 +34,6 @@ from hybridrl.rewards.manager import REWARD_MANAGERS
 from hybridrl.rewards.pool import check_num_workers
 from hybridrl.trainer.async_modes import check_async_modes
 from hybridrl.trainer.ppo_config import PPOConfig, typed_ppo_config
-from hybridrl.trainer.rollout_correction import rollout_correction_config
 from hybridrl.trainer.step_plan import needs_critic
 from hybridrl.trainer.tracking import available_loggers
 from hybridrl.workers.actor import build_policy_loss_config
@@ -48,7 +48,7 @@ NOT_YET_SUPPORTED: dict[str, str] = marked_keys(PPOConfig, REFUSED)
 _UNSET = object()  # "the packaged defaults have no such key"
 
 
-def validate_ppo_config(config, world_size: int = 1) -> list[str]:
+def validate_ppo_config(config, world_size: int = 1, algo: AlgoConfig | None = None) -> list[str]:
     """Check a composed PPO/GRPO config before any worker starts.
 
     Args:
@@ -56,6 +56,8 @@ def validate_ppo_config(config, world_size: int = 1) -> list[str]:
             or the composed DictConfig from :func:`hybridrl.config.load_config`, typed here.
         world_size: number of data-parallel workers (``trainer.nnodes * trainer.n_gpus_per_node``
             as the caller resolved it); the batch-size rules divide by it.
+        algo: the ``algorithm`` section as the caller typed it (``run_ppo`` types it once);
+            None types it here.
 
     Returns:
         list[str]: one note per key that is set to a non-default value but means nothing on this
@@ -70,15 +72,16 @@ def validate_ppo_config(config, world_size: int = 1) -> list[str]:
             f"world_size={world_size!r} must be an integer >= 1 (trainer.nnodes x trainer.n_gpus_per_node)"
         )
     config = _typed(config)
+    algo = algo if algo is not None else _typed_algorithm(config)
     uses_critic = needs_critic(config)
-    _check_values(config, uses_critic)
+    _check_values(config, algo, uses_critic)
     _check_registered_names(config)
     _check_not_yet_supported(config)
     _check_lora_package(config, uses_critic)
     _check_reward_model(config.reward_model)
     scoring_notes = _check_reward_scoring(config)
     _check_rollout_engine(config.actor_rollout_ref.rollout, world_size)
-    async_notes = check_async_modes(config)
+    async_notes = check_async_modes(config, algo.rollout_correction)
     _check_multi_turn(config)
     sp_notes = check_sequence_parallel(config, world_size, uses_critic)
     check_batch_sizes(config, world_size, uses_critic)
@@ -95,6 +98,15 @@ def _typed(config):
         raise ConfigError(str(exc)) from None
 
 
+def _typed_algorithm(config) -> AlgoConfig:
+    """The ``algorithm`` section as an :class:`AlgoConfig` (its rules held when ``config`` was
+    typed), built once for the checks that use its methods (``rollout_correction.corrects``)."""
+    try:
+        return algo_config(config)
+    except (AlgorithmConfigError, UnknownAlgorithmError) as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def _choices(config, uses_critic: bool) -> dict[str, tuple]:
     """key -> (value, allowed values) of the keys whose values a module registers: the loss
     aggregation modes (read now: an external module may add modes)."""
@@ -104,14 +116,14 @@ def _choices(config, uses_critic: bool) -> dict[str, tuple]:
     return choices
 
 
-def _check_values(config, uses_critic: bool) -> None:
+def _check_values(config, algo: AlgoConfig, uses_critic: bool) -> None:
     """Rules that reach beyond one section (each section's own ran when it was typed)."""
     for key, (value, allowed) in _choices(config, uses_critic).items():
         one_of(key, value, allowed)
     if uses_critic:
         CriticConfig.validate(config.critic)  # the run's section is a structured DictConfig
     _check_policy_loss_knobs(config)
-    _check_rollout_correction(config)
+    _check_rollout_correction(config, algo.rollout_correction)
     _check_dapo(config)
     _check_token_baseline(config)
     if config.trainer.device == "cuda":
@@ -132,10 +144,9 @@ def _check_policy_loss_knobs(config) -> None:
         raise ConfigError(str(exc)) from None
 
 
-def _check_rollout_correction(config) -> None:
-    """``algorithm.rollout_correction``: the engine log-probs it needs, and the loss bypass mode
-    replaces (its own values were checked when it was typed)."""
-    corr = rollout_correction_config(config)
+def _check_rollout_correction(config, corr: RolloutCorrectionConfig) -> None:
+    """``algorithm.rollout_correction`` (``corr``, typed): the engine log-probs it needs, and the
+    loss bypass mode replaces (its own values were checked when it was typed)."""
     loss_mode = config.actor_rollout_ref.actor.policy_loss.loss_mode
     if loss_mode == "bypass_mode" and not corr.bypass_mode:
         raise ConfigError(

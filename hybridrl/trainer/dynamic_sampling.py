@@ -19,8 +19,7 @@ from typing import NoReturn
 import numpy as np
 
 from hybridrl.algorithms.errors import AlgorithmInputError
-from hybridrl.protocol import DataProto
-from hybridrl.protocol import concat_padded
+from hybridrl.protocol import DataProto, concat_padded
 
 __all__ = ["DynamicSampler", "DynamicSamplingError", "kept_group_rows", "TENSOR_METRICS"]
 

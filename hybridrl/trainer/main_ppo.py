@@ -29,7 +29,7 @@ from hybridrl.trainer.plan_cli import startup_line
 from hybridrl.trainer.ppo_config import typed_ppo_config
 from hybridrl.trainer.ppo_trainer import PPOTrainer
 from hybridrl.trainer.rollout_correction import share_rollout_correction
-from hybridrl.trainer.step_plan import needs_critic, needs_reference_policy
+from hybridrl.trainer.step_plan import StepPlan, make_step_plan
 from hybridrl.trainer.tracking import tracker_for_run
 from hybridrl.trainer.worker_groups import build_worker_groups, resolve_backend, rollout_pool_spec
 
@@ -41,7 +41,7 @@ def _build_dataloaders(config, tokenizer):
     train_dataset = RLHFDataset(data_cfg.train_files, tokenizer, data_cfg, config_key="data.train_files")
     if not config.reward_model.enable:
         _check_ground_truth_column(train_dataset, "data.train_files")
-    filtering = algo_config(config).filter_groups.enable  # DAPO's dynamic sampling
+    filtering = config.algorithm.filter_groups.enable  # DAPO's dynamic sampling
     train_dataloader = create_rl_dataloader(
         train_dataset,
         batch_size=(filtering and data_cfg.gen_batch_size) or data_cfg.train_batch_size,
@@ -119,15 +119,17 @@ def run_ppo(config) -> None:
     # A module named here may register estimators, losses or KL forms: import it before the
     # start-up check looks their names up.
     import_external_lib(config.actor_rollout_ref.model.external_lib)
-    for note in validate_ppo_config(config, world_size=world_size):
+    algo = algo_config(config)  # the typed algorithm section, built once and handed down
+    for note in validate_ppo_config(config, world_size=world_size, algo=algo):
         print(f"hybridrl: note: {note}", flush=True)
     print_memory_plan(config)
     with run_folder_lock(config.trainer.default_local_dir):  # one run per folder: a second one stops here
-        _train(config)
+        _train(config, make_step_plan(config, algo))
 
 
-def _train(config) -> None:
-    """The run of :func:`run_ppo` once its config is checked and its folder locked."""
+def _train(config, plan: StepPlan) -> None:
+    """The run of :func:`run_ppo` once its config is checked and its folder locked; ``plan``
+    says which roles the run needs (a critic, a reference policy)."""
     import torch
 
     torch.manual_seed(config.data.seed)
@@ -160,8 +162,8 @@ def _train(config) -> None:
         raise
     groups = build_worker_groups(
         config,
-        use_critic=needs_critic(config),
-        use_reference=needs_reference_policy(config),
+        use_critic=plan.use_critic,
+        use_reference=plan.use_reference_policy,
         use_reward_model=bool(config.reward_model.enable),
         total_training_steps=total_steps,
     )

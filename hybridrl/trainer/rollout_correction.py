@@ -9,13 +9,11 @@ the rejection from the current policy. The formulas are in :mod:`hybridrl.algori
 
 from __future__ import annotations
 
-from hybridrl.algorithms.config import algo_config
 from hybridrl.algorithms.errors import AlgorithmInputError
 from hybridrl.algorithms.rollout_corr import RolloutCorrectionConfig, compute_rollout_correction_and_rejection_mask
 from hybridrl.protocol import DataProto
 
 __all__ = [
-    "rollout_correction_config",
     "share_rollout_correction",
     "apply_bypass_mode",
     "compute_rollout_correction_and_add_to_batch",
@@ -29,18 +27,13 @@ class RolloutCorrectionError(AlgorithmInputError):
     """A batch lacks the rollout log-probs that rollout correction needs."""
 
 
-def rollout_correction_config(config) -> RolloutCorrectionConfig:
-    """The run's ``algorithm.rollout_correction`` (defaults when the section is absent)."""
-    return algo_config(config).rollout_correction
-
-
 def share_rollout_correction(config) -> None:
     """Copies ``algorithm.rollout_correction`` to ``actor_rollout_ref.actor.policy_loss`` (the
     actor workers see only ``actor_rollout_ref``) and, in bypass mode, selects the ``bypass_mode``
     loss, as verl's trainer does (``policy_loss.rollout_correction`` is a field of the typed config)."""
     policy_loss = config.actor_rollout_ref.actor.policy_loss
     policy_loss.rollout_correction = config.algorithm.rollout_correction
-    if rollout_correction_config(config).bypass_mode:
+    if config.algorithm.rollout_correction.bypass_mode:
         policy_loss.loss_mode = "bypass_mode"
 
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybridrl.algorithms.advantages import estimator_needs
-from hybridrl.algorithms.config import algo_config
+from hybridrl.algorithms.config import AlgoConfig, algo_config
 from hybridrl.algorithms.kl import FULL_KL
-from hybridrl.trainer.rollout_correction import rollout_correction_config
 
 __all__ = [
     "StepPlan",
@@ -59,7 +58,10 @@ class StepPlan:
 
 
 def needs_critic(config) -> bool:
-    """The estimator needs a learned value baseline (``needs_values``: GAE); the group-based ones do not."""
+    """The estimator needs a learned value baseline (``needs_values``: GAE); the group-based ones do not.
+
+    The one place that decides whether a run builds and trains a critic: the start-up check, the
+    memory plan, the worker groups and :attr:`StepPlan.use_critic` all ask it."""
     return estimator_needs(config.algorithm.adv_estimator, "needs_values")
 
 
@@ -68,7 +70,7 @@ def needs_reference_policy(config) -> bool:
     return bool(config.algorithm.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss)
 
 
-def reuses_update_log_probs(config) -> bool:
+def reuses_update_log_probs(config, algo: AlgoConfig) -> bool:
     """True when each batch makes exactly one optimizer step and nothing reads the old log-probs
     before it: then ``old_log_probs`` equal the update's own log-probs (detached), and the
     separate ``compute_log_prob`` pass is skipped (``actor.skip_on_policy_old_log_prob``).
@@ -80,27 +82,41 @@ def reuses_update_log_probs(config) -> bool:
     comes from it). Bypass mode needs it never (see :func:`make_step_plan`). With
     ``trainer.one_step_off_policy`` or an asynchronous ``trainer.v1.trainer_mode`` no batch is on
     policy (its samples are one or more updates old), so the pass always runs.
+
+    Args:
+        config: the run's ``ppo_trainer`` config.
+        algo: its typed ``algorithm`` section (:func:`~hybridrl.algorithms.config.algo_config`).
     """
     actor = config.actor_rollout_ref.actor
-    corrects_before_update = rollout_correction_config(config).corrects  # weights/rejection read old_log_probs
+    corrects_before_update = algo.rollout_correction.corrects  # weights/rejection read old_log_probs
     if config.trainer.one_step_off_policy or config.trainer.v1.trainer_mode != "sync":
         return False
     return bool(
         actor.skip_on_policy_old_log_prob
         and int(actor.ppo_epochs) == 1
         and int(actor.ppo_mini_batch_size) >= int(config.data.train_batch_size)
-        and not config.algorithm.use_kl_in_reward
+        and not algo.use_kl_in_reward
         and not corrects_before_update
         and not actor.calculate_sum_pi_squared
     )  # the pass makes sum_pi_squared
 
 
-def make_step_plan(config) -> StepPlan:
-    """The plan of a run's steps (a resolved ``ppo_trainer`` config)."""
-    algo, actor = algo_config(config), config.actor_rollout_ref.actor
+def make_step_plan(config, algo: AlgoConfig | None = None) -> StepPlan:
+    """The plan of a run's steps.
+
+    Args:
+        config: a resolved ``ppo_trainer`` config.
+        algo: its typed ``algorithm`` section, typed once by the caller; None types it here
+            (kept for callers that do not hand it yet).
+
+    Raises:
+        ConfigError, AlgorithmConfigError: only when ``algo`` is None and the section is invalid.
+    """
+    algo = algo if algo is not None else algo_config(config)
+    actor = config.actor_rollout_ref.actor
     if algo.rollout_correction.bypass_mode:
         old_log_probs = "rollout"
-    elif reuses_update_log_probs(config):
+    elif reuses_update_log_probs(config, algo):
         old_log_probs = "update"
     else:
         old_log_probs = "compute"

@@ -53,16 +53,16 @@ def test_compute_advantage_stops_on_non_finite_input_naming_tensor_and_step():
 
 
 def test_reuses_update_log_probs_only_for_a_single_on_policy_step():
+    from hybridrl.algorithms.config import algo_config
     from hybridrl.config import load_config
     from hybridrl.trainer.step_plan import reuses_update_log_probs
 
+    def reuses(config):
+        return reuses_update_log_probs(config, algo_config(config))
+
     base = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]
-    assert reuses_update_log_probs(load_config(base))
-    assert not reuses_update_log_probs(load_config(base + ["actor_rollout_ref.actor.ppo_epochs=2"]))
-    assert not reuses_update_log_probs(
-        load_config(["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4"])
-    )
-    assert not reuses_update_log_probs(load_config(base + ["algorithm.use_kl_in_reward=true"]))
-    assert not reuses_update_log_probs(
-        load_config(base + ["actor_rollout_ref.actor.skip_on_policy_old_log_prob=false"])
-    )
+    assert reuses(load_config(base))
+    assert not reuses(load_config(base + ["actor_rollout_ref.actor.ppo_epochs=2"]))
+    assert not reuses(load_config(["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4"]))
+    assert not reuses(load_config(base + ["algorithm.use_kl_in_reward=true"]))
+    assert not reuses(load_config(base + ["actor_rollout_ref.actor.skip_on_policy_old_log_prob=false"]))

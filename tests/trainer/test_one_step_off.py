@@ -76,11 +76,14 @@ def test_without_correction_a_note_recommends_verls_setting():
 
 
 def test_the_old_log_prob_pass_always_runs():
+    from hybridrl.algorithms.config import algo_config
     from hybridrl.trainer.step_plan import reuses_update_log_probs
 
     on_policy = ["actor_rollout_ref.actor.ppo_mini_batch_size=8"]  # one update per batch: the pass could be skipped
-    assert reuses_update_log_probs(load_config(BASE + on_policy))
-    assert not reuses_update_log_probs(load_config(BASE + on_policy + [ONE_STEP_OFF]))
+    config = load_config(BASE + on_policy)
+    assert reuses_update_log_probs(config, algo_config(config))
+    config = load_config(BASE + on_policy + [ONE_STEP_OFF])
+    assert not reuses_update_log_probs(config, algo_config(config))
 
 
 # ---------------------------------------------------------------- the prefetch machinery (no model)

@@ -3,6 +3,7 @@
 import pytest
 
 from hybridrl.algorithms.advantages import ADV_ESTIMATORS, register_adv_est
+from hybridrl.algorithms.config import algo_config
 from hybridrl.config import ConfigError, load_config
 from hybridrl.trainer.async_modes import check_async_modes, check_one_step_off
 from hybridrl.trainer.step_plan import make_step_plan
@@ -73,7 +74,7 @@ def test_asynchronous_modes_refuse_any_estimator_that_needs_greedy_baselines(est
         ["trainer.one_step_off_policy=true", "actor_rollout_ref.rollout.name=vllm", f"algorithm.adv_estimator={name}"]
     )
     with pytest.raises(ConfigError, match=f"algorithm.adv_estimator={name}: its greedy baselines"):
-        check_one_step_off(off)
+        check_one_step_off(off, algo_config(off).rollout_correction)
     stream = load_config(
         [
             "trainer.v1.trainer_mode=separate_async",
@@ -83,4 +84,4 @@ def test_asynchronous_modes_refuse_any_estimator_that_needs_greedy_baselines(est
         ]
     )
     with pytest.raises(ConfigError, match=f"algorithm.adv_estimator={name}: its greedy baselines"):
-        check_async_modes(stream)
+        check_async_modes(stream, algo_config(stream).rollout_correction)
