@@ -201,14 +201,7 @@ class PPOTrainer:
                 PendingReward(batch, self.reward_fn, reward_deadline_s(cfg, len(batch))) if self.reward_async else None
             )
 
-            entropys = None
-            if self.plan.old_log_probs == "rollout":  # bypass mode: the rollout log-probs are the old ones
-                apply_bypass_mode(batch)
-            elif self.plan.old_log_probs == "compute":  # else ("update") the update reports actor/entropy
-                with marked_timer("old_log_prob", timing_raw):
-                    old_log_prob = self.actor_rollout_wg.compute_log_prob(batch)
-                    entropys = old_log_prob.batch.pop("entropys")
-                    batch = batch.union(old_log_prob)
+            batch, entropys = self.old_log_probs(batch, timing_raw)
 
             if self.plan.ref_log_prob:
                 with marked_timer("ref", timing_raw):
@@ -234,19 +227,7 @@ class PPOTrainer:
             # before the update: its weight sync may be the last call a failing rollout pool answers
             self.collect_memory_metrics(metrics)
             batch = self.update(batch, metrics, timing_raw)
-            if (
-                "rollout_log_probs" in batch.batch.keys()
-                and "old_log_probs" in batch.batch.keys()
-                and not self.rollout_correction.bypass_mode
-            ):  # bypass: the actor reports the gap
-                mismatch = (
-                    batch.batch["old_log_probs"],
-                    batch.batch["rollout_log_probs"],
-                    batch.batch["response_mask"],
-                )
-                metrics.update(compute_rollout_probs_diff_metrics(*mismatch))
-                if not self.rollout_correction.corrects:  # else logged with the correction
-                    metrics.update(compute_offpolicy_metrics(*mismatch))
+            self.rollout_mismatch_metrics(batch, metrics)
 
         metrics.update(compute_data_metrics(batch, use_critic=self.plan.use_critic))
         dump_rollouts(cfg.trainer, batch, self.tokenizer, self.global_steps, reward_extra_info)
@@ -254,6 +235,31 @@ class PPOTrainer:
         metrics.update(compute_throughput_metrics(batch, timing_raw, n_devices=self.n_workers))
         metrics.update(self.schedule.step_metrics(timing_raw))
         return metrics
+
+    def old_log_probs(self, batch: DataProto, timing_raw: dict) -> tuple[DataProto, torch.Tensor | None]:
+        """``(batch, entropys)``: the batch with ``old_log_probs`` where the step plan says they come
+        from: the rollout's (bypass mode), a log-prob pass (with the ``entropys``), or (None) the
+        update's own, which reports ``actor/entropy`` itself."""
+        if self.plan.old_log_probs == "rollout":  # bypass mode: the rollout log-probs are the old ones
+            apply_bypass_mode(batch)
+        elif self.plan.old_log_probs == "compute":  # else ("update") the update reports actor/entropy
+            with marked_timer("old_log_prob", timing_raw):
+                old_log_prob = self.actor_rollout_wg.compute_log_prob(batch)
+                entropys = old_log_prob.batch.pop("entropys")
+                return batch.union(old_log_prob), entropys
+        return batch, None
+
+    def rollout_mismatch_metrics(self, batch: DataProto, metrics: dict) -> None:
+        """The gap between the engine's and the trainer's log-probs (``training/rollout_probs_diff_*``,
+        and the off-policy metrics when nothing corrects for it) into ``metrics``; in bypass mode
+        the actor reports it."""
+        keys = batch.batch.keys()
+        if "rollout_log_probs" not in keys or "old_log_probs" not in keys or self.rollout_correction.bypass_mode:
+            return
+        mismatch = (batch.batch["old_log_probs"], batch.batch["rollout_log_probs"], batch.batch["response_mask"])
+        metrics.update(compute_rollout_probs_diff_metrics(*mismatch))
+        if not self.rollout_correction.corrects:  # else logged with the correction
+            metrics.update(compute_offpolicy_metrics(*mismatch))
 
     def compute_advantages(self, batch: DataProto, metrics: dict) -> DataProto:
         """``token_level_rewards`` (the scores, minus the KL penalty with ``use_kl_in_reward``), the
