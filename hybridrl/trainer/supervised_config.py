@@ -43,9 +43,10 @@ class MixedPrecisionConfig:
 
 
 @dataclass
-class OptimConfig:
-    """``optim``: AdamW, linear warmup over ``warmup_steps_ratio`` of the steps, then ``cosine``
-    (down to 0) or ``constant``; gradients clipped to ``clip_grad``."""
+class SupervisedOptimConfig:
+    """``optim`` of ``sft_trainer.yaml`` / ``rm_trainer.yaml`` (verl's SFT keys, not the PPO roles'
+    :class:`hybridrl.workers.config.OptimConfig`): AdamW, linear warmup over ``warmup_steps_ratio``
+    of the steps, then ``cosine`` (down to 0) or ``constant``; gradients clipped to ``clip_grad``."""
 
     lr: float = 1e-5
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
@@ -217,7 +218,7 @@ class SFTConfig:
 
     data: SFTDataConfig = field(default_factory=SFTDataConfig)
     model: SFTModelConfig = field(default_factory=SFTModelConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
+    optim: SupervisedOptimConfig = field(default_factory=SupervisedOptimConfig)
     ulysses_sequence_parallel_size: int = ignored(1, "no sequence parallelism in this build")
     use_remove_padding: bool = ignored(False, "micro batches are cut to their longest row instead (same results)")
     trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)
@@ -284,7 +285,7 @@ class RMConfig:
 
     data: RMDataConfig = field(default_factory=RMDataConfig)
     model: RMModelConfig = field(default_factory=RMModelConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
+    optim: SupervisedOptimConfig = field(default_factory=SupervisedOptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
     def __post_init__(self):
