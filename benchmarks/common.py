@@ -193,25 +193,28 @@ def build_hybridrl_grpo(settings: GRPOSettings, parquet_dir: str, steps: int, ex
     Returns ``(trainer, batches, groups)``: ``trainer.step(next(batches))`` runs one step.
     """
 
+    from hybridrl.algorithms.config import algo_config
     from hybridrl.config import load_config
     from hybridrl.data import RLHFDataset, create_rl_dataloader
     from hybridrl.models import load_tokenizer, resolve_model_path
     from hybridrl.rewards.manager import load_reward_manager
     from hybridrl.trainer.config_check import validate_ppo_config
     from hybridrl.trainer.ppo_trainer import PPOTrainer
-    from hybridrl.trainer.step_plan import needs_reference_policy
+    from hybridrl.trainer.step_plan import make_step_plan
     from hybridrl.trainer.worker_groups import build_worker_groups
 
     model_path = resolve_model_path(MODEL)
     config = load_config(settings.hybridrl_overrides(model_path, parquet_dir, steps) + list(extra_overrides))
-    for note in validate_ppo_config(config):
+    algo = algo_config(config)
+    for note in validate_ppo_config(config, algo=algo):
         print(f"hybridrl: note: {note}")
+    plan = make_step_plan(config, algo)
     torch.manual_seed(settings.seed)
     tokenizer = load_tokenizer(model_path)
     dataset = RLHFDataset(config.data.train_files, tokenizer, config.data)
     loader = create_rl_dataloader(dataset, batch_size=settings.prompts, shuffle=False, seed=settings.seed)
     groups = build_worker_groups(
-        config, use_critic=False, use_reference=needs_reference_policy(config), total_training_steps=steps
+        config, use_critic=False, use_reference=plan.use_reference_policy, total_training_steps=steps
     )
     trainer = PPOTrainer(
         config,
@@ -223,6 +226,8 @@ def build_hybridrl_grpo(settings: GRPOSettings, parquet_dir: str, steps: int, ex
         loader,
         None,
         steps,
+        algo=algo,
+        plan=plan,
         n_workers=1,
     )
     return trainer, iter(loader), groups

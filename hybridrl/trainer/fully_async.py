@@ -34,8 +34,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from hybridrl.protocol import DataProto
-from hybridrl.protocol import concat_padded
+from hybridrl.protocol import DataProto, concat_padded
 from hybridrl.trainer.metrics import marked_timer
 from hybridrl.workers.rollout.base import RolloutEngineError
 

@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 
-from hybridrl.algorithms.config import algo_config
+from hybridrl.algorithms.config import AlgoConfig, algo_config
 from hybridrl.data import RLHFDataset, collate_fn, create_rl_dataloader
 from hybridrl.data.dataloader import stateful_dataloader
 from hybridrl.data.errors import DataError
@@ -124,10 +124,10 @@ def run_ppo(config) -> None:
         print(f"hybridrl: note: {note}", flush=True)
     print_memory_plan(config)
     with run_folder_lock(config.trainer.default_local_dir):  # one run per folder: a second one stops here
-        _train(config, make_step_plan(config, algo))
+        _train(config, algo, make_step_plan(config, algo))
 
 
-def _train(config, plan: StepPlan) -> None:
+def _train(config, algo: AlgoConfig, plan: StepPlan) -> None:
     """The run of :func:`run_ppo` once its config is checked and its folder locked; ``plan``
     says which roles the run needs (a critic, a reference policy)."""
     import torch
@@ -178,6 +178,8 @@ def _train(config, plan: StepPlan) -> None:
             train_dataloader,
             val_dataloader,
             total_steps,
+            algo=algo,
+            plan=plan,
             n_workers=groups.world_size,
             rm_wg=groups.reward_model,
             rollout_wg=groups.rollout,

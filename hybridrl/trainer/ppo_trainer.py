@@ -13,7 +13,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from hybridrl.algorithms.config import algo_config
+from hybridrl.algorithms.config import AlgoConfig
 from hybridrl.algorithms.kl import apply_kl_penalty
 from hybridrl.algorithms.policy_loss import agg_loss
 from hybridrl.algorithms.rollout_corr import compute_offpolicy_metrics
@@ -45,7 +45,7 @@ from hybridrl.trainer.stages import (
     object_array,
     trim_left_padding,
 )
-from hybridrl.trainer.step_plan import make_step_plan
+from hybridrl.trainer.step_plan import StepPlan
 
 
 class PPOTrainer:
@@ -64,6 +64,9 @@ class PPOTrainer:
         train_dataloader,
         val_dataloader,
         total_training_steps: int,
+        *,
+        algo: AlgoConfig,
+        plan: StepPlan,
         n_workers: int = 1,
         rm_wg=None,
         rollout_wg=None,
@@ -81,8 +84,8 @@ class PPOTrainer:
         self.val_dataloader = val_dataloader
         self.total_training_steps = total_training_steps
         self.n_workers = n_workers
-        self.algo = algo_config(config)  # the typed algorithm section
-        self.plan = make_step_plan(config)  # which passes every step runs
+        self.algo = algo  # the typed algorithm section, typed once by run_ppo
+        self.plan = plan  # which passes every step runs, made once by run_ppo
         self.kl_ctrl_in_reward = self.algo.kl_ctrl.controller()
         self.rollout_correction = self.algo.rollout_correction
         self.dynamic_sampler = build_dynamic_sampler(config, tokenizer)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybridrl.algorithms.advantages import estimator_needs
-from hybridrl.algorithms.config import AlgoConfig, algo_config
+from hybridrl.algorithms.config import AlgoConfig
 from hybridrl.algorithms.kl import FULL_KL
 
 __all__ = [
@@ -101,18 +101,13 @@ def reuses_update_log_probs(config, algo: AlgoConfig) -> bool:
     )  # the pass makes sum_pi_squared
 
 
-def make_step_plan(config, algo: AlgoConfig | None = None) -> StepPlan:
+def make_step_plan(config, algo: AlgoConfig) -> StepPlan:
     """The plan of a run's steps.
 
     Args:
         config: a resolved ``ppo_trainer`` config.
-        algo: its typed ``algorithm`` section, typed once by the caller; None types it here
-            (kept for callers that do not hand it yet).
-
-    Raises:
-        ConfigError, AlgorithmConfigError: only when ``algo`` is None and the section is invalid.
+        algo: its typed ``algorithm`` section (``run_ppo`` types it once).
     """
-    algo = algo if algo is not None else algo_config(config)
     actor = config.actor_rollout_ref.actor
     if algo.rollout_correction.bypass_mode:
         old_log_probs = "rollout"

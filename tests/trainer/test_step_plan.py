@@ -12,7 +12,8 @@ ON_POLICY = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_
 
 
 def _plan(*overrides):
-    return make_step_plan(load_config([*ON_POLICY, *overrides]))
+    config = load_config([*ON_POLICY, *overrides])
+    return make_step_plan(config, algo_config(config))
 
 
 def test_grpo_on_policy_runs_no_critic_no_reference_and_reuses_the_update_log_probs():
