@@ -13,8 +13,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from hybridrl.protocol import DataProto
-from hybridrl.protocol import pad_dataproto_to_divisor, unpad_dataproto
+from hybridrl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 
 MAGIC_ATTR = "__hybridrl_register__"
 
