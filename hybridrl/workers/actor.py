@@ -10,6 +10,7 @@ With sequence parallelism it works on its SP group's rows and returns its own ro
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 
 import torch
@@ -17,7 +18,13 @@ import torch
 from hybridrl.algorithms.errors import AlgorithmConfigError, AlgorithmInputError, check_finite
 from hybridrl.algorithms.functional import sum_pi_squared_from_logits
 from hybridrl.algorithms.kl import FULL_KL, kl_full_from_logits, kl_penalty
-from hybridrl.algorithms.policy_loss import POLICY_LOSS_KEYS, PolicyLossConfig, agg_loss, get_policy_loss_fn
+from hybridrl.algorithms.policy_loss import (
+    POLICY_LOSS_KEYS,
+    ActorLossKnobs,
+    PolicyLossParams,
+    agg_loss,
+    get_policy_loss_fn,
+)
 from hybridrl.algorithms.rollout_corr import RolloutCorrectionConfig
 from hybridrl.models import to_torch_dtype
 from hybridrl.models.attention import use_ulysses_attention
@@ -44,29 +51,23 @@ def compute_dtype_of(fsdp_config) -> torch.dtype:
     return to_torch_dtype(fsdp_config.mixed_precision.param_dtype)
 
 
-def build_policy_loss_config(section) -> PolicyLossConfig:
-    """The policy-loss hyper-parameters of an ``actor_rollout_ref.actor`` section.
+def build_policy_loss_config(section) -> PolicyLossParams:
+    """What the policy loss reads (``config=``) from an ``actor_rollout_ref.actor`` section: its
+    ``policy_loss`` section and its loss keys (:class:`ActorLossKnobs`), flat.
 
     Knobs under ``policy_loss`` that are null keep :class:`PolicyLossConfig`'s defaults (verl's).
-    Raises ``AlgorithmConfigError`` for a value the losses cannot use; the start-up check calls
-    this too, so a bad value fails before any model loads.
+    Raises ``AlgorithmConfigError`` for a value the losses cannot use (the rules of
+    :class:`PolicyLossConfig` and :class:`ActorLossKnobs`); the start-up check calls this too, so
+    a bad value fails before any model loads.
     """
     policy_loss = section.policy_loss
     knobs = {key: getattr(policy_loss, key) for key in POLICY_LOSS_KEYS if getattr(policy_loss, key) is not None}
-    if policy_loss.loss_mode == "dro" and policy_loss.dro_beta is None:
-        raise AlgorithmConfigError(
-            "actor_rollout_ref.actor.policy_loss.loss_mode=dro needs policy_loss.dro_beta "
-            "(> 0, the weight of its quadratic log-ratio penalty); set it, e.g. 0.1"
-        )
+    actor_keys = {f.name: getattr(section, f.name) for f in dataclasses.fields(ActorLossKnobs)}
     correction = policy_loss.rollout_correction  # copied from algorithm.* by the driver
-    return PolicyLossConfig(
+    return PolicyLossParams(
+        loss_mode=policy_loss.loss_mode,
         rollout_correction=RolloutCorrectionConfig.from_section(correction) if correction is not None else None,
-        clip_ratio=section.clip_ratio,
-        clip_ratio_low=section.clip_ratio_low,
-        clip_ratio_high=section.clip_ratio_high,
-        clip_ratio_c=section.clip_ratio_c,
-        tau_pos=section.tau_pos,
-        tau_neg=section.tau_neg,
+        **actor_keys,
         **knobs,
     )
 

@@ -6,7 +6,7 @@ import torch
 from hybridrl.algorithms import (
     LOSS_AGG_MODES,
     AlgorithmConfigError,
-    PolicyLossConfig,
+    PolicyLossParams,
     UnknownAlgorithmError,
     agg_loss,
     compute_policy_loss_vanilla,
@@ -38,7 +38,7 @@ def test_vanilla_hand_values_clip_and_dual_clip():
 
 
 def test_clip_higher_asymmetric_bounds():
-    cfg = PolicyLossConfig(clip_ratio_low=0.2, clip_ratio_high=0.28)
+    cfg = PolicyLossParams(clip_ratio_low=0.2, clip_ratio_high=0.28)
     # A=+1, r=1.25 is inside 1+0.28 -> -1.25 (symmetric 0.2 would give -1.2)
     loss, m, _ = _ratios_case([1.25], [1.0], cfg)
     assert loss.item() == pytest.approx(-1.25)
@@ -55,7 +55,7 @@ def test_dual_clip_bounds_negative_advantage_losses():
     torch.manual_seed(0)
     adv = -torch.rand(1, 50) * 3
     logp = torch.randn(1, 50) * 3
-    cfg = PolicyLossConfig(clip_ratio_c=2.5)
+    cfg = PolicyLossParams(clip_ratio_c=2.5)
     for i in range(50):
         loss, _ = compute_policy_loss_vanilla(
             torch.zeros(1, 1), logp[:, i : i + 1], adv[:, i : i + 1], torch.ones(1, 1), config=cfg
@@ -75,16 +75,45 @@ def test_log_ratio_is_clamped_before_exp():
     [
         (dict(clip_ratio_c=1.0), "clip_ratio_c"),
         (dict(clip_ratio_low=-0.1), "clip_ratio_low"),
+        (dict(clip_ratio=0), "clip_ratio"),  # the actor section's rule: a clip of 0 clips everything
     ],
 )
 def test_policy_loss_config_errors(kwargs, key):
-    with pytest.raises(AlgorithmConfigError, match=f"actor_rollout_ref.actor.{key}"):
-        PolicyLossConfig(**kwargs)
+    with pytest.raises(AlgorithmConfigError, match=f"actor_rollout_ref.actor.{key}="):
+        PolicyLossParams(**kwargs)
 
 
 def test_policy_loss_config_defaults():
-    cfg = PolicyLossConfig(clip_ratio=0.3)
+    cfg = PolicyLossParams(clip_ratio=0.3, clip_ratio_low=None, clip_ratio_high=None)  # null follows clip_ratio
     assert (cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.clip_ratio_c) == (0.3, 0.3, 3.0)
+    cfg = PolicyLossParams(clip_ratio=0.3)  # as the YAML (and verl): low and high default to 0.2
+    assert (cfg.clip_ratio_low, cfg.clip_ratio_high) == (0.2, 0.2)
+
+
+def test_one_policy_loss_section_class_and_one_definition_per_field():
+    import dataclasses
+
+    from hybridrl.algorithms import ActorLossKnobs, PolicyLossConfig
+    from hybridrl.workers.config import ActorConfig
+    from hybridrl.workers.config import PolicyLossConfig as SectionClass
+
+    assert SectionClass is PolicyLossConfig  # verl's actor.policy_loss section, from either package
+    assert issubclass(PolicyLossParams, PolicyLossConfig) and issubclass(PolicyLossParams, ActorLossKnobs)
+    assert issubclass(ActorConfig, ActorLossKnobs)
+    section = {f.name for f in dataclasses.fields(PolicyLossConfig)}
+    actor_keys = {f.name for f in dataclasses.fields(ActorLossKnobs)}
+    assert {f.name for f in dataclasses.fields(PolicyLossParams)} == section | actor_keys
+    assert not section & actor_keys
+    for cls in (PolicyLossParams, ActorConfig):  # the fields are inherited, not declared again
+        assert not set(cls.__dict__.get("__annotations__", {})) & (section | actor_keys)
+
+
+def test_a_loss_refuses_the_section_alone_with_a_message():
+    from hybridrl.algorithms import PolicyLossConfig
+
+    ones = torch.ones(1, 2)
+    with pytest.raises(AlgorithmConfigError, match=r"got PolicyLossConfig \(the actor_rollout_ref.actor.policy_loss"):
+        compute_policy_loss_vanilla(ones, ones, ones, ones, "token-mean", PolicyLossConfig())
 
 
 def test_policy_loss_registry():

@@ -10,6 +10,7 @@ from hybridrl.algorithms import (
     POLICY_LOSS_REGISTRY,
     AlgorithmConfigError,
     PolicyLossConfig,
+    PolicyLossParams,
     UnknownAlgorithmError,
     get_policy_loss_fn,
 )
@@ -48,7 +49,7 @@ def _accumulate(name, cfg, x, old_noise, adv, mask, micro_slices):
 
 @pytest.mark.parametrize("name", ROW_WISE)
 def test_row_wise_losses_accumulate_over_uneven_micro_batches(name):
-    cfg = PolicyLossConfig(clip_ratio=0.2, clip_ratio_c=1.5, dro_beta=0.3)  # a low dual clip: vanilla hits it too
+    cfg = PolicyLossParams(clip_ratio=0.2, clip_ratio_c=1.5, dro_beta=0.3)  # a low dual clip: vanilla hits it too
     x, old_noise, adv, mask = _inputs(7, 6, seed=1)
     full, g_full, total, g_acc, metrics = _accumulate(
         name, cfg, x, old_noise, adv, mask, (slice(0, 1), slice(1, 5), slice(5, 7))
@@ -68,7 +69,7 @@ def test_covariance_losses_accumulate_when_micro_batches_select_alike(name):
     x, old_noise, adv, mask = _inputs(3, 6, seed=2)
     x, old_noise, adv, mask = (torch.cat([t, t]) for t in (x, old_noise, adv, mask))
     n_half = mask[:3].sum().item()
-    cfg = PolicyLossConfig(
+    cfg = PolicyLossParams(
         clip_cov_ratio=1.0, clip_cov_lb=0.0, clip_cov_ub=100.0, kl_cov_ratio=2.25 / n_half, ppo_kl_coef=0.7
     )
     full, g_full, total, g_acc, metrics = _accumulate(name, cfg, x, old_noise, adv, mask, (slice(0, 3), slice(3, 6)))
@@ -97,7 +98,7 @@ def test_unknown_loss_mode_lists_every_registered_name():
 )
 def test_policy_loss_config_errors_name_the_full_key(kwargs, key):
     with pytest.raises(AlgorithmConfigError, match=key.replace(".", r"\.")):
-        PolicyLossConfig(**kwargs)
+        PolicyLossParams(**kwargs)
 
 
 def test_unknown_loss_agg_mode_is_refused_by_fixed_aggregation_losses():
@@ -124,8 +125,9 @@ def test_actor_builds_the_policy_loss_config_from_its_section():
     cfg = actor.policy_loss_config
     assert actor.policy_loss_fn is get_policy_loss_fn("kl_cov")
     assert (cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.kl_cov_ratio, cfg.ppo_kl_coef) == (0.1, 0.2, 0.01, 1.0)
-    assert cfg.clip_cov_lb == PolicyLossConfig().clip_cov_lb  # the packaged default is the loss's
+    assert cfg.clip_cov_lb == PolicyLossConfig().clip_cov_lb  # the packaged default is the section's
     assert cfg.dro_beta == PolicyLossConfig().dro_beta  # null keeps the default
+    assert cfg.loss_mode == "kl_cov" and isinstance(cfg, PolicyLossConfig)
     assert set(POLICY_LOSS_KEYS) <= set(vars(cfg))
     section["policy_loss"]["clip_cov_ratio"] = 2.0
     with pytest.raises(AlgorithmConfigError, match="policy_loss.clip_cov_ratio=2.0"):

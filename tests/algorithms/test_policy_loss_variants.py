@@ -9,7 +9,7 @@ import torch
 
 import hybridrl.algorithms.policy_loss as policy_loss
 from hybridrl.algorithms import (
-    PolicyLossConfig,
+    PolicyLossParams,
     compute_policy_loss_cispo,
     compute_policy_loss_clip_cov,
     compute_policy_loss_geo_mean,
@@ -42,7 +42,7 @@ def test_gspo_hand_values_sequence_ratio_and_gradient():
     logp = _leaf([[0.1, 0.3], [-0.2, 50.0]])
     adv = _t([[1.0, 1.0], [-1.0, -1.0]])
     mask = _t([[1, 1], [1, 0]])
-    cfg = PolicyLossConfig(clip_ratio=0.3)  # [0.7, 1.3]: nothing clipped
+    cfg = PolicyLossParams(clip_ratio_low=0.3, clip_ratio_high=0.3)  # [0.7, 1.3]: nothing clipped
     loss, m = compute_policy_loss_gspo(old, logp, adv, mask, "seq-mean-token-mean", cfg)
     assert loss.item() == pytest.approx((-e(0.2) + e(-0.2)) / 2, rel=1e-6)
     # token t of row i: -A_i * s_i / |y_i| / n_rows; the gradient ignores the other tokens' ratios
@@ -52,7 +52,7 @@ def test_gspo_hand_values_sequence_ratio_and_gradient():
     assert m["actor/ppo_kl"] == pytest.approx(-(0.1 + 0.3 - 0.2) / 3, rel=1e-5)
 
     # clip 0.2: row 0's 1.221 > 1.2 is clipped (constant -1.2, no gradient) on both its tokens
-    loss, m = compute_policy_loss_gspo(old, logp, adv, mask, "seq-mean-token-mean", PolicyLossConfig())
+    loss, m = compute_policy_loss_gspo(old, logp, adv, mask, "seq-mean-token-mean", PolicyLossParams())
     assert loss.item() == pytest.approx((-1.2 + e(-0.2)) / 2, rel=1e-6)
     assert torch.allclose(_grad(loss, logp)[0], torch.zeros(2))
     assert m["actor/pg_clipfrac"] == pytest.approx(2 / 3)
@@ -66,7 +66,7 @@ def test_gspo_with_equal_token_ratios_equals_vanilla_seq_mean_token_mean(caplog,
     mask = (torch.rand(5, 7) > 0.3).float()
     mask[:, 0] = 1
     adv = torch.randn(5, 1).expand(5, 7).contiguous()
-    cfg = PolicyLossConfig(clip_ratio_low=0.1, clip_ratio_high=0.15)
+    cfg = PolicyLossParams(clip_ratio_low=0.1, clip_ratio_high=0.15)
     results = []
     for fn, mode in ((compute_policy_loss_vanilla, "seq-mean-token-mean"), (compute_policy_loss_gspo, "token-mean")):
         logp = (old + seq_log_ratio).requires_grad_(True)
@@ -91,7 +91,7 @@ def test_gspo_and_geo_mean_agree_when_nothing_is_clipped():
     mask[:, 0] = 1
     adv = torch.randn(4, 1).expand(4, 6).contiguous()
     shift = 0.3 * torch.randn(4, 6)
-    cfg = PolicyLossConfig(clip_ratio=5.0)
+    cfg = PolicyLossParams(clip_ratio_low=5.0, clip_ratio_high=5.0)
     out = []
     for fn in (compute_policy_loss_gspo, compute_policy_loss_geo_mean):
         logp = (old + shift).requires_grad_(True)
@@ -123,7 +123,7 @@ COV_MASK = [[1, 1, 1, 1, 0]]
 def _clip_cov(old_shift, clip_cov_ratio):
     logp = _leaf(COV_LOGP)
     old = logp.detach() - _t([old_shift])
-    cfg = PolicyLossConfig(clip_cov_ratio=clip_cov_ratio, clip_cov_lb=1.0, clip_cov_ub=5.0)
+    cfg = PolicyLossParams(clip_cov_ratio=clip_cov_ratio, clip_cov_lb=1.0, clip_cov_ub=5.0)
     loss, m = compute_policy_loss_clip_cov(old, logp, _t(COV_ADV), _t(COV_MASK), config=cfg)
     return loss, m, _grad(loss, logp)
 
@@ -160,7 +160,7 @@ def test_clip_cov_random_pick_is_one_candidate_and_follows_the_seed():
 def _kl_cov(kl_cov_ratio, ppo_kl_coef):
     logp = _leaf(COV_LOGP)
     shift = _t([[0.1, 0.2, -0.1, 0.3, 0.0]])
-    cfg = PolicyLossConfig(kl_cov_ratio=kl_cov_ratio, ppo_kl_coef=ppo_kl_coef)
+    cfg = PolicyLossParams(kl_cov_ratio=kl_cov_ratio, ppo_kl_coef=ppo_kl_coef)
     loss, m = compute_policy_loss_kl_cov(logp.detach() - shift, logp, _t(COV_ADV), _t(COV_MASK), config=cfg)
     return loss, m, _grad(loss, logp)
 
@@ -191,7 +191,7 @@ def test_geo_mean_hand_values_log_space_clipping():
     logp = _leaf([[0.6, -0.2], [-0.6, 0.2], [-0.6, 9.0]])
     adv = _t([[1.0, 1.0], [-1.0, -1.0], [1.0, 1.0]])
     mask = _t([[1, 1], [1, 1], [1, 0]])
-    cfg = PolicyLossConfig(clip_ratio=0.4)
+    cfg = PolicyLossParams(clip_ratio_low=0.4, clip_ratio_high=0.4)
     loss, m = compute_policy_loss_geo_mean(old, logp, adv, mask, "seq-mean-token-mean", cfg)
     assert loss.item() == pytest.approx((-e(0.1) + e(-0.1) - e(-0.6)) / 3, rel=1e-6)
     expected = _t([[0.0, -e(0.1) / 6], [0.0, e(-0.1) / 6], [-e(-0.6) / 3, 0.0]])
@@ -205,7 +205,7 @@ def test_cispo_hand_values_gradient_flows_through_clipped_tokens():
     old = _t([[-2.0, -2.0, -2.0]])
     adv = _t([[2.0, -3.0, 100.0]])
     mask = _t([[1, 1, 0]])
-    cfg = PolicyLossConfig(clip_ratio_low=10.0, clip_ratio_high=0.2)
+    cfg = PolicyLossParams(clip_ratio_low=10.0, clip_ratio_high=0.2)
     logp = _leaf([[-1.5, -3.0, -1.0]])
     loss, m = compute_policy_loss_cispo(old, logp, adv, mask, config=cfg)
     assert loss.item() == pytest.approx(-(1.2 * 2 * -1.5 + e(-1) * -3 * -3.0) / 2, rel=1e-6)

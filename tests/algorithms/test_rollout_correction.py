@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hybridrl.algorithms import POLICY_LOSS_REGISTRY, PolicyLossConfig, get_policy_loss_fn
+from hybridrl.algorithms import POLICY_LOSS_REGISTRY, PolicyLossParams, get_policy_loss_fn
 from hybridrl.algorithms.errors import AlgorithmConfigError, UnknownAlgorithmError
 from hybridrl.algorithms.rollout_corr import (
     ROLLOUT_RS_OPTIONS,
@@ -168,7 +168,7 @@ TAKES_WEIGHTS = sorted(set(POLICY_LOSS_REGISTRY) - {"bypass_mode"})  # bypass re
 def test_every_loss_is_scaled_by_the_weights(name):
     x, noise, adv, mask = _inputs()
     log_prob = -F.softplus(x)
-    fn, cfg = get_policy_loss_fn(name), PolicyLossConfig(clip_cov_ratio=0.5, kl_cov_ratio=0.5, dro_beta=0.3)
+    fn, cfg = get_policy_loss_fn(name), PolicyLossParams(clip_cov_ratio=0.5, kl_cov_ratio=0.5, dro_beta=0.3)
     plain, _ = fn(log_prob + noise, log_prob, adv, mask, "token-mean", cfg)
     ones, _ = fn(log_prob + noise, log_prob, adv, mask, "token-mean", cfg, rollout_is_weights=torch.ones_like(x))
     twice, _ = fn(log_prob + noise, log_prob, adv, mask, "token-mean", cfg, rollout_is_weights=2 * torch.ones_like(x))
@@ -211,7 +211,7 @@ def _grad_of(name, cfg, x, noise, adv, mask, rows, weights=None, **norm):
 )
 def test_micro_batches_add_up_to_one_pass_with_correction(name, corr):
     x, noise, adv, mask = _inputs(7, 6, seed=3)
-    cfg = PolicyLossConfig(rollout_correction=corr)
+    cfg = PolicyLossParams(rollout_correction=corr)
     weights = None
     if corr is None:
         weights, _ = compute_rollout_correction_weights(noise, mask, "token", 1.2)
@@ -236,7 +236,7 @@ def test_bypass_reinforce_is_the_weighted_policy_gradient():
         bypass_mode=True, rollout_is="token", rollout_is_threshold=1.1, loss_type="reinforce"
     )
     loss, metrics = get_policy_loss_fn("bypass_mode")(
-        rollout, log_prob, adv, mask, "token-mean", PolicyLossConfig(rollout_correction=corr)
+        rollout, log_prob, adv, mask, "token-mean", PolicyLossParams(rollout_correction=corr)
     )
     (grad,) = torch.autograd.grad(loss, log_prob)
     w = torch.exp(log_prob.detach() - rollout).clamp(max=1.1)
@@ -250,9 +250,9 @@ def test_bypass_ppo_clip_is_vanilla_against_the_rollout_policy():
     rollout = log_prob + noise
     corr = RolloutCorrectionConfig(bypass_mode=True, rollout_is="token")  # weights logged, not applied
     bypass, metrics = get_policy_loss_fn("bypass_mode")(
-        rollout, log_prob, adv, mask, "token-mean", PolicyLossConfig(rollout_correction=corr)
+        rollout, log_prob, adv, mask, "token-mean", PolicyLossParams(rollout_correction=corr)
     )
-    vanilla, _ = get_policy_loss_fn("vanilla")(rollout, log_prob, adv, mask, "token-mean", PolicyLossConfig())
+    vanilla, _ = get_policy_loss_fn("vanilla")(rollout, log_prob, adv, mask, "token-mean", PolicyLossParams())
     assert bypass.item() == pytest.approx(vanilla.item())
     assert "rollout_corr/rollout_is_mean" in metrics
 
@@ -260,4 +260,4 @@ def test_bypass_ppo_clip_is_vanilla_against_the_rollout_policy():
 def test_bypass_without_its_config_says_which_key():
     x, noise, adv, mask = _inputs()
     with pytest.raises(AlgorithmConfigError, match=r"set algorithm.rollout_correction.bypass_mode=true"):
-        get_policy_loss_fn("bypass_mode")(x + noise, x, adv, mask, "token-mean", PolicyLossConfig())
+        get_policy_loss_fn("bypass_mode")(x + noise, x, adv, mask, "token-mean", PolicyLossParams())

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from hybridrl.algorithms import PolicyLossConfig, get_policy_loss_fn
+from hybridrl.algorithms import PolicyLossParams, get_policy_loss_fn
 from hybridrl.algorithms.errors import AlgorithmConfigError
 
 # one response of four tokens; probabilities chosen to sit inside / outside the trust regions
@@ -24,7 +24,7 @@ def _run(name, cfg, p_new=P_NEW, adv=ADV, mask=MASK, agg="token-mean"):
 
 
 def test_sapo_is_the_sigmoid_gate_and_matches_ppo_on_policy():
-    cfg = PolicyLossConfig(tau_pos=1.0, tau_neg=2.0)
+    cfg = PolicyLossParams(tau_pos=1.0, tau_neg=2.0)
     loss, grad, metrics = _run("sapo", cfg)
     r = P_NEW / P_OLD
     tau = torch.where(ADV > 0, torch.tensor(1.0), torch.tensor(2.0))
@@ -39,7 +39,7 @@ def test_sapo_is_the_sigmoid_gate_and_matches_ppo_on_policy():
 
 
 def test_dppo_tv_drops_tokens_whose_probability_moved_too_far():
-    cfg = PolicyLossConfig(clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0)
+    cfg = PolicyLossParams(clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0)
     loss, grad, metrics = _run("dppo_tv", cfg)
     # moved: +0.1 (A>0, kept), +0.3 (A>0, > 0.2: dropped), -0.05 (A<0, kept), +0.05 (A<0, kept)
     keep = torch.tensor([[1.0, 0.0, 1.0, 1.0]])
@@ -50,7 +50,7 @@ def test_dppo_tv_drops_tokens_whose_probability_moved_too_far():
 
 
 def test_dppo_truncates_the_ratio_weight_at_clip_ratio_c():
-    cfg = PolicyLossConfig(clip_ratio_low=0.9, clip_ratio_high=0.9, clip_ratio_c=1.2)
+    cfg = PolicyLossParams(clip_ratio_low=0.9, clip_ratio_high=0.9, clip_ratio_c=1.2)
     _, grad, metrics = _run("dppo_tv", cfg)
     r = (P_NEW / P_OLD).clamp(max=1.2)
     assert torch.allclose(grad, -ADV * r / 4, atol=1e-6)  # 0.8 / 0.5 = 1.6 -> 1.2
@@ -58,7 +58,7 @@ def test_dppo_truncates_the_ratio_weight_at_clip_ratio_c():
 
 
 def test_dppo_kl_bounds_the_binary_kl_in_the_advantage_direction():
-    cfg = PolicyLossConfig(clip_ratio_low=0.05, clip_ratio_high=0.05, clip_ratio_c=3.0)
+    cfg = PolicyLossParams(clip_ratio_low=0.05, clip_ratio_high=0.05, clip_ratio_c=3.0)
     _, grad, _ = _run("dppo_kl", cfg)
     p, q = P_NEW, P_OLD
     kl = q * torch.log(q / p) + (1 - q) * torch.log((1 - q) / (1 - p))
@@ -69,7 +69,7 @@ def test_dppo_kl_bounds_the_binary_kl_in_the_advantage_direction():
 
 
 def test_dro_is_the_policy_gradient_minus_a_quadratic_pull_back():
-    cfg = PolicyLossConfig(dro_beta=0.5)
+    cfg = PolicyLossParams(dro_beta=0.5)
     loss, grad, _ = _run("dro", cfg)
     log_ratio = torch.log(P_NEW / P_OLD)
     assert loss == pytest.approx(float(-(torch.log(P_NEW) * ADV - 0.25 * log_ratio**2).mean()), rel=1e-5)
@@ -80,25 +80,28 @@ def test_dro_needs_its_beta_at_start_up_and_in_the_loss():
     from hybridrl.workers.actor import build_policy_loss_config
     from tests.tiny_models import ppo_section
 
-    section = ppo_section("actor_rollout_ref.actor", {"clip_ratio": 0.2, "policy_loss": {"loss_mode": "dro"}})
     with pytest.raises(AlgorithmConfigError, match=r"loss_mode=dro needs policy_loss.dro_beta"):
-        build_policy_loss_config(section)
+        ppo_section("actor_rollout_ref.actor", {"policy_loss": {"loss_mode": "dro"}})  # the section's rule
+    section = ppo_section("actor_rollout_ref.actor", {"policy_loss": {"loss_mode": "dro", "dro_beta": 0.1}})
+    assert build_policy_loss_config(section).dro_beta == 0.1
+    with pytest.raises(AlgorithmConfigError, match=r"loss_mode=dro needs policy_loss.dro_beta"):
+        PolicyLossParams(loss_mode="dro")
     with pytest.raises(AlgorithmConfigError, match=r"dro_beta=None must be > 0"):
-        _run("dro", PolicyLossConfig())
+        _run("dro", PolicyLossParams())
 
 
 @pytest.mark.parametrize("tau", [0.0, -1.0])
 def test_sapo_temperatures_must_be_positive(tau):
     with pytest.raises(AlgorithmConfigError, match=r"actor_rollout_ref.actor.tau_pos=.* must be > 0"):
-        PolicyLossConfig(tau_pos=tau)
+        PolicyLossParams(tau_pos=tau)
 
 
 def test_masked_tokens_change_nothing():
     for name, cfg in (
-        ("sapo", PolicyLossConfig()),
-        ("dppo_tv", PolicyLossConfig()),
-        ("dppo_kl", PolicyLossConfig()),
-        ("dro", PolicyLossConfig(dro_beta=0.5)),
+        ("sapo", PolicyLossParams()),
+        ("dppo_tv", PolicyLossParams()),
+        ("dppo_kl", PolicyLossParams()),
+        ("dro", PolicyLossParams(dro_beta=0.5)),
     ):
         mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
         garbage = P_NEW.clone()

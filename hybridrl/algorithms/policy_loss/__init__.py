@@ -1,14 +1,16 @@
 """Policy-gradient losses, selected by ``actor_rollout_ref.actor.policy_loss.loss_mode`` (verl's
-names). The registry, their config and the loss aggregation shared with the critic are in
-:mod:`.base`; the losses register themselves in :mod:`.vanilla` (PPO), :mod:`.variants`
-(``gspo``, ``gpg``, ``clip_cov``, ``kl_cov``, ``geo_mean``, ``cispo``), :mod:`.trust_region`
-(``sapo``, ``dppo_tv``, ``dppo_kl``, ``dro``) and :mod:`.bypass` (rollout correction's bypass
-mode), each imported here.
+names). The registry is in :mod:`.base`, their config in :mod:`.config`: :class:`PolicyLossConfig`
+is the ``actor_rollout_ref.actor.policy_loss`` section (verl's class of that name),
+:class:`ActorLossKnobs` the loss keys of the actor section itself, and :class:`PolicyLossParams`
+both together, what a loss reads as ``config=``. The losses register themselves in
+:mod:`.vanilla` (PPO), :mod:`.variants` (``gspo``, ``gpg``, ``clip_cov``, ``kl_cov``,
+``geo_mean``, ``cispo``), :mod:`.trust_region` (``sapo``, ``dppo_tv``, ``dppo_kl``, ``dro``) and
+:mod:`.bypass` (rollout correction's bypass mode), each imported here.
 
 A policy loss is called as::
 
     fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-       config=PolicyLossConfig(...), rollout_is_weights=None, dp_size=1, batch_num_tokens=None,
+       config=PolicyLossParams(...), rollout_is_weights=None, dp_size=1, batch_num_tokens=None,
        global_batch_size=None, loss_scale_factor=None)
     -> (pg_loss, metrics)
 
@@ -22,15 +24,14 @@ A policy loss is called as::
 from ..functional import LOSS_AGG_MODES, agg_loss
 from . import bypass, trust_region, vanilla, variants  # noqa: F401  (each registers its losses)
 from .base import (
-    POLICY_LOSS_KEYS,
     POLICY_LOSS_REGISTRY,
     POLICY_LOSSES,
-    PolicyLossConfig,
     apply_rollout_is_weights,
     get_policy_loss_fn,
     register_policy_loss,
 )
 from .bypass import compute_policy_loss_bypass_mode, compute_policy_loss_reinforce
+from .config import POLICY_LOSS_KEYS, ActorLossKnobs, PolicyLossConfig, PolicyLossParams
 from .trust_region import (
     compute_policy_loss_dppo_kl,
     compute_policy_loss_dppo_tv,
@@ -53,6 +54,8 @@ __all__ = [
     "POLICY_LOSS_KEYS",
     "LOSS_AGG_MODES",
     "PolicyLossConfig",
+    "ActorLossKnobs",
+    "PolicyLossParams",
     "agg_loss",
     "apply_rollout_is_weights",
     "get_policy_loss_fn",

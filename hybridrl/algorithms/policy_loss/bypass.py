@@ -13,7 +13,8 @@ import torch
 from ..errors import AlgorithmConfigError
 from ..functional import Number, agg_loss, masked_mean
 from ..rollout_corr import compute_rollout_correction_and_rejection_mask
-from .base import PolicyLossConfig, apply_rollout_is_weights, loss_config, pg_metrics, register_policy_loss
+from .base import apply_rollout_is_weights, loss_config, pg_metrics, register_policy_loss
+from .config import PolicyLossParams
 from .vanilla import compute_policy_loss_vanilla
 
 LossOutput = Tuple[torch.Tensor, Dict[str, float]]
@@ -25,7 +26,7 @@ def compute_policy_loss_reinforce(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "seq-mean-token-sum",
-    config: Optional[PolicyLossConfig] = None,
+    config: Optional[PolicyLossParams] = None,
     rollout_is_weights: Optional[torch.Tensor] = None,
     dp_size: int = 1,
     batch_num_tokens: Optional[Number] = None,
@@ -64,7 +65,7 @@ def compute_policy_loss_bypass_mode(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    config: Optional[PolicyLossConfig] = None,
+    config: Optional[PolicyLossParams] = None,
     rollout_is_weights: Optional[torch.Tensor] = None,
     dp_size: int = 1,
     batch_num_tokens: Optional[Number] = None,

@@ -12,7 +12,6 @@ import torch
 from ..errors import AlgorithmConfigError
 from ..functional import Number, agg_loss, masked_mean
 from .base import (
-    PolicyLossConfig,
     apply_rollout_is_weights,
     loss_config,
     note_fixed_aggregation,
@@ -20,6 +19,7 @@ from .base import (
     register_policy_loss,
     token_log_ratio,
 )
+from .config import PolicyLossParams
 
 LossOutput = Tuple[torch.Tensor, Dict[str, float]]
 
@@ -31,7 +31,7 @@ def compute_policy_loss_sapo(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "seq-mean-token-mean",
-    config: Optional[PolicyLossConfig] = None,
+    config: Optional[PolicyLossParams] = None,
     rollout_is_weights: Optional[torch.Tensor] = None,
     dp_size: int = 1,
     batch_num_tokens: Optional[Number] = None,
@@ -75,7 +75,7 @@ def _dppo_loss(
     advantages,
     response_mask,
     loss_agg_mode,
-    cfg: PolicyLossConfig,
+    cfg: PolicyLossParams,
     rollout_is_weights,
     *global_counts,
 ) -> LossOutput:
@@ -119,7 +119,7 @@ def compute_policy_loss_dppo_tv(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    config: Optional[PolicyLossConfig] = None,
+    config: Optional[PolicyLossParams] = None,
     rollout_is_weights: Optional[torch.Tensor] = None,
     dp_size: int = 1,
     batch_num_tokens: Optional[Number] = None,
@@ -159,7 +159,7 @@ def compute_policy_loss_dppo_kl(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    config: Optional[PolicyLossConfig] = None,
+    config: Optional[PolicyLossParams] = None,
     rollout_is_weights: Optional[torch.Tensor] = None,
     dp_size: int = 1,
     batch_num_tokens: Optional[Number] = None,
@@ -208,7 +208,7 @@ def compute_policy_loss_dro(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    config: Optional[PolicyLossConfig] = None,
+    config: Optional[PolicyLossParams] = None,
     rollout_is_weights: Optional[torch.Tensor] = None,
     dp_size: int = 1,
     batch_num_tokens: Optional[Number] = None,

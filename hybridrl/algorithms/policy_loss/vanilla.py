@@ -6,7 +6,6 @@ import torch
 
 from ..functional import Number, agg_loss, masked_mean
 from .base import (
-    PolicyLossConfig,
     apply_rollout_is_weights,
     clipped_surrogate,
     loss_config,
@@ -14,6 +13,7 @@ from .base import (
     register_policy_loss,
     token_log_ratio,
 )
+from .config import PolicyLossParams
 
 
 @register_policy_loss("vanilla")
@@ -23,7 +23,7 @@ def compute_policy_loss_vanilla(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    config: Optional[PolicyLossConfig] = None,
+    config: Optional[PolicyLossParams] = None,
     rollout_is_weights: Optional[torch.Tensor] = None,
     dp_size: int = 1,
     batch_num_tokens: Optional[Number] = None,
@@ -48,7 +48,7 @@ def compute_policy_loss_vanilla(
         old_log_prob, log_prob, advantages, response_mask: ``(bs, response_length)``;
             log-probs in nats, ``log_prob`` carries the gradient.
         loss_agg_mode, dp_size, batch_num_tokens, global_batch_size, loss_scale_factor: see :func:`agg_loss`.
-        config: clip ratios; ``None`` uses ``PolicyLossConfig()``.
+        config: clip ratios; ``None`` uses ``PolicyLossParams()``.
         rollout_is_weights: ``(bs, response_length)`` rollout-correction weights, or None.
 
     Returns:

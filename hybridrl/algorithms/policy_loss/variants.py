@@ -16,7 +16,6 @@ import torch
 
 from ..functional import Number, agg_loss, masked_mean
 from .base import (
-    PolicyLossConfig,
     apply_rollout_is_weights,
     clipped_surrogate,
     loss_config,
@@ -25,6 +24,7 @@ from .base import (
     register_policy_loss,
     token_log_ratio,
 )
+from .config import PolicyLossParams
 
 LossOutput = Tuple[torch.Tensor, Dict[str, float]]
 
@@ -40,7 +40,7 @@ def compute_policy_loss_gspo(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "seq-mean-token-mean",
-    config: Optional[PolicyLossConfig] = None,
+    config: Optional[PolicyLossParams] = None,
     rollout_is_weights: Optional[torch.Tensor] = None,
     dp_size: int = 1,
     batch_num_tokens: Optional[Number] = None,
@@ -90,7 +90,7 @@ def compute_policy_loss_gpg(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    config: Optional[PolicyLossConfig] = None,
+    config: Optional[PolicyLossParams] = None,
     rollout_is_weights: Optional[torch.Tensor] = None,
     dp_size: int = 1,
     batch_num_tokens: Optional[Number] = None,
@@ -138,7 +138,7 @@ def compute_policy_loss_clip_cov(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    config: Optional[PolicyLossConfig] = None,
+    config: Optional[PolicyLossParams] = None,
     rollout_is_weights: Optional[torch.Tensor] = None,
     dp_size: int = 1,
     batch_num_tokens: Optional[Number] = None,
@@ -199,7 +199,7 @@ def compute_policy_loss_kl_cov(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    config: Optional[PolicyLossConfig] = None,
+    config: Optional[PolicyLossParams] = None,
     rollout_is_weights: Optional[torch.Tensor] = None,
     dp_size: int = 1,
     batch_num_tokens: Optional[Number] = None,
@@ -254,7 +254,7 @@ def compute_policy_loss_geo_mean(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    config: Optional[PolicyLossConfig] = None,
+    config: Optional[PolicyLossParams] = None,
     rollout_is_weights: Optional[torch.Tensor] = None,
     dp_size: int = 1,
     batch_num_tokens: Optional[Number] = None,
@@ -314,7 +314,7 @@ def compute_policy_loss_cispo(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    config: Optional[PolicyLossConfig] = None,
+    config: Optional[PolicyLossParams] = None,
     rollout_is_weights: Optional[torch.Tensor] = None,
     dp_size: int = 1,
     batch_num_tokens: Optional[Number] = None,

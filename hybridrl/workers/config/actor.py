@@ -1,14 +1,19 @@
 """The ``actor_rollout_ref`` section of the PPO config, typed (verl's ``ActorConfig``,
 ``RefConfig``, ``PolicyLossConfig``). Defaults are the packaged ``ppo_trainer.yaml``'s; what each
-key does is documented there and in docs/algorithms.md."""
+key does is documented there and in docs/algorithms.md.
+
+The policy loss's keys are the algorithms' classes (their fields and rules defined once, there):
+the ``actor.policy_loss`` section is :class:`hybridrl.algorithms.policy_loss.PolicyLossConfig`,
+re-exported here, and :class:`ActorConfig` extends
+:class:`~hybridrl.algorithms.policy_loss.ActorLossKnobs` (``clip_ratio*``, ``tau_pos`` / ``tau_neg``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Optional
 
-from hybridrl.algorithms.rollout_corr import RolloutCorrectionConfig
-from hybridrl.config.rules import at_least, number_above, one_of, positive
+from hybridrl.algorithms.policy_loss.config import ActorLossKnobs, PolicyLossConfig
+from hybridrl.config.rules import at_least, number_above, one_of
 from hybridrl.config.typed import ignored
 from hybridrl.errors import ConfigError
 
@@ -51,27 +56,17 @@ def check_sequence_parallel_size(value, key: str) -> None:
 
 
 @dataclass
-class PolicyLossConfig:
-    """``actor.policy_loss``: ``loss_mode`` (a name of ``hybridrl.algorithms.policy_loss``) and the
-    knobs of the losses that have them. ``rollout_correction`` is filled in by the trainer with a
-    copy of ``algorithm.rollout_correction`` (the actor workers see only this section)."""
-
-    loss_mode: str = "vanilla"
-    clip_cov_ratio: float = 0.0002
-    clip_cov_lb: float = 1.0
-    clip_cov_ub: float = 5.0
-    kl_cov_ratio: float = 0.0002
-    ppo_kl_coef: float = 0.1
-    dro_beta: Optional[float] = None
-    rollout_correction: Optional[RolloutCorrectionConfig] = None
-
-
-@dataclass
-class ActorConfig:
+class ActorConfig(ActorLossKnobs):
     """``actor_rollout_ref.actor``: the PPO update of the policy.
 
     Batch sizes count prompts (``ppo_mini_batch_size``) or responses on one worker (micro batches);
-    token budgets count valid tokens on one worker.
+    token budgets count valid tokens on one worker. The loss keys ``clip_ratio``,
+    ``clip_ratio_low`` / ``clip_ratio_high``, ``clip_ratio_c`` and ``tau_pos`` / ``tau_neg``, with
+    their rules, come from :class:`~hybridrl.algorithms.policy_loss.ActorLossKnobs`.
+
+    Raises:
+        ConfigError: a rule of this section (one line naming the key).
+        AlgorithmConfigError: a rule of the loss keys (:class:`ActorLossKnobs`).
     """
 
     strategy: str = ignored("fsdp", FSDP_EITHER)
@@ -81,14 +76,8 @@ class ActorConfig:
     use_dynamic_bsz: bool = False
     ppo_max_token_len_per_gpu: int = 16384
     grad_clip: float = 1.0
-    clip_ratio: float = 0.2
-    clip_ratio_low: Optional[float] = 0.2
-    clip_ratio_high: Optional[float] = 0.2
-    clip_ratio_c: float = 3.0
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     calculate_sum_pi_squared: bool = False
-    tau_pos: float = 1.0
-    tau_neg: float = 1.05
     loss_agg_mode: str = "token-mean"
     loss_scale_factor: Optional[float] = None
     entropy_coeff: float = 0
@@ -112,14 +101,7 @@ class ActorConfig:
         one_of(f"{key}.strategy", self.strategy, STRATEGIES)
         at_least(f"{key}.ppo_epochs", self.ppo_epochs, 1)
         at_least(f"{key}.ppo_mini_batch_size", self.ppo_mini_batch_size, 1)
-        for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
-            value = getattr(self, name)
-            if value is not None:
-                positive(f"{key}.{name}", value, "0.2 is usual")
-        if not number_above(self.clip_ratio_c, 1):
-            raise ConfigError(
-                f"{key}.clip_ratio_c={self.clip_ratio_c!r} must be > 1 (the dual-clip bound; 3.0 is usual)"
-            )
+        super().__post_init__()  # the loss keys' rules
         check_optim_lr(key, self.optim.lr)
 
 
