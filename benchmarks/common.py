@@ -198,10 +198,10 @@ def build_hybridrl_grpo(settings: GRPOSettings, parquet_dir: str, steps: int, ex
     from hybridrl.data import RLHFDataset, create_rl_dataloader
     from hybridrl.models import load_tokenizer, resolve_model_path
     from hybridrl.rewards.manager import load_reward_manager
-    from hybridrl.trainer.config_check import validate_ppo_config
-    from hybridrl.trainer.ppo_trainer import PPOTrainer
-    from hybridrl.trainer.step_plan import make_step_plan
-    from hybridrl.trainer.worker_groups import build_worker_groups
+    from hybridrl.trainer.ppo.config_check import validate_ppo_config
+    from hybridrl.trainer.ppo.ppo_trainer import PPOTrainer
+    from hybridrl.trainer.ppo.step_plan import make_step_plan
+    from hybridrl.trainer.run.worker_groups import build_worker_groups
 
     model_path = resolve_model_path(MODEL)
     config = load_config(settings.hybridrl_overrides(model_path, parquet_dir, steps) + list(extra_overrides))

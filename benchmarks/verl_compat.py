@@ -42,9 +42,9 @@ CACHE_DIR = os.path.expanduser("~/.cache/hybridrl/verl_compat")
 IMPORT_MAP: dict[str, str | None] = {
     "verl": "hybridrl.protocol",  # `from verl import DataProto`
     "verl.protocol": "hybridrl.protocol",
-    "verl.trainer.ppo.metric_utils": "hybridrl.trainer.metrics",
-    "verl.utils.metric": "hybridrl.trainer.metrics",
-    "verl.utils.metric.utils": "hybridrl.trainer.metrics",
+    "verl.trainer.ppo.metric_utils": "hybridrl.trainer.ppo.metrics",
+    "verl.utils.metric": "hybridrl.trainer.run.metrics",
+    "verl.utils.metric.utils": "hybridrl.trainer.run.metrics",
     "verl.utils.tensordict_utils": None,
     "verl.trainer.ppo.core_algos": "hybridrl.algorithms",
     "verl.utils.py_functional": "hybridrl.rewards.pool",  # timeout_limit (the per-call deadline)

@@ -29,7 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "reward-model training on preference pairs (Bradley-Terry), for reward_model.enable",
     ),
     "merge": (
-        "hybridrl.trainer.merge",
+        "hybridrl.trainer.jobs.merge",
         "checkpoint folder -> Hugging Face folder: --local_dir <ckpt>/actor --target_dir DIR",
     ),
     "preprocess": ("hybridrl.data.preprocess", "write a data set as verl parquet: hybridrl preprocess <task> ..."),
@@ -47,7 +47,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "browse sample dumps (trainer.rollout_data_dir) by step and score; --print for a table",
     ),
     "plan": (
-        "hybridrl.trainer.plan_cli",
+        "hybridrl.trainer.jobs.plan_cli",
         "memory per role and device before launching, from config.json: "
         "hybridrl plan key=value ... [--device-memory GB] [--json]",
     ),

@@ -17,8 +17,8 @@ SLOW_FIXTURES = {"ray_cluster", "vllm_model", "vllm_model_dir", "async_vllm_engi
 SLOW_ENTRY_POINTS = {
     "a Ray cluster": ("ray", "init"),
     "a vLLM engine": ("hybridrl.workers.rollout.vllm", "VLLMRollout.__init__"),
-    "a PPO training run": ("hybridrl.trainer.ppo_trainer", "PPOTrainer.fit"),
-    "an SFT/RM training run": ("hybridrl.trainer.supervised", "SupervisedTrainer.fit"),
+    "a PPO training run": ("hybridrl.trainer.ppo.ppo_trainer", "PPOTrainer.fit"),
+    "an SFT/RM training run": ("hybridrl.trainer.jobs.supervised", "SupervisedTrainer.fit"),
     "worker processes of a process group": ("torch.multiprocessing", "start_processes"),
     "a sandboxed program": ("hybridrl.rewards.sandbox.local", "LocalSandbox.run"),
 }

@@ -73,7 +73,7 @@ def _scored_batch(scores, uids, length=3):
 
 def test_advantage_estimator_recipe(registered):
     from hybridrl.algorithms.advantages import ADV_ESTIMATOR_NEEDS_GROUP
-    from hybridrl.trainer.stages import compute_advantage
+    from hybridrl.trainer.ppo.stages import compute_advantage
 
     registered("an advantage estimator")
     assert "mean_baseline" in ADV_ESTIMATOR_NEEDS_GROUP

@@ -35,9 +35,9 @@ INTERNAL = {
     "hybridrl.rewards.pool.ScoringProcessDied": "goes through reward_model.on_error",
     "hybridrl.rewards.qa_em.QAGroundTruthError": "goes through reward_model.on_error",
     "hybridrl.rewards.sandbox.jail.JailError": "becomes the sandboxed run's error outcome",
-    "hybridrl.trainer.fully_async.DataExhausted": "control flow: the data set ran out",
-    "hybridrl.trainer.metrics.MetricsInputError": "metrics input contract",
-    "hybridrl.trainer.validation_metrics.ValidationMetricsError": "metrics input contract",
+    "hybridrl.trainer.schedules.fully_async.DataExhausted": "control flow: the data set ran out",
+    "hybridrl.trainer.ppo.metrics.MetricsInputError": "metrics input contract",
+    "hybridrl.trainer.ppo.validation_metrics.ValidationMetricsError": "metrics input contract",
     "hybridrl.workers.dcp_safe._Refused": "caught by read_dcp_metadata, which raises a CheckpointError naming the file",
     "hybridrl.workers.llm_judge.JudgeBusyError": "a ScoreTimeoutError",
 }
@@ -69,7 +69,7 @@ def _fake_command(monkeypatch, exc):
 
 
 def test_a_user_error_from_any_command_is_one_line_and_exit_code_2(monkeypatch, capsys):
-    from hybridrl.trainer.checkpoint import CheckpointError
+    from hybridrl.trainer.run.checkpoint import CheckpointError
 
     monkeypatch.delenv("HYBRIDRL_DEBUG", raising=False)
     _fake_command(monkeypatch, CheckpointError("checkpoint /x is incomplete; resume from global_step_2"))

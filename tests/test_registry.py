@@ -162,7 +162,7 @@ def test_migrated_registries_raise_their_callers_error_types():
 def test_more_migrated_registries_suggest_the_closest_name():
     from hybridrl.agents import get_agent_loop_cls
     from hybridrl.agents.errors import AgentConfigError
-    from hybridrl.trainer.tracking import Tracking, TrackingError
+    from hybridrl.trainer.run.tracking import Tracking, TrackingError
     from hybridrl.workers.rollout import get_rollout_cls
 
     with pytest.raises(AgentConfigError, match="agent_name='tool_agnt' .*did you mean 'tool_agent'"):

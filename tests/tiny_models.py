@@ -76,12 +76,12 @@ _FP32 = {
 
 def ppo_config_with(changes: dict | None = None):
     """The packaged PPO config as the run reads it (a structured DictConfig of
-    ``hybridrl.trainer.ppo_config.PPOConfig``, interpolations resolved), in fp32, with ``changes``
+    ``hybridrl.trainer.ppo.config.PPOConfig``, interpolations resolved), in fp32, with ``changes``
     (nested dicts, e.g. ``{"data": {"max_prompt_length": 8}}``) merged in before resolving."""
     from omegaconf import OmegaConf
 
     from hybridrl.config.typed import to_structured
-    from hybridrl.trainer.ppo_config import PPOConfig
+    from hybridrl.trainer.ppo.config import PPOConfig
 
     return to_structured(PPOConfig, OmegaConf.merge(_FP32, changes or {}), "")
 

@@ -4,7 +4,7 @@ Built once from the YAML with :func:`algo_config`; the defaults are those of the
 ``ppo_trainer.yaml`` (a test checks they agree and that every key there has a field). Rules on a
 single field, or on fields of this section only, live in ``__post_init__``; the checks against
 other sections and against the registries stay in the run's start-up check
-(:mod:`hybridrl.trainer.config_check`).
+(:mod:`hybridrl.trainer.ppo.config_check`).
 """
 
 from __future__ import annotations

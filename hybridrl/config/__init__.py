@@ -1,7 +1,7 @@
 """Run configs: the packaged Hydra YAML files, the loader, the single-key rules the sections share, the
 batch-size arithmetic and the ``auto`` precision. The checks of a whole run against the registered
 components (estimators, engines, reward managers, ...) sit above them, in
-:mod:`hybridrl.trainer.config_check`.
+:mod:`hybridrl.trainer.ppo.config_check`.
 
 Light on import: Hydra, OmegaConf and torch are imported inside the functions.
 """

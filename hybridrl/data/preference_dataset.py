@@ -168,7 +168,7 @@ class PreferenceDataset(torch.utils.data.Dataset):
         data_files: parquet / jsonl(.gz) path or list of paths.
         tokenizer: the reward model's tokenizer (with a chat template).
         config: the typed ``data`` section of ``rm_trainer``
-            (``hybridrl.trainer.supervised_config.RMDataConfig``). Keys read: ``prompt_key``,
+            (``hybridrl.trainer.jobs.supervised_config.RMDataConfig``). Keys read: ``prompt_key``,
             ``chosen_key``, ``rejected_key``, ``margin_key`` (null: no margin), ``max_length``
             (tokens per side), ``truncation`` ("left": keep the last ``max_length`` tokens, where
             the score is read; "drop": drop the pair; "error"), ``seed`` (picks the

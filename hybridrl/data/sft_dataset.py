@@ -204,7 +204,7 @@ class SFTDataset(torch.utils.data.Dataset):
         data_files: parquet path or list of paths (``~`` allowed).
         tokenizer: a fast Hugging Face tokenizer with a chat template.
         config: the typed ``data`` section of ``sft_trainer``
-            (``hybridrl.trainer.supervised_config.SFTDataConfig``). Keys read: ``prompt_key``,
+            (``hybridrl.trainer.jobs.supervised_config.SFTDataConfig``). Keys read: ``prompt_key``,
             ``response_key``, ``prompt_dict_keys``, ``response_dict_keys``, ``multiturn.enable``,
             ``multiturn.messages_key``, ``max_length``, ``truncation`` (error|left|right).
         config_key: the key ``data_files`` came from, named in errors ("data.val_files" ...).

@@ -28,7 +28,7 @@ class PlotError(UserError, ValueError):
 class Panel:
     title: str
     ylabel: str
-    keys: tuple[str, ...]  # metric names from hybridrl.trainer.metrics / the actor, drawn as lines
+    keys: tuple[str, ...]  # metric names from hybridrl.trainer.ppo.metrics / the actor, drawn as lines
     band: tuple[str, str] | None = None  # (min, max) metrics shaded around the first line
     labels: dict[str, str] = field(default_factory=dict)
 

@@ -9,7 +9,7 @@ import re
 from typing import Callable
 
 from hybridrl.errors import UserError
-from hybridrl.trainer.rollout_dump import list_steps, read_step
+from hybridrl.trainer.ppo.rollout_dump import list_steps, read_step
 
 SORTS = ("file", "best", "worst")  # file order, highest score first, lowest score first
 SORT_NAMES = {"file": "file order", "best": "score, best first", "worst": "score, worst first"}

@@ -15,7 +15,7 @@ from importlib import resources
 from hybridrl.config import load_config
 from hybridrl.config.loader import all_keys, unknown_key_message
 from hybridrl.errors import ConfigError
-from hybridrl.trainer.config_check import validate_ppo_config
+from hybridrl.trainer.ppo.config_check import validate_ppo_config
 
 
 def packaged_config_names() -> list[str]:

@@ -23,7 +23,7 @@ from hybridrl.inspection.samples import (  # SampleDump, ViewerError, parse_filt
     parse_filter,
     select,
 )
-from hybridrl.trainer.rollout_dump import SampleDumpError
+from hybridrl.trainer.ppo.rollout_dump import SampleDumpError
 
 
 def print_tables(

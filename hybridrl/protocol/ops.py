@@ -430,7 +430,7 @@ _PROMPT_TENSORS = (
 
 def concat_padded(parts: list[DataProto], pad_token_id: int) -> DataProto:
     """``DataProto.concat`` after left-padding prompts to the widest part (each generation batch
-    is trimmed to its own longest prompt, :func:`hybridrl.trainer.stages.trim_left_padding`) and filling non-tensor
+    is trimmed to its own longest prompt, :func:`hybridrl.trainer.ppo.stages.trim_left_padding`) and filling non-tensor
     columns a part lacks (e.g. reward outputs) with None."""
     width = max(part.batch["prompts"].shape[1] for part in parts)
     keys = list(dict.fromkeys(key for part in parts for key in part.non_tensor_batch))

@@ -316,7 +316,7 @@ class JudgeSettings:
     @classmethod
     def from_config(cls, config: Any) -> JudgeSettings:
         """Read and check the judge's keys of the whole PPO config as the run reads it (typed:
-        ``hybridrl.trainer.ppo_config.typed_ppo_config``); no model is loaded.
+        ``hybridrl.trainer.ppo.config.typed_ppo_config``); no model is loaded.
 
         Raises:
             RewardConfigError: one line naming the key, what is wrong and what to do.

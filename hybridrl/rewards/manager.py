@@ -460,7 +460,7 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0, pool:
 
     Args:
         config: the whole PPO config as the run reads it (typed:
-            ``hybridrl.trainer.ppo_config.typed_ppo_config``).
+            ``hybridrl.trainer.ppo.config.typed_ppo_config``).
         tokenizer: the tokenizer used to decode responses.
         num_examine: samples per data_source to print on each call.
         pool: the run's scoring processes (``reward.num_workers`` > 1, see

@@ -3,7 +3,7 @@
 Scores every response of a parquet written by ``hybridrl generate`` (a list of N responses per
 row) with the scorer of its ``data_source`` (or ``custom_reward_function``), then prints and
 writes as JSON, per data source: mean@N, pass@k, maj@N and best@N with bootstrap confidence
-intervals (see :mod:`hybridrl.trainer.eval_metrics`). Keys: ``hybridrl/config/evaluation.yaml``.
+intervals (see :mod:`hybridrl.trainer.run.eval_metrics`). Keys: ``hybridrl/config/evaluation.yaml``.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from hybridrl.data.errors import DataError
 from hybridrl.rewards import default_compute_score, get_scorer
 from hybridrl.rewards.custom import load_custom_reward_fn
 from hybridrl.rewards.manager import RewardFunctionError
-from hybridrl.trainer.eval_config import eval_config
-from hybridrl.trainer.eval_metrics import compute_eval_metrics
+from hybridrl.trainer.jobs.eval_config import eval_config
+from hybridrl.trainer.run.eval_metrics import compute_eval_metrics
 
 _GENERATE_HINT = "write one with `hybridrl generate` (or set data.response_key to the column that holds them)"
 
@@ -210,7 +210,7 @@ def run_eval(config) -> dict:
     JSON report and returns it.
 
     Raises:
-        ConfigError (a bad key or value, see :class:`~hybridrl.trainer.eval_config.EvalConfig`),
+        ConfigError (a bad key or value, see :class:`~hybridrl.trainer.jobs.eval_config.EvalConfig`),
         DataError, RewardConfigError, UnknownDataSourceError, RewardFunctionError.
     """
     config = OmegaConf.structured(eval_config(config))

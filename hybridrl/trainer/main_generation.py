@@ -29,8 +29,8 @@ from hybridrl.errors import ConfigError
 from hybridrl.models import load_causal_lm, load_tokenizer, resolve_model_path
 from hybridrl.models.external import import_external_lib
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.generation_config import generation_config
-from hybridrl.trainer.stages import GEN_BATCH_KEYS, trim_left_padding
+from hybridrl.trainer.jobs.generation_config import generation_config
+from hybridrl.trainer.ppo.stages import GEN_BATCH_KEYS, trim_left_padding
 from hybridrl.workers.rollout import RolloutEngineError, get_rollout_cls
 
 _MANIFEST = "manifest.json"

@@ -22,16 +22,16 @@ from hybridrl.rewards import UnknownDataSourceError, known_data_sources
 from hybridrl.rewards.manager import load_reward_manager
 from hybridrl.rewards.pool import build_reward_pool
 from hybridrl.rewards.sandbox import build_sandbox, set_sandbox
-from hybridrl.trainer.checkpoint import find_latest_checkpoint
-from hybridrl.trainer.checkpoint_lock import run_folder_lock
-from hybridrl.trainer.config_check import validate_ppo_config
-from hybridrl.trainer.plan_cli import startup_line
-from hybridrl.trainer.ppo_config import typed_ppo_config
-from hybridrl.trainer.ppo_trainer import PPOTrainer
-from hybridrl.trainer.rollout_correction import share_rollout_correction
-from hybridrl.trainer.step_plan import StepPlan, make_step_plan
-from hybridrl.trainer.tracking import tracker_for_run
-from hybridrl.trainer.worker_groups import build_worker_groups, resolve_backend, rollout_pool_spec
+from hybridrl.trainer.jobs.plan_cli import startup_line
+from hybridrl.trainer.ppo.config import typed_ppo_config
+from hybridrl.trainer.ppo.config_check import validate_ppo_config
+from hybridrl.trainer.ppo.correction_stage import share_rollout_correction
+from hybridrl.trainer.ppo.ppo_trainer import PPOTrainer
+from hybridrl.trainer.ppo.step_plan import StepPlan, make_step_plan
+from hybridrl.trainer.run.checkpoint import find_latest_checkpoint
+from hybridrl.trainer.run.checkpoint_lock import run_folder_lock
+from hybridrl.trainer.run.tracking import tracker_for_run
+from hybridrl.trainer.run.worker_groups import build_worker_groups, resolve_backend, rollout_pool_spec
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def run_ppo(config) -> None:
 
     Raises:
         ConfigError: a key the config has no field for, a value of the wrong type, or a broken
-            rule (:func:`~hybridrl.trainer.config_check.validate_ppo_config`); DataError: bad data;
+            rule (:func:`~hybridrl.trainer.ppo.config_check.validate_ppo_config`); DataError: bad data;
             RunFolderBusy: another run holds ``trainer.default_local_dir``.
     """
     config = typed_ppo_config(config)

@@ -8,7 +8,7 @@ or Ray workers with FSDP2); gradient accumulation over micro batches and workers
 on the whole batch. Config: ``hybridrl/config/rm_trainer.yaml``. Errors the user can fix are
 printed as one line (exit 2).
 
-The loop and the checkpoint layout are :mod:`hybridrl.trainer.supervised`'s (the last step is
+The loop and the checkpoint layout are :mod:`hybridrl.trainer.jobs.supervised`'s (the last step is
 always saved and exported: ``global_step_<N>/huggingface/`` is the folder to pass as
 ``reward_model.model.path``; ``trainer_state.json`` keeps the last validation metrics); the
 model's side is :class:`hybridrl.workers.supervised_worker.RewardModelTrainingWorker`.
@@ -26,8 +26,8 @@ from hybridrl.data.dataloader import create_rl_dataloader
 from hybridrl.data.preference_dataset import PreferenceDataset
 from hybridrl.models import load_tokenizer, resolve_model_path
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.supervised import SupervisedTrainer, run_supervised
-from hybridrl.trainer.supervised_config import rm_config
+from hybridrl.trainer.jobs.supervised import SupervisedTrainer, run_supervised
+from hybridrl.trainer.jobs.supervised_config import rm_config
 from hybridrl.workers.supervised_worker import RewardModelTrainingWorker, pairs_to_proto
 
 
@@ -105,7 +105,7 @@ def run_rm(config) -> str | None:
     of the last step (the reward model for ``reward_model.model.path``).
 
     Raises:
-        ConfigError: a bad key or value (see :class:`~hybridrl.trainer.supervised_config.RMConfig`).
+        ConfigError: a bad key or value (see :class:`~hybridrl.trainer.jobs.supervised_config.RMConfig`).
     """
     trainer = run_supervised(
         OmegaConf.structured(rm_config(config)), RewardModelTrainingWorker, RewardModelTrainer, build_rm_data

@@ -8,7 +8,7 @@ cosine/constant schedule, optional LoRA (``peft``), validation loss, DCP checkpo
 the last step an HF folder (LoRA merged in) that ``hybridrl train`` takes as
 ``actor_rollout_ref.model.path``. Errors the user can fix are printed as one line (exit 2).
 
-The loop and the checkpoint layout are :mod:`hybridrl.trainer.supervised`'s; the model's side is
+The loop and the checkpoint layout are :mod:`hybridrl.trainer.jobs.supervised`'s; the model's side is
 :class:`hybridrl.workers.supervised_worker.SFTWorker`.
 """
 
@@ -24,8 +24,8 @@ from hybridrl.data.dataloader import create_rl_dataloader
 from hybridrl.data.sft_dataset import SFTDataset
 from hybridrl.models import load_tokenizer, resolve_model_path
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.supervised import SupervisedTrainer, run_supervised
-from hybridrl.trainer.supervised_config import ignored_notes, sft_config
+from hybridrl.trainer.jobs.supervised import SupervisedTrainer, run_supervised
+from hybridrl.trainer.jobs.supervised_config import ignored_notes, sft_config
 from hybridrl.workers.supervised_worker import SFT_KEYS, SFTWorker, trim_padding
 
 # ---------------------------------------------------------------- data and the driver
@@ -83,7 +83,7 @@ def run_sft(config) -> None:
     """Trains with a composed ``sft_trainer`` config (see ``hybridrl.config.load_config``).
 
     Raises:
-        ConfigError: a bad key or value (see :class:`~hybridrl.trainer.supervised_config.SFTConfig`).
+        ConfigError: a bad key or value (see :class:`~hybridrl.trainer.jobs.supervised_config.SFTConfig`).
     """
     typed = sft_config(config)
     for note in ignored_notes(typed):

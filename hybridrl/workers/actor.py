@@ -199,7 +199,7 @@ class PPOActor:
         Each micro-batch loss is normalised by the token (or sequence) count of its whole
         mini batch, so the summed gradients equal those of one pass over the mini batch.
         With ``on_policy`` (the driver skipped the old-log-prob pass, see
-        :func:`hybridrl.trainer.step_plan.reuses_update_log_probs`) the old log-probs are the
+        :func:`hybridrl.trainer.ppo.step_plan.reuses_update_log_probs`) the old log-probs are the
         update's own, detached (the ratio is exactly 1), and ``actor/entropy`` is reported.
         Returns ``(metrics, log_probs)``: metrics as lists (one entry per micro batch or per
         optimizer step); ``on_policy``: the update's own detached log-probs ``(bs, response_length)``

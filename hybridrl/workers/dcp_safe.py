@@ -12,7 +12,7 @@ Tensors DCP already loads with ``weights_only=True``.
 
 :func:`safe_dcp_load` is ``dcp.load`` through both: the workers load a resume's model and
 optimizer with it (``checkpoint_io.load_worker_state``), ``hybridrl merge`` a folder's weights,
-and the driver's verification (``trainer/checkpoint_files.py``) the bytes items, so the check
+and the driver's verification (``trainer/run/checkpoint_files.py``) the bytes items, so the check
 and the load read the files the same way (a file swapped in between is refused, not run).
 """
 

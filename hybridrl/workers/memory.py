@@ -3,7 +3,7 @@
 The workers return :func:`memory_metrics` with their step's results (``update_actor``,
 ``update_critic``, ``compute_rm_score``, SFT/RM ``train_batch``) or from a ``get_memory_metrics``
 call when they have no update in a step; the driver keeps the MAXIMUM over every worker of every role
-(:data:`MEMORY_METRICS`, reduced with ``max`` by :func:`hybridrl.trainer.metrics.reduce_metrics`).
+(:data:`MEMORY_METRICS`, reduced with ``max`` by :func:`hybridrl.trainer.ppo.metrics.reduce_metrics`).
 """
 
 from __future__ import annotations

@@ -105,7 +105,7 @@ def _device(data: DataProto) -> torch.device:
 
 def check_sequence_parallel(config, world_size: int, uses_critic: bool) -> list[str]:
     """The start-up rules of ``ulysses_sequence_parallel_size`` (actor, reference, critic) on the
-    typed PPO config; called by ``hybridrl.trainer.config_check``.
+    typed PPO config; called by ``hybridrl.trainer.ppo.config_check``.
 
     Returns:
         a note saying sequence parallelism is on (and how the workers are grouped), or nothing.

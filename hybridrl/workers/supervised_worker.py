@@ -112,7 +112,7 @@ class SupervisedWorker(Worker):
 
     Args:
         config: the whole ``sft_trainer`` / ``rm_trainer`` config, typed
-            (``hybridrl.trainer.supervised_config``, as a structured DictConfig).
+            (``hybridrl.trainer.jobs.supervised_config``, as a structured DictConfig).
         total_training_steps: optimizer steps of the run (the lr schedule's length).
         device: ``trainer.device`` (cpu | cuda | auto).
     """

@@ -8,8 +8,8 @@ import os
 import pytest
 
 from hybridrl.config import ConfigError, load_config
-from hybridrl.trainer.config_check import validate_ppo_config
 from hybridrl.trainer.main_ppo import main
+from hybridrl.trainer.ppo.config_check import validate_ppo_config
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "config")
 QA = [

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.metrics import compute_agent_metrics
+from hybridrl.trainer.ppo.metrics import compute_agent_metrics
 
 
 def test_agent_metrics_by_hand():

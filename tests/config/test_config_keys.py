@@ -10,9 +10,9 @@ from omegaconf import OmegaConf
 
 from hybridrl.config import ConfigError, load_config
 from hybridrl.config.defaults import packaged_defaults
-from hybridrl.trainer import config_check as schema
-from hybridrl.trainer.config_check import validate_ppo_config
-from hybridrl.trainer.ppo_config import typed_ppo_config
+from hybridrl.trainer.ppo import config_check as schema
+from hybridrl.trainer.ppo.config import typed_ppo_config
+from hybridrl.trainer.ppo.config_check import validate_ppo_config
 
 A = "actor_rollout_ref.actor"
 R = "actor_rollout_ref.rollout"

@@ -7,7 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from hybridrl.config import ConfigError, load_config
-from hybridrl.trainer.config_check import validate_ppo_config
+from hybridrl.trainer.ppo.config_check import validate_ppo_config
 
 # verl examples/grpo_trainer/run_qwen2-7b.sh, as the shell hands it to Python (quotes removed).
 VERL_GRPO_QWEN2_7B = [

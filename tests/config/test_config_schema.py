@@ -8,8 +8,8 @@ from omegaconf import OmegaConf
 
 from hybridrl.config import ConfigError, load_config, normalize_batch_sizes
 from hybridrl.config.defaults import packaged_defaults
-from hybridrl.trainer import config_check as schema
-from hybridrl.trainer.config_check import ignored_key_notes, validate_ppo_config
+from hybridrl.trainer.ppo import config_check as schema
+from hybridrl.trainer.ppo.config_check import ignored_key_notes, validate_ppo_config
 from hybridrl.workers.config import ActorConfig, CriticConfig
 
 A = "actor_rollout_ref.actor"

@@ -8,9 +8,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
 from hybridrl.config import ConfigError, load_config
-from hybridrl.trainer.config_check import validate_ppo_config
-from hybridrl.trainer.ppo_config import PPOConfig, ppo_config, typed_ppo_config
-from hybridrl.trainer.rollout_correction import share_rollout_correction
+from hybridrl.trainer.ppo.config import PPOConfig, ppo_config, typed_ppo_config
+from hybridrl.trainer.ppo.config_check import validate_ppo_config
+from hybridrl.trainer.ppo.correction_stage import share_rollout_correction
 
 
 def _differences(yaml_node: dict, typed_node: dict, prefix: str = "") -> list[str]:

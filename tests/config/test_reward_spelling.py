@@ -4,7 +4,7 @@ ways differently is one error naming both keys."""
 import pytest
 
 from hybridrl.config import ConfigError, load_config
-from hybridrl.trainer.config_check import ignored_key_notes
+from hybridrl.trainer.ppo.config_check import ignored_key_notes
 
 
 def test_reward_section_values_reach_the_keys_hybridrl_reads():
@@ -47,7 +47,7 @@ def test_the_same_setting_two_ways_differently_is_one_line():
 
 
 def test_reward_keys_without_machinery_here_are_noted_or_refused():
-    from hybridrl.trainer.config_check import _check_not_yet_supported
+    from hybridrl.trainer.ppo.config_check import _check_not_yet_supported
 
     cfg = load_config(["reward.num_workers=8"], resolve_auto_dtypes=False)  # read as reward_model.num_workers
     assert cfg.reward_model.num_workers == 8 and not any("num_workers" in note for note in ignored_key_notes(cfg))
@@ -63,7 +63,7 @@ def test_reward_keys_without_machinery_here_are_noted_or_refused():
     ],
 )
 def test_verl_09_machinery_that_is_not_here_is_refused(key, value, message):
-    from hybridrl.trainer.config_check import _check_not_yet_supported
+    from hybridrl.trainer.ppo.config_check import _check_not_yet_supported
 
     with pytest.raises(ConfigError, match=rf"^{key}=.*: {message}.* is not in this build of hybridrl yet"):
         _check_not_yet_supported(load_config([f"{key}={value}"], resolve_auto_dtypes=False))

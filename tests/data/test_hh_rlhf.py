@@ -12,7 +12,7 @@ from hybridrl.config.typed import to_dataclass
 from hybridrl.data.errors import DataError
 from hybridrl.data.preference_dataset import PreferenceDataset, encode_rm_inputs, pad_pairs
 from hybridrl.data.preprocess import hh_rlhf
-from hybridrl.trainer.supervised_config import RMDataConfig
+from hybridrl.trainer.jobs.supervised_config import RMDataConfig
 
 HH_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "hh_rlhf"))
 HH_FILE = os.path.join(HH_DIR, "harmless-base-test.jsonl.gz")

@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 from hybridrl.config.typed import to_dataclass
 from hybridrl.data.errors import DataError
 from hybridrl.data.sft_dataset import SFTDataset, assistant_char_spans
-from hybridrl.trainer.supervised_config import SFTDataConfig
+from hybridrl.trainer.jobs.supervised_config import SFTDataConfig
 
 CONVERSATION = [
     {"role": "system", "content": "S"},

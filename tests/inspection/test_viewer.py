@@ -9,7 +9,7 @@ import pytest
 from hybridrl.cli import main as cli_main
 from hybridrl.inspection.viewer import SampleDump, ViewerError, parse_filter, select
 from hybridrl.inspection.viewer_app import SampleScreen, SampleTable, SampleViewer
-from hybridrl.trainer.rollout_dump import list_steps, read_step
+from hybridrl.trainer.ppo.rollout_dump import list_steps, read_step
 
 VAL = "val-core/openai/gsm8k/reward/mean@1"
 

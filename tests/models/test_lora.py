@@ -22,7 +22,7 @@ from hybridrl.models.lora import (
     save_lora_adapter,
     saved_lora_rank,
 )
-from hybridrl.trainer.config_check import validate_ppo_config
+from hybridrl.trainer.ppo.config_check import validate_ppo_config
 
 RANK, ALPHA = 4, 8
 

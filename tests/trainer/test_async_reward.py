@@ -11,10 +11,10 @@ import torch
 from hybridrl.config import ConfigError, load_config
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.manager import RewardFunctionError
-from hybridrl.trainer import ppo_trainer
-from hybridrl.trainer.async_reward import PendingReward, reward_deadline_s, scores_async
-from hybridrl.trainer.config_check import validate_ppo_config
 from hybridrl.trainer.main_ppo import main
+from hybridrl.trainer.ppo import ppo_trainer
+from hybridrl.trainer.ppo.async_reward import PendingReward, reward_deadline_s, scores_async
+from hybridrl.trainer.ppo.config_check import validate_ppo_config
 from tests.trainer.test_e2e import _overrides, reward_file  # noqa: F401  (a fixture)
 
 GRPO = [

@@ -7,7 +7,7 @@ import torch
 
 from hybridrl.algorithms.advantages import get_adv_estimator_fn
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.balance import balance_batch
+from hybridrl.trainer.ppo.balance import balance_batch
 
 
 def _batch(lengths, n=2, seed=0):

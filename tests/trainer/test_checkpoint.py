@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from hybridrl.trainer import checkpoint
+from hybridrl.trainer.run import checkpoint
 
 
 def _writer(content):
@@ -81,7 +81,7 @@ def test_a_checkpoint_records_the_checksum_of_every_file(tmp_path):
     import hashlib
     import json
 
-    from hybridrl.trainer.checkpoint_files import MANIFEST
+    from hybridrl.trainer.run.checkpoint_files import MANIFEST
 
     path = checkpoint.save_checkpoint(str(tmp_path), 1, _writer("w1"), {"pos": 1})
     with open(os.path.join(path, MANIFEST)) as f:

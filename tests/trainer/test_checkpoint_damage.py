@@ -18,8 +18,8 @@ from crafted_checkpoints import (
     write_zeros,
 )
 
-from hybridrl.trainer import checkpoint
-from hybridrl.trainer.checkpoint_files import MANIFEST, write_manifest
+from hybridrl.trainer.run import checkpoint
+from hybridrl.trainer.run.checkpoint_files import MANIFEST, write_manifest
 from hybridrl.workers.checkpoint_io import load_state_file, load_worker_state, save_worker_state
 
 
@@ -195,7 +195,7 @@ def test_zeros_written_into_a_shard_are_caught_by_its_checksum(root, capsys):
 
 def test_a_checkpoint_saved_before_checksums_still_loads(root, capsys, caplog):
     (root / "global_step_2" / MANIFEST).unlink()
-    with caplog.at_level("INFO", logger="hybridrl.trainer.checkpoint_files"):
+    with caplog.at_level("INFO", logger="hybridrl.trainer.run.checkpoint_files"):
         assert checkpoint.find_latest_checkpoint(str(root)) == str(root / "global_step_2")
     assert capsys.readouterr().out == ""
     assert [r.getMessage() for r in caplog.records if MANIFEST in r.getMessage()], caplog.records

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from hybridrl.errors import UserError
-from hybridrl.trainer.checkpoint_lock import LOCK_FILE, RunFolderBusy, run_folder_lock
+from hybridrl.trainer.run.checkpoint_lock import LOCK_FILE, RunFolderBusy, run_folder_lock
 
 
 def test_a_second_run_on_the_folder_stops_naming_the_holder(tmp_path, capsys):
@@ -39,7 +39,7 @@ def test_the_lock_is_released_when_the_run_fails(tmp_path, capsys):
 def test_the_lock_of_a_killed_run_is_taken_over_with_one_warning(tmp_path, capsys):
     # the holder dies without its cleanup (as after SIGKILL): the kernel frees the lock, the file names it
     code = (
-        "import os, sys; from hybridrl.trainer.checkpoint_lock import run_folder_lock; "
+        "import os, sys; from hybridrl.trainer.run.checkpoint_lock import run_folder_lock; "
         "lock = run_folder_lock(sys.argv[1]); lock.__enter__(); print(os.getpid(), flush=True); os._exit(0)"
     )
     pid = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)

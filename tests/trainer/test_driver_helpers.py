@@ -1,7 +1,7 @@
 import torch
 
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.stages import trim_left_padding
+from hybridrl.trainer.ppo.stages import trim_left_padding
 
 
 def _gen_batch(mask):
@@ -31,7 +31,7 @@ def test_compute_advantage_stops_on_non_finite_input_naming_tensor_and_step():
     import pytest
 
     from hybridrl.algorithms.errors import NonFiniteError
-    from hybridrl.trainer.stages import compute_advantage
+    from hybridrl.trainer.ppo.stages import compute_advantage
 
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
     values = torch.tensor([[0.1, float("inf"), 0.0], [0.2, 0.0, 0.0]])  # a broken critic
@@ -55,7 +55,7 @@ def test_compute_advantage_stops_on_non_finite_input_naming_tensor_and_step():
 def test_reuses_update_log_probs_only_for_a_single_on_policy_step():
     from hybridrl.algorithms.config import algo_config
     from hybridrl.config import load_config
-    from hybridrl.trainer.step_plan import reuses_update_log_probs
+    from hybridrl.trainer.ppo.step_plan import reuses_update_log_probs
 
     def reuses(config):
         return reuses_update_log_probs(config, algo_config(config))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.dynamic_sampling import DynamicSampler, DynamicSamplingError, kept_group_rows
+from hybridrl.trainer.ppo.dynamic_sampling import DynamicSampler, DynamicSamplingError, kept_group_rows
 
 N = 2  # responses per prompt
 
@@ -108,7 +108,7 @@ def test_a_batch_that_never_fills_stops_after_timeout_s_naming_the_keys():
 def test_filter_groups_timeout_s_is_a_config_key_with_a_deadline_by_default():
     from hybridrl.algorithms.config import algo_config
     from hybridrl.config import load_config
-    from hybridrl.trainer.stages import build_dynamic_sampler
+    from hybridrl.trainer.ppo.stages import build_dynamic_sampler
 
     class Tokenizer:
         pad_token_id = 0

@@ -470,7 +470,7 @@ def test_data_without_ground_truth_stops_at_start_up(tiny_model_dir, tmp_path, c
 
 
 def test_a_second_run_on_the_same_folder_stops_at_once_with_one_line(gsm8k_parquet, tiny_model_dir, tmp_path, capsys):
-    from hybridrl.trainer.checkpoint_lock import run_folder_lock
+    from hybridrl.trainer.run.checkpoint_lock import run_folder_lock
 
     out = tmp_path / "run"
     with run_folder_lock(str(out)):  # as a running `hybridrl train` holds it

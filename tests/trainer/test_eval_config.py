@@ -4,7 +4,7 @@ for default, and a bad key or value is one line naming it."""
 import pytest
 
 from hybridrl.config import ConfigError, load_config
-from hybridrl.trainer.eval_config import EvalConfig, eval_config
+from hybridrl.trainer.jobs.eval_config import EvalConfig, eval_config
 from tests.config.test_ppo_config import yaml_differences
 
 

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from hybridrl.trainer.eval_metrics import (
+from hybridrl.trainer.run.eval_metrics import (
     bootstrap_ci,
     compute_eval_metrics,
     default_k_list,

@@ -24,8 +24,8 @@ import torch
 
 from hybridrl.config import ConfigError, load_config
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.config_check import validate_ppo_config
-from hybridrl.trainer.fully_async import DataExhausted, StreamingRollout, StreamSettings
+from hybridrl.trainer.ppo.config_check import validate_ppo_config
+from hybridrl.trainer.schedules.fully_async import DataExhausted, StreamingRollout, StreamSettings
 from hybridrl.workers.memory import MEMORY_METRICS
 from hybridrl.workers.rollout.base import RolloutEngineError
 

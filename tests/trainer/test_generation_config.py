@@ -5,7 +5,7 @@ key or value is one line."""
 import pytest
 
 from hybridrl.config import ConfigError, load_config
-from hybridrl.trainer.generation_config import GenerationConfig, generation_config
+from hybridrl.trainer.jobs.generation_config import GenerationConfig, generation_config
 from hybridrl.workers.config import EngineConfig
 from tests.config.test_ppo_config import yaml_differences
 

@@ -1,8 +1,8 @@
-"""The one training loop (hybridrl/trainer/loop.py) with a fake trainer: no model, no workers."""
+"""The one training loop (hybridrl/trainer/run/loop.py) with a fake trainer: no model, no workers."""
 
 import pytest
 
-from hybridrl.trainer.loop import LoopHooks, LoopSettings, epoch_batches, is_due, run_training
+from hybridrl.trainer.run.loop import LoopHooks, LoopSettings, epoch_batches, is_due, run_training
 
 
 class Tracker:

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from hybridrl import cli
-from hybridrl.trainer import main_ppo, plan_config
-from hybridrl.trainer.memory_plan import CPU_MALLOC_KEPT_GB, GiB, one_line
-from hybridrl.trainer.model_shape import model_shape_from_dict
-from hybridrl.trainer.plan_cli import _with, load_plan_config, suggest
-from hybridrl.trainer.plan_config import build_plan
+from hybridrl.trainer import main_ppo
+from hybridrl.trainer.jobs import plan_config
+from hybridrl.trainer.jobs.memory_plan import CPU_MALLOC_KEPT_GB, GiB, one_line
+from hybridrl.trainer.jobs.model_shape import model_shape_from_dict
+from hybridrl.trainer.jobs.plan_cli import _with, load_plan_config, suggest
+from hybridrl.trainer.jobs.plan_config import build_plan
 
 
 def _config(model_type, hidden, inter, layers, heads, kv_heads, vocab, tied, **extra) -> dict:

@@ -7,9 +7,9 @@ import pytest
 import torch
 from crafted_checkpoints import craft_bytes_item, craft_metadata_file, craft_metadata_inside, write_zeros
 
-from hybridrl.trainer import checkpoint
-from hybridrl.trainer.checkpoint_files import MANIFEST, write_manifest
-from hybridrl.trainer.merge import main as merge_main
+from hybridrl.trainer.jobs.merge import main as merge_main
+from hybridrl.trainer.run import checkpoint
+from hybridrl.trainer.run.checkpoint_files import MANIFEST, write_manifest
 from hybridrl.workers.checkpoint_io import save_worker_state
 
 

@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from hybridrl.protocol import DataProto
-from hybridrl.trainer import metrics as M
-from hybridrl.trainer.metrics import (
+from hybridrl.trainer.ppo.metrics import (
     MetricsInputError,
     compute_data_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
-    marked_timer,
 )
+from hybridrl.trainer.run import metrics as run_metrics
+from hybridrl.trainer.run.metrics import marked_timer
 
 
 def _batch(with_values=True, meta_info=None):
@@ -129,7 +129,7 @@ def test_throughput_needs_step_time():
 
 def test_marked_timer_accumulates_and_survives_errors(monkeypatch):
     clock = iter([10.0, 10.5, 20.0, 20.25])
-    monkeypatch.setattr(M.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(run_metrics.time, "perf_counter", lambda: next(clock))
     timing_raw = {}
     with marked_timer("gen", timing_raw):
         pass

@@ -4,7 +4,7 @@ worked out by hand, and errors that name the function called and its own argumen
 import pytest
 
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.metrics import MetricsInputError, compute_throughout_metrics, compute_throughput_metrics
+from hybridrl.trainer.ppo.metrics import MetricsInputError, compute_throughout_metrics, compute_throughput_metrics
 
 
 def test_throughout_takes_verls_n_gpus_by_keyword_and_position():

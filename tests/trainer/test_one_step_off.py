@@ -24,8 +24,8 @@ import torch
 
 from hybridrl.config import ConfigError, load_config
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.config_check import validate_ppo_config
-from hybridrl.trainer.prefetch import OneStepOffRollout, PendingGeneration, staleness_metrics
+from hybridrl.trainer.ppo.config_check import validate_ppo_config
+from hybridrl.trainer.schedules.one_step_off import OneStepOffRollout, PendingGeneration, staleness_metrics
 from hybridrl.workers.memory import MEMORY_METRICS
 from hybridrl.workers.rollout.base import RolloutEngineError
 from tests.tiny_models import ppo_section
@@ -77,7 +77,7 @@ def test_without_correction_a_note_recommends_verls_setting():
 
 def test_the_old_log_prob_pass_always_runs():
     from hybridrl.algorithms.config import algo_config
-    from hybridrl.trainer.step_plan import reuses_update_log_probs
+    from hybridrl.trainer.ppo.step_plan import reuses_update_log_probs
 
     on_policy = ["actor_rollout_ref.actor.ppo_mini_batch_size=8"]  # one update per batch: the pass could be skipped
     config = load_config(BASE + on_policy)

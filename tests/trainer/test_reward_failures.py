@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.stages import apply_reward_failures
+from hybridrl.trainer.ppo.stages import apply_reward_failures
 
 
 def scored(errors, timeouts=None):

@@ -7,7 +7,7 @@ from omegaconf import open_dict
 
 from hybridrl.algorithms.rollout_corr import RolloutCorrectionConfig
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.rollout_correction import (
+from hybridrl.trainer.ppo.correction_stage import (
     RolloutCorrectionError,
     apply_bypass_mode,
     compute_rollout_correction_and_add_to_batch,

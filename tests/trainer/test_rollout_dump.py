@@ -9,7 +9,7 @@ import torch
 
 from hybridrl.errors import ConfigError
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.rollout_dump import (
+from hybridrl.trainer.ppo.rollout_dump import (
     SampleDumpError,
     ValidationDump,
     dump_rollouts,
@@ -19,7 +19,7 @@ from hybridrl.trainer.rollout_dump import (
     sample_records,
     write_step,
 )
-from hybridrl.trainer.tracking import VAL_GENERATIONS_KEY
+from hybridrl.trainer.run.tracking import VAL_GENERATIONS_KEY
 from tests.tiny_models import ppo_section
 
 PROMPTS = ["What is 2 + 3?", "Name a prime number larger than ten, please."]

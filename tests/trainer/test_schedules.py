@@ -1,4 +1,4 @@
-"""The PPO driver's schedules (hybridrl/trainer/schedules.py): which config picks which, and what
+"""The PPO driver's schedules (hybridrl/trainer/schedules/modes.py): which config picks which, and what
 each one does for the driver and the loop, with fake trainers and worker groups (no model)."""
 
 from types import SimpleNamespace
@@ -9,9 +9,9 @@ import torch
 
 from hybridrl.protocol import DataProto
 from hybridrl.registry import RegistryError
-from hybridrl.trainer import schedules
-from hybridrl.trainer.fully_async import DataExhausted
-from hybridrl.trainer.schedules import (
+from hybridrl.trainer.schedules import modes as schedules
+from hybridrl.trainer.schedules.fully_async import DataExhausted
+from hybridrl.trainer.schedules.modes import (
     FullyAsyncSchedule,
     OneStepOffSchedule,
     SyncSchedule,

@@ -82,7 +82,7 @@ def test_micro_batches_accumulate_to_the_whole_batch_gradient(gsm8k_parquet, tin
     from hybridrl.data.collate import collate_fn
     from hybridrl.data.sft_dataset import SFTDataset
     from hybridrl.models import load_causal_lm, load_tokenizer
-    from hybridrl.trainer.supervised_config import SFTDataConfig
+    from hybridrl.trainer.jobs.supervised_config import SFTDataConfig
 
     cfg = OmegaConf.structured(
         SFTDataConfig(
@@ -276,7 +276,7 @@ def test_too_long_row_message_names_the_row_and_the_limit(gsm8k_parquet, tiny_mo
 
 
 def test_a_second_run_on_the_same_folder_stops_at_once_with_one_line(gsm8k_parquet, tiny_model_dir, tmp_path, capsys):
-    from hybridrl.trainer.checkpoint_lock import run_folder_lock
+    from hybridrl.trainer.run.checkpoint_lock import run_folder_lock
 
     out = tmp_path / "run"
     with run_folder_lock(str(out)):  # as a running `hybridrl sft` holds it

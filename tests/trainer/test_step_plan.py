@@ -5,8 +5,8 @@ import pytest
 from hybridrl.algorithms.advantages import ADV_ESTIMATORS, register_adv_est
 from hybridrl.algorithms.config import algo_config
 from hybridrl.config import ConfigError, load_config
-from hybridrl.trainer.async_modes import check_async_modes, check_one_step_off
-from hybridrl.trainer.step_plan import make_step_plan
+from hybridrl.trainer.ppo.async_checks import check_async_modes, check_one_step_off
+from hybridrl.trainer.ppo.step_plan import make_step_plan
 
 ON_POLICY = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]
 

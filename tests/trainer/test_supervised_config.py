@@ -7,7 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from hybridrl.config import ConfigError, load_config
-from hybridrl.trainer.supervised_config import RMConfig, SFTConfig, ignored_notes, rm_config, sft_config
+from hybridrl.trainer.jobs.supervised_config import RMConfig, SFTConfig, ignored_notes, rm_config, sft_config
 
 
 def _fields(obj, prefix=""):

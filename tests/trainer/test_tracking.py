@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from hybridrl.trainer import tracking as T
-from hybridrl.trainer.tracking import (
+from hybridrl.trainer.run import tracking as T
+from hybridrl.trainer.run.tracking import (
     MissingLoggerPackage,
     Tracking,
     TrackingError,
@@ -133,7 +133,7 @@ def test_register_custom_logger(monkeypatch):
 
 def test_import_stays_light():
     code = (
-        "import sys, hybridrl.trainer.tracking, hybridrl.trainer.metrics;"
+        "import sys, hybridrl.trainer.run.tracking, hybridrl.trainer.ppo.metrics;"
         "bad = [m for m in ('wandb', 'mlflow', 'tensorboard', 'torch.utils.tensorboard', 'transformers')"
         " if m in sys.modules]; print(bad)"
     )
@@ -374,7 +374,7 @@ def test_mlflow_respects_tracking_uri_env(monkeypatch, tmp_path):
 
 
 def test_mlflow_key_sanitizing():
-    from hybridrl.trainer.loggers_optional import mlflow_key
+    from hybridrl.trainer.run.loggers_optional import mlflow_key
 
     assert mlflow_key("val-core/a b/reward/mean@4") == "val-core/a b/reward/mean_at_4"
     assert mlflow_key("timing_s/gen:0.x") == "timing_s/gen:0.x"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.metrics import (
+from hybridrl.trainer.ppo.metrics import (
     bootstrap_metric,
     calc_maj_val,
     compute_data_metrics,
@@ -16,7 +16,7 @@ from hybridrl.trainer.metrics import (
     compute_throughput_metrics,
     process_validation_metrics,
 )
-from hybridrl.trainer.validation_metrics import ValidationMetricsError
+from hybridrl.trainer.ppo.validation_metrics import ValidationMetricsError
 
 
 # ----------------------------------------------------------------- bootstrap_metric

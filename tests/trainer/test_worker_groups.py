@@ -5,8 +5,8 @@ from omegaconf import OmegaConf
 
 from hybridrl.config import load_config
 from hybridrl.errors import ConfigError
-from hybridrl.trainer.supervised_config import rm_config, sft_config
-from hybridrl.trainer.worker_groups import ray_init_kwargs, resolve_backend, rollout_pool_spec
+from hybridrl.trainer.jobs.supervised_config import rm_config, sft_config
+from hybridrl.trainer.run.worker_groups import ray_init_kwargs, resolve_backend, rollout_pool_spec
 from tests.tiny_models import ppo_config_with
 
 
@@ -80,7 +80,7 @@ def test_resource_check_names_what_is_missing(ray_cluster):
 def test_the_actor_and_critic_schedule_their_learning_rate_over_the_runs_steps(tiny_model_dir):
     """The driver hands the run's step count to the trained roles (the config's optim keys are not
     written): a warmup of half the run is 2 of 4 steps, so the first step trains at half the lr."""
-    from hybridrl.trainer.worker_groups import build_worker_groups
+    from hybridrl.trainer.run.worker_groups import build_worker_groups
 
     optim = {"lr_warmup_steps_ratio": 0.5, "warmup_style": "cosine"}
     config = ppo_config_with(

@@ -13,8 +13,8 @@ import torch
 from hybridrl.config import load_config
 from hybridrl.controller.local import LocalWorkerGroup
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.merge import load_merged_model
-from hybridrl.trainer.merge import main as merge_main
+from hybridrl.trainer.jobs.merge import load_merged_model
+from hybridrl.trainer.jobs.merge import main as merge_main
 from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker
 from tests.tiny_models import actor_batch_sizes
 

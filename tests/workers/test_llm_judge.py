@@ -12,7 +12,7 @@ from hybridrl.config import ConfigError, load_config
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.custom import RewardConfigError
 from hybridrl.rewards.manager import RewardFunctionError, load_reward_manager
-from hybridrl.trainer.config_check import validate_ppo_config
+from hybridrl.trainer.ppo.config_check import validate_ppo_config
 from hybridrl.workers.llm_judge import JudgeBusyError, JudgeEngine, JudgeRewardManager
 from tests.tiny_models import ppo_config_with
 

@@ -13,7 +13,7 @@ pytest.importorskip("peft")
 from hybridrl.config import load_config, worker_batch_sizes
 from hybridrl.controller.local import LocalWorkerGroup
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.checkpoint import CheckpointError
+from hybridrl.trainer.run.checkpoint import CheckpointError
 from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 from tests.tiny_models import actor_batch_sizes
 
@@ -200,7 +200,7 @@ def test_resume_with_another_lora_rank_is_refused(trained, tiny_model_dir):
 def test_merge_folds_the_adapter_into_an_hf_folder(trained, batch, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from hybridrl.trainer.merge import main as merge_main
+    from hybridrl.trainer.jobs.merge import main as merge_main
 
     target = tmp_path / "hf"
     assert merge_main(["--local_dir", str(trained["dir"]), "--target_dir", str(target)]) == 0
@@ -219,7 +219,7 @@ def test_merge_folds_the_adapter_into_an_hf_folder(trained, batch, tmp_path):
 
 
 def test_merge_with_a_missing_base_model(trained, tmp_path, capsys):
-    from hybridrl.trainer.merge import main as merge_main
+    from hybridrl.trainer.jobs.merge import main as merge_main
 
     code = merge_main(
         [

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.metrics import merge_metrics, reduce_metrics, reduce_worker_metrics
-from hybridrl.trainer.ppo_trainer import PPOTrainer
+from hybridrl.trainer.ppo.ppo_trainer import PPOTrainer
+from hybridrl.trainer.run.metrics import merge_metrics, reduce_metrics, reduce_worker_metrics
 from hybridrl.workers.memory import GIB, MEMORY_METRICS, current_rss_bytes, memory_metrics, peak_rss_bytes
 
 ALLOCATED, RESERVED, CPU_USED = MEMORY_METRICS

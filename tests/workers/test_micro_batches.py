@@ -65,7 +65,7 @@ def test_every_rank_runs_the_same_number_of_micro_batches(monkeypatch):
 
 def test_startup_check_refuses_a_budget_below_the_longest_row():
     from hybridrl.config import load_config
-    from hybridrl.trainer.config_check import validate_ppo_config
+    from hybridrl.trainer.ppo.config_check import validate_ppo_config
 
     base = [
         "data.max_prompt_length=300",

@@ -15,7 +15,7 @@ from hybridrl.controller.local import LocalWorkerGroup
 from hybridrl.data.preference_dataset import encode_rm_inputs
 from hybridrl.models import load_tokenizer, load_value_model
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.config_check import validate_ppo_config
+from hybridrl.trainer.ppo.config_check import validate_ppo_config
 from hybridrl.workers.fsdp_workers import RewardModelWorker
 from hybridrl.workers.memory import MEMORY_METRICS
 from hybridrl.workers.reward_model import expand_to_token_level, forward_sequence_scores, last_token_index

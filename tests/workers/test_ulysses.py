@@ -148,7 +148,7 @@ def test_use_ulysses_attention_switches_a_llama_and_refuses_others():
 
 def _check(world_size, model_dir, size, *more):
     """The start-up check of a small valid GRPO config (6 prompts x 2 responses, mini batch 3)."""
-    from hybridrl.trainer.config_check import validate_ppo_config
+    from hybridrl.trainer.ppo.config_check import validate_ppo_config
 
     overrides = [
         "algorithm.adv_estimator=grpo",

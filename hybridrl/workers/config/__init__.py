@@ -1,5 +1,5 @@
 """The PPO roles' config sections as dataclasses (verl's ``verl.workers.config``); the whole
-config is :class:`hybridrl.trainer.ppo_config.PPOConfig`."""
+config is :class:`hybridrl.trainer.ppo.config.PPOConfig`."""
 
 from .actor import ActorConfig, ActorRolloutRefConfig, PolicyLossConfig, RefConfig
 from .critic import CriticConfig

@@ -28,7 +28,7 @@ class EngineConfig:
     ``calculate_log_probs`` it also returns ``rollout_log_probs``. The vLLM keys size the engine
     (``kv_cache_memory_gb`` in GiB; null: 1 on CPU); ``engine_timeout_s`` is the longest wait on
     it, in seconds. The defaults are the judge's (``reward_model.rollout``); ``hybridrl gen`` has
-    its own (:class:`hybridrl.trainer.generation_config.GenerationRolloutConfig`)."""
+    its own (:class:`hybridrl.trainer.jobs.generation_config.GenerationRolloutConfig`)."""
 
     name: str = "hf"
     mode: str = "sync"

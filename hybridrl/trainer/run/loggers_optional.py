@@ -1,6 +1,6 @@
 """The loggers that need an optional package: tensorboard, wandb, mlflow.
 
-Each imports its package in its constructor, so `import hybridrl.trainer.tracking` stays
+Each imports its package in its constructor, so `import hybridrl.trainer.run.tracking` stays
 light, and raises `MissingLoggerPackage` (one line with the pip command) when it is absent.
 `tracking`'s registry names them and imports this module on first use.
 """
@@ -13,7 +13,7 @@ import os
 import re
 from pathlib import Path
 
-from hybridrl.trainer.tracking import MissingLoggerPackage, TrackingError, plain_scalar, register_logger
+from hybridrl.trainer.run.tracking import MissingLoggerPackage, TrackingError, plain_scalar, register_logger
 
 logger = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ from hybridrl.config import load_config
 from hybridrl.config.key_tables import ACTOR, REF, ROLLOUT
 from hybridrl.config.precision import auto_dtype_keys, resolve_precision
 from hybridrl.errors import ConfigError, UserError
-from hybridrl.trainer.memory_plan import MemoryPlan, one_line
-from hybridrl.trainer.plan_config import build_plan
-from hybridrl.trainer.ppo_config import typed_ppo_config
+from hybridrl.trainer.jobs.memory_plan import MemoryPlan, one_line
+from hybridrl.trainer.jobs.plan_config import build_plan
+from hybridrl.trainer.ppo.config import typed_ppo_config
 
 __all__ = ["format_table", "load_plan_config", "main", "plan_json", "startup_line", "suggest"]
 

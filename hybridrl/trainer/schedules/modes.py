@@ -1,15 +1,15 @@
 """The PPO driver's training schedules: where a step's batch is generated and when the engines
 get the actor's weights (docs/async.md). One class per mode, chosen once by :func:`make_schedule`
-from the config; :class:`~hybridrl.trainer.ppo_trainer.PPOTrainer` calls its methods and never
-tests which one it has, and :func:`hybridrl.trainer.loop.run_training` calls its loop hooks.
+from the config; :class:`~hybridrl.trainer.ppo.ppo_trainer.PPOTrainer` calls its methods and never
+tests which one it has, and :func:`hybridrl.trainer.run.loop.run_training` calls its loop hooks.
 
 - :class:`SyncSchedule` (``trainer.v1.trainer_mode=sync``, the default): each step generates its
   batch; the actor's update pushes the new weights to the engine.
 - :class:`OneStepOffSchedule` (``trainer.one_step_off_policy=true``): batch t+1 generates during
-  step t (:class:`~hybridrl.trainer.prefetch.OneStepOffRollout`); the next step syncs the weights;
+  step t (:class:`~hybridrl.trainer.schedules.one_step_off.OneStepOffRollout`); the next step syncs the weights;
   validation and checkpoints first wait for the prefetch (``timing_s/gen_next``).
 - :class:`FullyAsyncSchedule` (``trainer.v1.trainer_mode=colocate_async|separate_async``): prompt
-  groups stream through the engines (:class:`~hybridrl.trainer.fully_async.StreamingRollout`),
+  groups stream through the engines (:class:`~hybridrl.trainer.schedules.fully_async.StreamingRollout`),
   which get the weights after every update. The two modes differ in their settings (colocated
   engines pause while the trainer trains) and in where the engines live (the actor's workers,
   or a rollout pool of their own).
@@ -22,10 +22,10 @@ from typing import Any, Iterator, Protocol
 
 from hybridrl.protocol import DataProto
 from hybridrl.registry import Registry
-from hybridrl.trainer.fully_async import DataExhausted, StreamingRollout, stream_settings
-from hybridrl.trainer.loop import LoopHooks
-from hybridrl.trainer.metrics import marked_timer
-from hybridrl.trainer.prefetch import VERSION_KEY, OneStepOffRollout, engine_deadline_s, staleness_metrics
+from hybridrl.trainer.run.loop import LoopHooks
+from hybridrl.trainer.run.metrics import marked_timer
+from hybridrl.trainer.schedules.fully_async import DataExhausted, StreamingRollout, stream_settings
+from hybridrl.trainer.schedules.one_step_off import VERSION_KEY, OneStepOffRollout, engine_deadline_s, staleness_metrics
 
 __all__ = [
     "SCHEDULES",
@@ -42,7 +42,7 @@ ONE_STEP_OFF = "one_step_off"  # trainer.one_step_off_policy=true; the other nam
 
 
 class ScheduleHost(Protocol):
-    """What a schedule uses of its trainer (:class:`~hybridrl.trainer.ppo_trainer.PPOTrainer`)."""
+    """What a schedule uses of its trainer (:class:`~hybridrl.trainer.ppo.ppo_trainer.PPOTrainer`)."""
 
     config: Any
     tokenizer: Any
@@ -119,7 +119,7 @@ class SyncSchedule(Schedule):
 
 class OneStepOffSchedule(Schedule):
     """``trainer.one_step_off_policy``: batch t+1 generates in a driver thread while step t trains
-    (:mod:`hybridrl.trainer.prefetch`); the engine gets the weights at the start of each step."""
+    (:mod:`hybridrl.trainer.schedules.one_step_off`); the engine gets the weights at the start of each step."""
 
     update_syncs_weights = False
 
@@ -179,8 +179,8 @@ class OneStepOffSchedule(Schedule):
 
 class FullyAsyncSchedule(Schedule):
     """``trainer.v1.trainer_mode=colocate_async|separate_async``: finished prompt groups stream in
-    (:mod:`hybridrl.trainer.fully_async`), the engines get the weights after every update. The mode
-    is in :func:`~hybridrl.trainer.fully_async.stream_settings`; the engines are the actor's
+    (:mod:`hybridrl.trainer.schedules.fully_async`), the engines get the weights after every update. The mode
+    is in :func:`~hybridrl.trainer.schedules.fully_async.stream_settings`; the engines are the actor's
     workers or a rollout pool of their own (``trainer.rollout_wg``)."""
 
     update_syncs_weights = False

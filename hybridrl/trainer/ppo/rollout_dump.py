@@ -25,7 +25,7 @@ import numpy as np
 
 from hybridrl.data.jsonl import iter_jsonl
 from hybridrl.errors import ConfigError, UserError
-from hybridrl.trainer.tracking import VAL_GENERATIONS_KEY
+from hybridrl.trainer.run.tracking import VAL_GENERATIONS_KEY
 
 _STEP_FILE = re.compile(r"^(?:step_)?(\d+)\.jsonl$")
 _BASE_KEYS = ("input", "output", "score", "ground_truth", "step", "data_source", "uid", "param_version")

@@ -16,8 +16,8 @@ import tempfile
 
 from hybridrl.models import ModelDependencyError, ModelPathError, load_causal_lm, load_value_model, to_torch_dtype
 from hybridrl.models.lora import LORA_ADAPTER_DIR, merge_lora_adapter
-from hybridrl.trainer.checkpoint import CheckpointError
-from hybridrl.trainer.checkpoint_files import verify_dcp, verify_manifest
+from hybridrl.trainer.run.checkpoint import CheckpointError
+from hybridrl.trainer.run.checkpoint_files import verify_dcp, verify_manifest
 from hybridrl.workers.checkpoint_io import DCP_DIR, HF_DIR
 from hybridrl.workers.dcp_safe import safe_dcp_load
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 from hybridrl.config.typed import to_dataclass
-from hybridrl.trainer.ppo_config import RayInitConfig
+from hybridrl.trainer.ppo.config import RayInitConfig
 from hybridrl.workers.config import EngineConfig
 
 __all__ = ["GenerationConfig", "GenerationRolloutConfig", "generation_config"]

@@ -19,24 +19,17 @@ from hybridrl.algorithms.policy_loss import agg_loss
 from hybridrl.algorithms.rollout_corr import compute_offpolicy_metrics
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.manager import RewardFunctionError
-from hybridrl.trainer import checkpoint
-from hybridrl.trainer.async_reward import PendingReward, reward_deadline_s, scores_async
-from hybridrl.trainer.balance import balance_batch
-from hybridrl.trainer.loop import LoopSettings, run_training
-from hybridrl.trainer.metrics import (
+from hybridrl.trainer.ppo.async_reward import PendingReward, reward_deadline_s, scores_async
+from hybridrl.trainer.ppo.balance import balance_batch
+from hybridrl.trainer.ppo.correction_stage import apply_bypass_mode, compute_rollout_correction_and_add_to_batch
+from hybridrl.trainer.ppo.metrics import (
     compute_data_metrics,
     compute_rollout_probs_diff_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
-    marked_timer,
-    merge_metrics,
-    reduce_metrics,
-    reduce_worker_metrics,
 )
-from hybridrl.trainer.rollout_correction import apply_bypass_mode, compute_rollout_correction_and_add_to_batch
-from hybridrl.trainer.rollout_dump import ValidationDump, dump_rollouts
-from hybridrl.trainer.schedules import Schedule, make_schedule
-from hybridrl.trainer.stages import (
+from hybridrl.trainer.ppo.rollout_dump import ValidationDump, dump_rollouts
+from hybridrl.trainer.ppo.stages import (
     GEN_BATCH_KEYS,
     apply_reward_failures,
     build_dynamic_sampler,
@@ -45,13 +38,17 @@ from hybridrl.trainer.stages import (
     object_array,
     trim_left_padding,
 )
-from hybridrl.trainer.step_plan import StepPlan
+from hybridrl.trainer.ppo.step_plan import StepPlan
+from hybridrl.trainer.run import checkpoint
+from hybridrl.trainer.run.loop import LoopSettings, run_training
+from hybridrl.trainer.run.metrics import marked_timer, merge_metrics, reduce_metrics, reduce_worker_metrics
+from hybridrl.trainer.schedules.modes import Schedule, make_schedule
 
 
 class PPOTrainer:
     """Runs ``fit()``: validation, then ``step()`` per batch, checkpoints and logging
-    (:func:`~hybridrl.trainer.loop.run_training`), on the schedule of the config
-    (:mod:`hybridrl.trainer.schedules`: sync, one-step-off or fully async), chosen here once."""
+    (:func:`~hybridrl.trainer.run.loop.run_training`), on the schedule of the config
+    (:mod:`hybridrl.trainer.schedules.modes`: sync, one-step-off or fully async), chosen here once."""
 
     def __init__(
         self,
@@ -127,7 +124,7 @@ class PPOTrainer:
         """Samples ``rollout.n`` responses per prompt of a dataloader batch, with the group ids
         (``uid``) and, with a reward model, its ``rm_scores`` (the reward manager reads them).
         The schedule says where the batch was generated (:meth:`Schedule.rollout
-        <hybridrl.trainer.schedules.Schedule.rollout>`): now, during the previous step
+        <hybridrl.trainer.schedules.modes.Schedule.rollout>`): now, during the previous step
         (one-step-off), or streamed (fully async)."""
         is_last = self.global_steps >= self.total_training_steps
         batch = self.schedule.rollout(batch_dict, self.global_steps, is_last, metrics, timing_raw)
@@ -393,7 +390,7 @@ class PPOTrainer:
         return self.val_dataloader is not None
 
     def save_checkpoint(self) -> str:
-        """Writes ``global_step_<N>`` (:func:`~hybridrl.trainer.checkpoint.save_checkpoint`): the actor
+        """Writes ``global_step_<N>`` (:func:`~hybridrl.trainer.run.checkpoint.save_checkpoint`): the actor
         (and critic) shards, the dataloader position and the schedule's state; returns its folder."""
         trainer_cfg = self.config.trainer
 
@@ -419,7 +416,7 @@ class PPOTrainer:
 
     def resume_settings(self) -> dict:
         """The config values (key -> value) a resume warns about when they changed: the learning
-        rates, the batch sizes and the algorithm (:func:`~hybridrl.trainer.checkpoint.warn_changed_settings`)."""
+        rates, the batch sizes and the algorithm (:func:`~hybridrl.trainer.run.checkpoint.warn_changed_settings`)."""
         cfg = self.config
         actor = cfg.actor_rollout_ref.actor
         settings = {
@@ -441,8 +438,8 @@ class PPOTrainer:
         schedule's state included; returns the rest of the checkpoint's epoch (None: nothing to resume).
 
         Raises:
-            CheckpointError: as :func:`~hybridrl.trainer.checkpoint.resume_checkpoint_path` and
-                :func:`~hybridrl.trainer.checkpoint.read_checkpoint`.
+            CheckpointError: as :func:`~hybridrl.trainer.run.checkpoint.resume_checkpoint_path` and
+                :func:`~hybridrl.trainer.run.checkpoint.read_checkpoint`.
         """
         path = checkpoint.resume_checkpoint_path(self.config.trainer)
         if path is None:
@@ -466,7 +463,7 @@ class PPOTrainer:
 
     # ---------------------------------------------------------------- the loop
     def fit(self, tracker) -> None:
-        """Trains until ``total_training_steps`` (:func:`~hybridrl.trainer.loop.run_training`):
+        """Trains until ``total_training_steps`` (:func:`~hybridrl.trainer.run.loop.run_training`):
         resume, validation and checkpoints on schedule, logging; a run resumed at (or past) its
         last step trains nothing. The schedule starts here and is closed at the end."""
         trainer_cfg = self.config.trainer

@@ -1,6 +1,6 @@
 """A dense decoder's shape from its ``config.json`` (never its weights), and its parameter counts.
 
-The memory plan (:mod:`hybridrl.trainer.memory_plan`) sizes every role from these numbers. The
+The memory plan (:mod:`hybridrl.trainer.jobs.memory_plan`) sizes every role from these numbers. The
 supported family is the Llama-style dense decoder: Llama (SmolLM2), Qwen2 / Qwen2.5, Qwen3 and
 Mistral. Each decoder layer holds attention (q/k/v/o projections; Qwen2 adds a bias to q, k and
 v; Llama's ``attention_bias`` to all four; Qwen3 adds an RMSNorm of ``head_dim`` on q and k), a

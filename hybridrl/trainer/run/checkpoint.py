@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 
 from hybridrl.errors import CheckpointError
-from hybridrl.trainer.checkpoint_files import verify_dcp, verify_manifest, write_manifest
+from hybridrl.trainer.run.checkpoint_files import verify_dcp, verify_manifest, write_manifest
 from hybridrl.workers.checkpoint_io import load_state_file
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"

@@ -1,7 +1,7 @@
 """The stages a PPO step is made of, outside the trainer class: the prompt trimming, the reward,
 the advantage, reward failures and DAPO's sampler (which passes run: :mod:`.step_plan`).
 
-Kept apart from :mod:`hybridrl.trainer.ppo_trainer` so that the driver loop reads as the algorithm
+Kept apart from :mod:`hybridrl.trainer.ppo.ppo_trainer` so that the driver loop reads as the algorithm
 and these functions can be used (and tested) on their own.
 """
 
@@ -14,7 +14,7 @@ from hybridrl.algorithms.advantages import get_adv_estimator_fn
 from hybridrl.algorithms.config import AlgoConfig
 from hybridrl.algorithms.errors import check_finite
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.dynamic_sampling import DynamicSampler
+from hybridrl.trainer.ppo.dynamic_sampling import DynamicSampler
 
 __all__ = [
     "GEN_BATCH_KEYS",

@@ -1,7 +1,7 @@
 """The memory plan of a run's config: :func:`build_plan` turns the typed PPO config (the one
-``hybridrl train`` runs with) into :class:`~hybridrl.trainer.memory_plan.PlanInputs` and plans
+``hybridrl train`` runs with) into :class:`~hybridrl.trainer.jobs.memory_plan.PlanInputs` and plans
 them; :func:`suggest` tries the keys that lower the peak; :func:`startup_line` is the line
-``hybridrl train`` prints. The arithmetic is :mod:`hybridrl.trainer.memory_plan`'s.
+``hybridrl train`` prints. The arithmetic is :mod:`hybridrl.trainer.jobs.memory_plan`'s.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from hybridrl.config.key_tables import ACTOR, REF, ROLLOUT
 from hybridrl.config.rules import at_least
 from hybridrl.errors import ConfigError
 from hybridrl.models import resolve_model_path
-from hybridrl.trainer.memory_plan import (
+from hybridrl.trainer.jobs.memory_plan import (
     CPU_MALLOC_KEPT_GB,
     CPU_PROCESS_BASELINE_GB,
     CUDA_PROCESS_BASELINE_GB,
@@ -27,8 +27,8 @@ from hybridrl.trainer.memory_plan import (
     Rollout,
     make_plan,
 )
-from hybridrl.trainer.model_shape import read_model_shape
-from hybridrl.trainer.step_plan import needs_critic, needs_reference_policy
+from hybridrl.trainer.jobs.model_shape import read_model_shape
+from hybridrl.trainer.ppo.step_plan import needs_critic, needs_reference_policy
 
 __all__ = ["build_plan", "default_device_memory_gb", "plan_device"]
 

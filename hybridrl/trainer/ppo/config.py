@@ -6,7 +6,7 @@ with the ``trainer`` section and the small top-level ones defined here.
 value of the wrong type, stops the run with one line naming the key. The run then reads the typed
 fields of :func:`typed_ppo_config` -- every key present, typed, defaults equal to
 the packaged YAML (tests/config/test_ppo_config.py keeps them equal, key for key). Rules across
-sections and against the registries are :func:`hybridrl.trainer.config_check.validate_ppo_config`.
+sections and against the registries are :func:`hybridrl.trainer.ppo.config_check.validate_ppo_config`.
 """
 
 from __future__ import annotations

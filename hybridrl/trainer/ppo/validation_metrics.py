@@ -3,10 +3,10 @@
 :func:`process_validation_metrics` groups per-response values by data source and prompt and
 reports ``mean@N``, ``std@N`` and, from bootstrap subsets of n responses, ``best@n``,
 ``worst@n`` and ``maj@n`` (majority vote) means and standard deviations. It is what verl's
-trainer logs after validation; :mod:`hybridrl.trainer.eval_metrics` is hybridrl's offline
+trainer logs after validation; :mod:`hybridrl.trainer.run.eval_metrics` is hybridrl's offline
 evaluation (pass@k and confidence intervals over prompts) and is not the same computation.
 
-Pure numpy; the functions are re-exported by :mod:`hybridrl.trainer.metrics`.
+Pure numpy; the functions are re-exported by :mod:`hybridrl.trainer.ppo.metrics`.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def calc_maj_val(data: Sequence[dict[str, Any]], vote_key: str, val_key: str) ->
     """The ``val_key`` value of the first item whose ``vote_key`` answer is the most common.
 
     A tie goes to the answer seen first. Every answer votes, ``None`` included (unlike
-    :func:`hybridrl.trainer.eval_metrics.majority_vote`, which skips ``None``).
+    :func:`hybridrl.trainer.run.eval_metrics.majority_vote`, which skips ``None``).
 
     Raises:
         ValidationMetricsError: ``data`` is empty or an item lacks ``vote_key`` / ``val_key``.

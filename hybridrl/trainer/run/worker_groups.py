@@ -27,7 +27,7 @@ from hybridrl.controller.ray import (
 )
 from hybridrl.controller.worker import MALLOC_REUSE_ENV, resolve_device
 from hybridrl.errors import ConfigError
-from hybridrl.trainer.metrics import reduce_worker_metrics
+from hybridrl.trainer.run.metrics import reduce_worker_metrics
 from hybridrl.workers import fsdp_workers
 from hybridrl.workers.rollout_worker import RolloutWorker
 

@@ -13,7 +13,7 @@ from hybridrl.algorithms.advantages import estimator_needs
 from hybridrl.algorithms.rollout_corr import SECTION, RolloutCorrectionConfig
 from hybridrl.config.key_tables import ACTOR, ROLLOUT
 from hybridrl.errors import ConfigError
-from hybridrl.trainer.ppo_config import TRAINER_MODES, V1Config
+from hybridrl.trainer.ppo.config import TRAINER_MODES, V1Config
 
 __all__ = ["check_async_modes", "check_trainer_mode", "check_one_step_off", "check_rollout_pool_without_async"]
 

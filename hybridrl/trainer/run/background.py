@@ -2,7 +2,7 @@
 
 The driver overlaps work this way where the work waits on something else (an engine process,
 scoring processes): the prefetched generation of one-step-off training
-(:mod:`hybridrl.trainer.prefetch`) and asynchronous scoring (:mod:`hybridrl.trainer.async_reward`).
+(:mod:`hybridrl.trainer.schedules.one_step_off`) and asynchronous scoring (:mod:`hybridrl.trainer.ppo.async_reward`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The one training loop of ``hybridrl train``, ``sft`` and ``rm``: resume, validation and
 checkpoints on schedule, logging, epochs, early stop.
 
-A trainer (:class:`Trainable`: :class:`~hybridrl.trainer.ppo_trainer.PPOTrainer`,
-:class:`~hybridrl.trainer.supervised.SupervisedTrainer`) gives what differs: a ``step(batch)``,
+A trainer (:class:`Trainable`: :class:`~hybridrl.trainer.ppo.ppo_trainer.PPOTrainer`,
+:class:`~hybridrl.trainer.jobs.supervised.SupervisedTrainer`) gives what differs: a ``step(batch)``,
 ``validate()``, ``save_checkpoint()``, ``load_checkpoint()``; the PPO schedules
-(:mod:`hybridrl.trainer.schedules`) hook in through :class:`LoopHooks`. :func:`run_training`
+(:mod:`hybridrl.trainer.schedules.modes`) hook in through :class:`LoopHooks`. :func:`run_training`
 is the rest, the same for every trainer:
 
 1. ``load_checkpoint()`` (the trainer resumes, or starts fresh);
@@ -23,8 +23,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Protocol
 
-from hybridrl.trainer import checkpoint
-from hybridrl.trainer.metrics import marked_timer
+from hybridrl.trainer.run import checkpoint
+from hybridrl.trainer.run.metrics import marked_timer
 
 __all__ = ["LoopHooks", "LoopSettings", "Trainable", "epoch_batches", "is_due", "run_training"]
 
@@ -59,7 +59,7 @@ class LoopSettings:
 
 class LoopHooks:
     """What a training schedule changes in the loop; these defaults change nothing (the
-    synchronous schedule, SFT and RM). :class:`~hybridrl.trainer.schedules.Schedule` overrides them.
+    synchronous schedule, SFT and RM). :class:`~hybridrl.trainer.schedules.modes.Schedule` overrides them.
 
     Attributes:
         early_stop: exception types a step raises when the data ran out before the last step

@@ -4,7 +4,7 @@ The model lives in a worker group (:mod:`hybridrl.workers.supervised_worker`), b
 in this process (``trainer.backend=local``) or on ``trainer.nnodes x trainer.n_gpus_per_node``
 Ray workers with FSDP2. The driver draws each batch, hands it to the group (each worker trains
 on its share; the update equals one worker on the whole batch); PPO's loop
-(:func:`~hybridrl.trainer.loop.run_training`) resumes, validates, logs and checkpoints on schedule.
+(:func:`~hybridrl.trainer.run.loop.run_training`) resumes, validates, logs and checkpoints on schedule.
 
 Checkpoint layout (PPO's): ``<trainer.default_local_dir>/global_step_<N>/`` written atomically
 with ``model/`` (the workers' DCP checkpoint: ``dcp/``, ``extra_state_*.pt``, ``huggingface/``
@@ -23,13 +23,13 @@ import torch
 
 from hybridrl.errors import CheckpointError
 from hybridrl.protocol import DataProto
-from hybridrl.trainer import checkpoint
-from hybridrl.trainer.checkpoint_lock import run_folder_lock
-from hybridrl.trainer.loop import LoopSettings, run_training
-from hybridrl.trainer.merge import merge
-from hybridrl.trainer.metrics import reduce_metrics
-from hybridrl.trainer.tracking import tracker_for_run
-from hybridrl.trainer.worker_groups import launch_worker_groups
+from hybridrl.trainer.jobs.merge import merge
+from hybridrl.trainer.run import checkpoint
+from hybridrl.trainer.run.checkpoint_lock import run_folder_lock
+from hybridrl.trainer.run.loop import LoopSettings, run_training
+from hybridrl.trainer.run.metrics import reduce_metrics
+from hybridrl.trainer.run.tracking import tracker_for_run
+from hybridrl.trainer.run.worker_groups import launch_worker_groups
 from hybridrl.workers.checkpoint_io import HF_DIR
 
 MODEL_DIR = "model"  # the worker checkpoint inside a step folder (PPO's are actor/ and critic/)
@@ -37,7 +37,7 @@ MODEL_DIR = "model"  # the worker checkpoint inside a step folder (PPO's are act
 
 class SupervisedTrainer:
     """``fit()`` trains until ``total_training_steps``, validating and checkpointing when due, in
-    the loop PPO runs (:func:`~hybridrl.trainer.loop.run_training`). Subclasses give
+    the loop PPO runs (:func:`~hybridrl.trainer.run.loop.run_training`). Subclasses give
     ``to_proto(batch)`` and ``validate()``.
 
     Args:
@@ -121,7 +121,7 @@ class SupervisedTrainer:
 
     def resume_settings(self) -> dict:
         """The config values (key -> value) a resume warns about when they changed
-        (:func:`~hybridrl.trainer.checkpoint.warn_changed_settings`)."""
+        (:func:`~hybridrl.trainer.run.checkpoint.warn_changed_settings`)."""
         cfg = self.config
         return {
             "optim.lr": cfg.optim.lr,
@@ -160,7 +160,7 @@ class SupervisedTrainer:
 
     def fit(self, tracker) -> None:
         """Resumes from ``resume_path``, then trains until ``total_training_steps``, validating and
-        checkpointing when due (:func:`~hybridrl.trainer.loop.run_training`). A run resumed at (or
+        checkpointing when due (:func:`~hybridrl.trainer.run.loop.run_training`). A run resumed at (or
         past) its last step trains nothing."""
         trainer_cfg = self.config.trainer
         settings = LoopSettings(

@@ -35,7 +35,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from hybridrl.protocol import DataProto, concat_padded
-from hybridrl.trainer.metrics import marked_timer
+from hybridrl.trainer.run.metrics import marked_timer
 from hybridrl.workers.rollout.base import RolloutEngineError
 
 __all__ = ["ASYNC_MODES", "DataExhausted", "StreamingRollout", "StreamSettings", "stream_settings"]
@@ -52,7 +52,7 @@ class DataExhausted(Exception):
 
 @dataclass(frozen=True)
 class StreamSettings:
-    """What the driver needs from the config (checked at start-up by :mod:`hybridrl.trainer.async_modes`).
+    """What the driver needs from the config (checked at start-up by :mod:`hybridrl.trainer.ppo.async_checks`).
 
     Attributes:
         mode: ``colocate_async`` | ``separate_async``.

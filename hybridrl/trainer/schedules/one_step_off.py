@@ -28,8 +28,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from hybridrl.trainer.background import BackgroundCall
-from hybridrl.trainer.metrics import marked_timer
+from hybridrl.trainer.run.background import BackgroundCall
+from hybridrl.trainer.run.metrics import marked_timer
 from hybridrl.workers.rollout.base import RolloutEngineError
 
 __all__ = ["OneStepOffRollout", "PendingGeneration", "VERSION_KEY", "engine_deadline_s", "staleness_metrics"]

@@ -20,7 +20,7 @@ import torch
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.manager import RewardFunctionError
 from hybridrl.rewards.pool import START_TIMEOUT_S, check_num_workers
-from hybridrl.trainer.background import BackgroundCall
+from hybridrl.trainer.run.background import BackgroundCall
 
 __all__ = ["PendingReward", "reward_deadline_s", "scores_async"]
 

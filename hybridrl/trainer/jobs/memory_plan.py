@@ -65,7 +65,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hybridrl.models.output_head import LOGITS_CHUNK_ELEMENTS
-from hybridrl.trainer.model_shape import ModelShape
+from hybridrl.trainer.jobs.model_shape import ModelShape
 
 __all__ = [
     "PHASES",
@@ -184,7 +184,7 @@ class Rollout:
 
 @dataclass(frozen=True)
 class PlanInputs:
-    """Everything the arithmetic reads; built from a run's config by :mod:`hybridrl.trainer.plan_config`."""
+    """Everything the arithmetic reads; built from a run's config by :mod:`hybridrl.trainer.jobs.plan_config`."""
 
     device: str
     workers: int
@@ -204,7 +204,7 @@ class MemoryPlan:
     """The plan's result, GiB. ``roles``: ``{role: {component: GiB}}``, each component's size on
     the device while it is there, and ``when``: ``{role: {component: "resident" or the phases}}``;
     ``phases``: the device total of each phase; ``host_gb``: what offload keeps on the host, per
-    role; ``suggestions``: what :func:`hybridrl.trainer.plan_cli.suggest` found."""
+    role; ``suggestions``: what :func:`hybridrl.trainer.jobs.plan_cli.suggest` found."""
 
     per_device_gb: float
     peak_phase: str

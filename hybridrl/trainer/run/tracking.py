@@ -45,9 +45,9 @@ LOGGERS = Registry(
     error=LoggerNameError,
     hint="register your own with @register_logger",
     builtins={
-        "tensorboard": "hybridrl.trainer.loggers_optional:TensorboardLogger",
-        "wandb": "hybridrl.trainer.loggers_optional:WandbLogger",
-        "mlflow": "hybridrl.trainer.loggers_optional:MlflowLogger",
+        "tensorboard": "hybridrl.trainer.run.loggers_optional:TensorboardLogger",
+        "wandb": "hybridrl.trainer.run.loggers_optional:WandbLogger",
+        "mlflow": "hybridrl.trainer.run.loggers_optional:MlflowLogger",
     },
 )
 

@@ -1,7 +1,7 @@
 """Start-up checks of the PPO trainer config that span sections or read the registries.
 
 Each section's own rules (a size >= 1, a value in a set, a range) are on its dataclass and ran
-when the config was typed (:func:`~hybridrl.trainer.ppo_config.typed_ppo_config`); the rules
+when the config was typed (:func:`~hybridrl.trainer.ppo.config.typed_ppo_config`); the rules
 here read the typed fields by attribute. ``validate_ppo_config`` raises one :class:`ConfigError`
 line for the first problem it finds (naming the keys, their values and what to change) and
 returns notes about keys that mean nothing on this build, so that a verl command line runs
@@ -32,10 +32,10 @@ from hybridrl.models.loader import EMBEDDED_MODEL_NAMES
 from hybridrl.rewards.custom import RewardConfigError
 from hybridrl.rewards.manager import REWARD_MANAGERS
 from hybridrl.rewards.pool import check_num_workers
-from hybridrl.trainer.async_modes import check_async_modes
-from hybridrl.trainer.ppo_config import PPOConfig, typed_ppo_config
-from hybridrl.trainer.step_plan import needs_critic
-from hybridrl.trainer.tracking import available_loggers
+from hybridrl.trainer.ppo.async_checks import check_async_modes
+from hybridrl.trainer.ppo.config import PPOConfig, typed_ppo_config
+from hybridrl.trainer.ppo.step_plan import needs_critic
+from hybridrl.trainer.run.tracking import available_loggers
 from hybridrl.workers.actor import build_policy_loss_config
 from hybridrl.workers.config import CriticConfig
 from hybridrl.workers.rollout import OPTIONAL_ENGINES, ROLLOUT_REGISTRY
@@ -52,7 +52,7 @@ def validate_ppo_config(config, world_size: int = 1, algo: AlgoConfig | None = N
     """Check a composed PPO/GRPO config before any worker starts.
 
     Args:
-        config: the run's typed config (:func:`~hybridrl.trainer.ppo_config.typed_ppo_config`),
+        config: the run's typed config (:func:`~hybridrl.trainer.ppo.config.typed_ppo_config`),
             or the composed DictConfig from :func:`hybridrl.config.load_config`, typed here.
         world_size: number of data-parallel workers (``trainer.nnodes * trainer.n_gpus_per_node``
             as the caller resolved it); the batch-size rules divide by it.
@@ -89,7 +89,7 @@ def validate_ppo_config(config, world_size: int = 1, algo: AlgoConfig | None = N
 
 
 def _typed(config):
-    """``config`` as the run reads it (:func:`~hybridrl.trainer.ppo_config.typed_ppo_config`): every
+    """``config`` as the run reads it (:func:`~hybridrl.trainer.ppo.config.typed_ppo_config`): every
     key has a field and a value of its type, and each section's own rules hold (else one
     ConfigError line). The checks below read its fields without fallbacks."""
     try:
