@@ -48,7 +48,7 @@ def _batch(length: int, rows: int = 2, prompt: int = 16):
         "position_ids": torch.arange(prompt + length).expand(rows, -1).clone(),
         "advantages": torch.randn(rows, length, generator=gen),
     }
-    return DataProto.from_dict(tensors=batch, meta_info={"temperature": 1.0})
+    return DataProto.from_dict(tensors=batch)  # the worker's pass specs set the temperature
 
 
 def _group(model: str, sp: int, max_length: int, checkpointing: bool):

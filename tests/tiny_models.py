@@ -5,6 +5,7 @@ import os
 
 import torch
 
+from hybridrl.config.batch_sizes import WorkerBatchSizes
 from hybridrl.models import load_tokenizer
 
 
@@ -53,7 +54,7 @@ def build_tiny_model(
     return out_dir
 
 
-def actor_batch_sizes(actor_rollout_ref, world_size: int = 1) -> dict:
+def actor_batch_sizes(actor_rollout_ref, world_size: int = 1) -> WorkerBatchSizes:
     """The per-worker batch sizes the driver hands an ``ActorRolloutRefWorker`` (``config.worker_batch_sizes``)."""
     from hybridrl.config import worker_batch_sizes
 

@@ -126,7 +126,7 @@ def _roles(
         "_rollout", "" if rollout_pool else "_rollout"
     )  # with a rollout pool: no engine here
     actor_sizes = worker_batch_sizes(config.actor_rollout_ref.actor, n, world_size)
-    roles = {
+    roles: dict[str, tuple[type, tuple, dict]] = {
         "actor_rollout": (
             fsdp_workers.ActorRolloutRefWorker,
             (config.actor_rollout_ref, actor_sizes),
