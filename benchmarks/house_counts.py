@@ -4,7 +4,7 @@
 
 Prints one JSON line:
 - ``dotted_config_reads``: calls that read a config by a dotted-string key (``_get``,
-  ``_int_at_least``, ``OmegaConf.select``) in the package;
+  ``_int_at_least``, ``OmegaConf.select`` with an f-string or a key holding a dot) in the package;
 - ``meta_info_settings``: places in ``hybridrl/workers`` that read a run setting from a batch's
   ``meta_info`` or write one into it (``metrics`` and ``global_steps`` travel as data, not settings);
 - ``private_cross_module_imports``: ``from x import _name`` where ``x`` is another module of the package;
@@ -33,7 +33,10 @@ def _called_name(node: ast.Call) -> str | None:
 
 
 def _is_key(node: ast.expr) -> bool:
-    return isinstance(node, ast.JoinedStr) or (isinstance(node, ast.Constant) and isinstance(node.value, str))
+    """A dotted config key: an f-string, or a string literal with a dot (``"data.seed"``, not a batch key)."""
+    return isinstance(node, ast.JoinedStr) or (
+        isinstance(node, ast.Constant) and isinstance(node.value, str) and "." in node.value
+    )
 
 
 def dotted_config_reads(tree: ast.AST) -> int:

@@ -26,15 +26,14 @@ from hybridrl.algorithms.policy_loss import (
     get_policy_loss_fn,
 )
 from hybridrl.algorithms.rollout_corr import RolloutCorrectionConfig
-from hybridrl.models import to_torch_dtype
 from hybridrl.models.attention import use_ulysses_attention
 from hybridrl.models.ulysses import UlyssesGroup
 from hybridrl.protocol import DataProto
 from hybridrl.workers.micro_batches import restore_order
-from hybridrl.workers.model_forward import (  # noqa: F401 (autocast: the shared mixed-precision context)
+from hybridrl.workers.model_forward import (
     ForwardOptions,
     ResponseOutput,
-    autocast,
+    compute_dtype_of,
     forward_response,
     scatter_slots,
 )
@@ -44,11 +43,6 @@ from hybridrl.workers.sequence_parallel import gather_rows, own_rows, sequence_p
 from hybridrl.workers.sharding import loss_normalizers
 
 SP_KEY = "ulysses_sequence_parallel_size"
-
-
-def compute_dtype_of(fsdp_config) -> torch.dtype:
-    """The forward's compute dtype: ``mixed_precision.param_dtype`` of a role's ``fsdp_config``."""
-    return to_torch_dtype(fsdp_config.mixed_precision.param_dtype)
 
 
 def build_policy_loss_config(section) -> PolicyLossParams:

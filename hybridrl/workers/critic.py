@@ -16,9 +16,8 @@ from hybridrl.algorithms.value_loss import compute_value_loss
 from hybridrl.models.attention import use_ulysses_attention
 from hybridrl.models.ulysses import UlyssesGroup
 from hybridrl.protocol import DataProto
-from hybridrl.workers.actor import compute_dtype_of
 from hybridrl.workers.micro_batches import restore_order
-from hybridrl.workers.model_forward import ForwardOptions, forward_response_values
+from hybridrl.workers.model_forward import ForwardOptions, compute_dtype_of, forward_response_values
 from hybridrl.workers.optim import optimizer_step
 from hybridrl.workers.pass_specs import ForwardSpec, UpdateSpec
 from hybridrl.workers.sequence_parallel import gather_rows, own_rows, sequence_parallel_group

@@ -22,6 +22,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from hybridrl.algorithms.functional import entropy_from_logits, logprobs_from_logits
+from hybridrl.models.loader import to_torch_dtype
 from hybridrl.models.output_head import (
     chunk_tokens_for,
     chunked_logprobs_entropy,
@@ -123,6 +124,11 @@ def scatter_slots(values: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """Values of the ``slots`` (``n`` of them, in row-major order, any shape) into a
     ``slots``-shaped tensor, 0 elsewhere. Differentiable."""
     return values.new_zeros(slots.shape).masked_scatter(slots, values.reshape(-1))
+
+
+def compute_dtype_of(fsdp_config) -> torch.dtype:
+    """The forward's compute dtype: ``mixed_precision.param_dtype`` of a role's ``fsdp_config``."""
+    return to_torch_dtype(fsdp_config.mixed_precision.param_dtype)
 
 
 def autocast(module: torch.nn.Module, compute_dtype: torch.dtype):

@@ -22,7 +22,7 @@ from hybridrl.errors import ConfigError
 from hybridrl.models import load_tokenizer, load_value_model, resolve_model_path
 from hybridrl.models.materialize import full_tensor
 from hybridrl.protocol import DataProto
-from hybridrl.workers.actor import autocast, compute_dtype_of
+from hybridrl.workers.model_forward import autocast, compute_dtype_of
 
 logger = logging.getLogger(__name__)
 

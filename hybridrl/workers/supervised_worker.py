@@ -21,10 +21,10 @@ from hybridrl.models import load_causal_lm, load_tokenizer, load_value_model, re
 from hybridrl.models.external import import_external_lib
 from hybridrl.models.lora import apply_lora
 from hybridrl.protocol import DataProto
-from hybridrl.workers.actor import autocast
 from hybridrl.workers.checkpoint_io import load_worker_state, save_worker_state
 from hybridrl.workers.config import OptimConfig
 from hybridrl.workers.memory import memory_metrics
+from hybridrl.workers.model_forward import autocast
 from hybridrl.workers.optim import build_lr_scheduler, build_optimizer, optimizer_step
 from hybridrl.workers.reward_model import forward_sequence_scores
 from hybridrl.workers.sharding import apply_fsdp2, data_parallel_sum

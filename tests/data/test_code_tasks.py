@@ -78,10 +78,9 @@ def test_test_split_does_not_depend_on_train_size(tmp_path):
 
 def test_splits_disjoint_and_every_template_trained(tmp_path):
     train, test = _write(tmp_path, "d")
-    key = lambda e: (e["template"], e["constant"])  # noqa: E731
-    test_keys = [key(e) for e in test["extra_info"]]
+    test_keys = [(e["template"], e["constant"]) for e in test["extra_info"]]
     assert len(train) == 200 and len(test) == 40 and len(set(test_keys)) == 40
-    assert not {key(e) for e in train["extra_info"]} & set(test_keys)
+    assert not {(e["template"], e["constant"]) for e in train["extra_info"]} & set(test_keys)
     # at the largest test split, training still sees every template
     train, _ = prep.generate_rows(300, prep.MAX_TEST_SIZE, 3, seed=0)
     assert {r["extra_info"]["template"] for r in train} == set(SOLUTIONS)

@@ -60,8 +60,8 @@ def test_real_file_becomes_rm_and_rl_parquet(hh_parquet):
     assert [m["role"] for m in row["prompt"]][-1] == "user"
     assert (train["chosen"] != train["rejected"]).all()
     # the hold-out never overlaps the train split
-    key = lambda df: set(zip(df["chosen"], df["rejected"]))  # noqa: E731
-    assert not key(train) & key(test)
+    pairs = [set(zip(df["chosen"], df["rejected"])) for df in (train, test)]
+    assert not pairs[0] & pairs[1]
     # the prompt + response is the original dialogue again
     with gzip.open(HH_FILE, "rt") as f:
         originals = {json.loads(line)["chosen"] for line in f}

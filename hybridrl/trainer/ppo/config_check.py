@@ -11,6 +11,7 @@ unchanged and the user knows what was ignored. The batch-size rules are in
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 
@@ -209,13 +210,11 @@ def _check_lora_package(config, uses_critic: bool) -> None:
     for prefix, model in models:
         if model.lora_rank == 0:
             continue
-        try:
-            import peft  # noqa: F401
-        except ImportError:
+        if importlib.util.find_spec("peft") is None:
             raise ConfigError(
                 f"{prefix}.lora_rank={model.lora_rank} needs the peft package: pip install 'hybridrl[lora]', "
                 "or set lora_rank=0"
-            ) from None
+            )
 
 
 def _check_rollout_engine(rollout, world_size: int) -> None:
