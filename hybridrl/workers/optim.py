@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 
@@ -33,24 +34,99 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg, total_traini
     Raises:
         ConfigError: an unknown ``warmup_style``.
     """
-    from transformers import get_constant_schedule_with_warmup, get_cosine_with_min_lr_schedule_with_warmup
-
     warmup = optim_cfg.lr_warmup_steps
     if warmup < 0:
         warmup = int(optim_cfg.lr_warmup_steps_ratio * total_training_steps)
     style = optim_cfg.warmup_style
-    if style == "constant":
-        return get_constant_schedule_with_warmup(optimizer, num_warmup_steps=warmup)
-    if style == "cosine":
-        return get_cosine_with_min_lr_schedule_with_warmup(
-            optimizer,
-            num_warmup_steps=warmup,
-            num_training_steps=total_training_steps,
-            num_cycles=optim_cfg.num_cycles,
-            min_lr_rate=optim_cfg.min_lr_ratio or 0.0,  # null (the critic's default): 0
-        )
+    if style not in ("constant", "cosine"):
+        raise ConfigError(f"optim.warmup_style={style!r} is not one of constant, cosine")
+    return lr_schedule(
+        optimizer,
+        style,
+        warmup,
+        total_training_steps,
+        min_lr_ratio=optim_cfg.min_lr_ratio or 0.0,  # null (the critic's default): 0
+        num_cycles=optim_cfg.num_cycles,
+    )
 
-    raise ConfigError(f"optim.warmup_style={style!r} is not one of constant, cosine")
+
+LR_SCHEDULES = ("constant", "cosine", "wsd")
+WSD_STABLE_RATIO = 0.9  # verl's get_wsd_schedule_with_warmup default, which its SFT trainer uses
+
+
+def lr_factor(
+    step: int,
+    style: str,
+    num_warmup_steps: int,
+    num_training_steps: int,
+    min_lr_ratio: float = 0.0,
+    num_cycles: float = 0.5,
+    zero_indexed_step: bool = True,
+) -> float:
+    """The learning rate of ``step`` as a share of ``optim.lr``: verl's three schedules
+    (``verl.utils.torch_functional``). All warm up linearly from 0 over ``num_warmup_steps``, then
+
+    * ``constant``: 1;
+    * ``cosine``: ``min + (1 - min) * (1 + cos(2 pi num_cycles p)) / 2`` over the progress ``p`` of the
+      steps after the warmup (floored at ``min_lr_ratio``);
+    * ``wsd`` (warmup-stable-decay): 1 for 90% of the steps after the warmup, then the cosine above
+      over the rest, then ``min_lr_ratio``.
+
+    ``zero_indexed_step=False`` counts steps from 1 (verl's ``optim.zero_indexed_step``; cosine only,
+    as verl).
+    """
+    if style == "cosine" and not zero_indexed_step:
+        step += 1
+    if step < num_warmup_steps:
+        return step / max(1, num_warmup_steps)
+    if style == "constant":
+        return 1.0
+    if style == "wsd":
+        remaining = max(0, num_training_steps - num_warmup_steps)
+        stable = int(remaining * WSD_STABLE_RATIO)
+        if step < num_warmup_steps + stable:
+            return 1.0
+        if step >= num_training_steps:
+            return min_lr_ratio
+        progress = (step - num_warmup_steps - stable) / max(1, remaining - stable)
+        return (1.0 - min_lr_ratio) * max(
+            0.0, 0.5 * (1.0 + math.cos(math.pi * num_cycles * 2.0 * progress))
+        ) + min_lr_ratio
+    progress = (step - num_warmup_steps) / max(1, num_training_steps - num_warmup_steps)
+    return max(
+        min_lr_ratio,
+        (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * num_cycles * 2.0 * progress)) + min_lr_ratio,
+    )
+
+
+def lr_schedule(
+    optimizer: torch.optim.Optimizer,
+    style: str,
+    num_warmup_steps: int,
+    num_training_steps: int,
+    min_lr_ratio: float = 0.0,
+    num_cycles: float = 0.5,
+    zero_indexed_step: bool = True,
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """A ``LambdaLR`` stepping through :func:`lr_factor` (``style``: one of :data:`LR_SCHEDULES`).
+
+    Raises:
+        ConfigError: an unknown ``style`` or a ``min_lr_ratio`` outside [0, 1].
+    """
+    if style not in LR_SCHEDULES:
+        raise ConfigError(f"lr schedule {style!r} is not one of {', '.join(LR_SCHEDULES)}")
+    if not 0.0 <= min_lr_ratio <= 1.0:
+        raise ConfigError(f"optim.min_lr_ratio={min_lr_ratio!r} must be a number in [0, 1]")
+    factor = functools.partial(
+        lr_factor,
+        style=style,
+        num_warmup_steps=num_warmup_steps,
+        num_training_steps=num_training_steps,
+        min_lr_ratio=min_lr_ratio,
+        num_cycles=num_cycles,
+        zero_indexed_step=zero_indexed_step,
+    )
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 def optimizer_step(module: torch.nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float, role: str) -> float:
