@@ -14,6 +14,7 @@ import sys
 from typing import Any, Callable
 
 from hybridrl.config import load_config
+from hybridrl.config.loader import resolve_config_path, split_config_flags
 from hybridrl.config.precision import resolve_precision
 from hybridrl.errors import keeps_traceback
 
@@ -104,7 +105,9 @@ def command_help(config_name: str) -> str:
 
 def run_cli(run: Callable[[Any], Any], config_name: str, argv: list[str] | None = None) -> int:
     """The body of every config-driven command (``hybridrl train|sft|rm|generate|eval``):
-    loads ``config_name`` with the ``key=value`` overrides in ``argv``, resolves ``auto``
+    loads ``config_name`` with the ``key=value`` overrides in ``argv`` (verl's ``--config-path DIR``
+    and ``--config-name NAME`` pick another YAML, :func:`~hybridrl.config.loader.split_config_flags`;
+    ``--config-path=config`` is verl's own config folder: the packaged one), resolves ``auto``
     dtypes for the device (printed once) and calls ``run(config)``.
 
     Returns 0 on success, 2 after printing one ``hybridrl: error: ...`` line for a
@@ -116,7 +119,13 @@ def run_cli(run: Callable[[Any], Any], config_name: str, argv: list[str] | None 
         print(command_help(config_name))
         return 0
     try:
-        config = load_config(argv, config_name=config_name, resolve_auto_dtypes=False)
+        overrides, config_path, name = split_config_flags(argv)
+        config = load_config(
+            overrides,
+            config_name=name or config_name,
+            config_dir=resolve_config_path(config_path),
+            resolve_auto_dtypes=False,
+        )
         line = resolve_precision(config)
         if line:
             print(f"hybridrl: {line}", flush=True)

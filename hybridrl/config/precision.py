@@ -101,12 +101,15 @@ def resolve_auto_dtype(
 
 
 def auto_dtype_keys(config, prefix: str = "") -> list[str]:
-    """Dotted paths of every ``param_dtype`` / ``dtype`` key set to ``auto`` in ``config``."""
+    """Dotted paths of every ``param_dtype`` / ``dtype`` key set to ``auto`` in ``config``. A
+    ``???`` value (unset, :func:`hybridrl.config.load_config` names it) is skipped, not read."""
     from omegaconf import DictConfig
 
     found = []
-    for key, value in config.items():
-        path = f"{prefix}{key}"
+    for key in config.keys():
+        if config._get_node(key)._is_missing():
+            continue
+        value, path = config[key], f"{prefix}{key}"
         if isinstance(value, DictConfig):
             found.extend(auto_dtype_keys(value, path + "."))
         elif key in DTYPE_LEAVES and value == AUTO:

@@ -1,7 +1,8 @@
 """verl >= 0.8 spells the reward settings under ``reward.*``; hybridrl reads the older
 ``reward_model.*`` / ``custom_reward_function.*`` keys. Both spellings are accepted: a ``reward.*``
 value is copied to the key hybridrl reads, and the same setting given both ways with different
-values is an error naming both keys.
+values is an error naming both keys. An old key set to null (verl 0.9's ``legacy_reward_impl.yaml``
+nulls them all) is not given, so the ``reward.*`` value is taken.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def apply_reward_spelling(cfg) -> None:
         if _unset(new):
             continue
         old = plain(value_at(cfg, old_key))
-        if old != plain(value_at(defaults, old_key)) and old != new:
+        # None is "not given": verl 0.9's legacy_reward_impl.yaml sets every old key to null
+        if not _unset(old) and old != plain(value_at(defaults, old_key)) and old != new:
             raise ConfigError(
                 f"{new_key}={new!r} and {old_key}={old!r} set the same thing differently; "
                 f"keep one of them ({new_key} is verl >= 0.8's spelling)"

@@ -46,6 +46,21 @@ def test_the_same_setting_two_ways_differently_is_one_line():
     assert "\n" not in str(err.value)
 
 
+def test_verl_09_legacy_reward_impl_nulls_are_not_a_conflict(tmp_path):
+    # verl 0.9's legacy_reward_impl.yaml sets every old key to null beside the reward.* section
+    (tmp_path / "verl09.yaml").write_text(
+        "defaults:\n  - ppo_trainer\n  - _self_\n"
+        "custom_reward_function:\n  path: null\n  name: null\n"
+        "reward_model:\n  reward_manager: null\n"
+        "reward:\n  custom_reward_function:\n    name: my_score\n  reward_manager:\n    name: dapo\n"
+    )
+    cfg = load_config([], config_name="verl09", config_dir=str(tmp_path), resolve_auto_dtypes=False)
+    assert cfg.custom_reward_function.name == "my_score" and cfg.reward_model.reward_manager == "dapo"
+    # a value set the old way still conflicts with a different new one
+    with pytest.raises(ConfigError, match=r"custom_reward_function.name='other' set the same thing differently"):
+        load_config(["custom_reward_function.name=other"], "verl09", str(tmp_path), resolve_auto_dtypes=False)
+
+
 def test_reward_keys_without_machinery_here_are_noted_or_refused():
     from hybridrl.trainer.ppo.config_check import _check_not_yet_supported
 
