@@ -7,7 +7,11 @@ Two row layouts, as verl's SFT datasets read them:
   column holding dicts is followed down ``data.prompt_dict_keys`` / ``data.response_dict_keys``
   (so the GSM8K RL parquet, whose ``extra_info`` holds ``question`` and ``answer``, is SFT data
   as it is). The pair becomes the conversation ``prompt + [assistant: response]``.
-* multi-turn (``data.multiturn.enable=true``): one column of ``[{role, content}, ...]``.
+* multi-turn (``data.multiturn.enable=true``, or verl's current spelling ``data.messages_key``,
+  folded into it by the config): one column of ``[{role, content}, ...]``. When the file has a
+  ``data.multiturn.tools_key`` column, each row's tool schemas go to the chat template as
+  ``tools``; an ``enable_thinking_key`` column (else ``data.enable_thinking_default``) as
+  ``enable_thinking``, as verl's ``MultiTurnSFTDataset`` does.
 
 Either way the conversation goes through the tokenizer's chat template once, and exactly the
 tokens the assistant says (each assistant message's text and its end-of-turn token, but not the
@@ -42,13 +46,16 @@ def _as_list(value) -> list:
     return [os.fspath(v) if isinstance(v, os.PathLike) else v for v in value]
 
 
-def read_sft_columns(data_files, columns: dict[str, str], config_key: str = "data.train_files") -> list[dict]:
+def read_sft_columns(
+    data_files, columns: dict[str, str], config_key: str = "data.train_files", optional: tuple[str, ...] = ()
+) -> list[dict]:
     """Read ``columns`` of one or more parquet files into plain-Python row dicts.
 
     Args:
         data_files: a path or a list of paths (``~`` is expanded).
         columns: column name -> the config key that names it (for the error message).
         config_key: the config key the paths came from.
+        optional: columns read when a file has them (a row of a file without one has None there).
 
     Returns:
         The rows of all files in order; each also has ``_source`` (file) and ``_row`` (row
@@ -75,15 +82,20 @@ def read_sft_columns(data_files, columns: dict[str, str], config_key: str = "dat
             names = pq.read_schema(path).names
             missing = [f"'{col}' ({key})" for col, key in columns.items() if col not in names]
             if missing:
+                multi = "messages" in names and "data.prompt_key" in columns.values()
+                hint = " (multi-turn rows: set data.messages_key=messages)" if multi else ""
                 raise DataError(
                     f"{config_key}: {path} has no column {', '.join(missing)}; its columns are "
-                    f"{', '.join(names)}; point those keys at the right columns"
+                    f"{', '.join(names)}; point those keys at the right columns{hint}"
                 )
-            table = pq.read_table(path, columns=list(dict.fromkeys(columns)))
+            present = [col for col in optional if col in names and col not in columns]
+            table = pq.read_table(path, columns=list(dict.fromkeys([*columns, *present])))
         except (pa.ArrowException, OSError) as exc:
             raise DataError(f"{config_key}: {path} is not a readable parquet file ({exc})") from None
         for i, row in enumerate(table.to_pylist()):
             row["_source"], row["_row"] = path, i
+            for col in optional:
+                row.setdefault(col, None)
             rows.append(row)
     if not rows:
         raise DataError(f"{config_key}: the parquet file(s) {', '.join(files)} hold no rows")
@@ -206,8 +218,12 @@ class SFTDataset(torch.utils.data.Dataset):
         config: the typed ``data`` section of ``sft_trainer``
             (``hybridrl.trainer.jobs.supervised_config.SFTDataConfig``). Keys read: ``prompt_key``,
             ``response_key``, ``prompt_dict_keys``, ``response_dict_keys``, ``multiturn.enable``,
-            ``multiturn.messages_key``, ``max_length``, ``truncation`` (error|left|right).
+            ``multiturn.messages_key``, ``multiturn.tools_key``, ``multiturn.enable_thinking_key``,
+            ``enable_thinking_default``, ``apply_chat_template_kwargs``, ``max_length``,
+            ``truncation`` (error|left|right).
         config_key: the key ``data_files`` came from, named in errors ("data.val_files" ...).
+        max_samples: keep the first ``max_samples`` rows of the files (``data.train_max_samples`` /
+            ``data.val_max_samples``, as verl without shuffling); -1: all.
 
     ``__getitem__(i)`` returns LongTensors of shape ``(max_length,)``: ``input_ids`` (padded with
     the pad token), ``attention_mask`` (1 on real tokens), ``position_ids`` (``0..len-1``, then
@@ -219,18 +235,39 @@ class SFTDataset(torch.utils.data.Dataset):
             ``max_length`` with ``truncation=error`` (naming file, row, length and limit).
     """
 
-    def __init__(self, data_files, tokenizer, config, config_key: str = "data.train_files"):
+    def __init__(self, data_files, tokenizer, config, config_key: str = "data.train_files", max_samples: int = -1):
         self.config, self.config_key = config, config_key
         self.max_length = config.max_length
         self.truncation = config.truncation
         self.tokenizer = tokenizer
         self._check_setup()
-        if config.multiturn.enable:
-            columns = {config.multiturn.messages_key: "data.multiturn.messages_key"}
+        multi = config.multiturn
+        optional: tuple[str, ...] = ()
+        if multi.enable:
+            columns = {multi.messages_key: "data.multiturn.messages_key"}
+            optional = (multi.tools_key, multi.enable_thinking_key)
         else:
             columns = {config.prompt_key: "data.prompt_key", config.response_key: "data.response_key"}
-        rows = read_sft_columns(data_files, columns, config_key)
+        rows = read_sft_columns(data_files, columns, config_key, optional)
+        if max_samples > 0:
+            rows = rows[:max_samples]
         self.input_ids, self.loss_masks = self._tokenize(rows)
+
+    def _template_kwargs(self, row: dict) -> dict:
+        """The chat template's extra arguments for ``row``: ``data.apply_chat_template_kwargs``, and
+        for multi-turn rows its ``tools`` and ``enable_thinking`` (verl's ``MultiTurnSFTDataset``)."""
+        kwargs = dict(self.config.apply_chat_template_kwargs)
+        multi = self.config.multiturn
+        if not multi.enable:
+            return kwargs
+        if row[multi.tools_key] is not None:
+            kwargs["tools"] = row[multi.tools_key]
+        thinking = row[multi.enable_thinking_key]
+        if thinking is None and self.config.enable_thinking_default != "none":
+            thinking = self.config.enable_thinking_default
+        if thinking is not None:
+            kwargs["enable_thinking"] = bool(thinking)
+        return kwargs
 
     def _check_setup(self) -> None:
         if self.truncation not in SFT_TRUNCATIONS:
@@ -256,7 +293,8 @@ class SFTDataset(torch.utils.data.Dataset):
         texts, spans = [], []
         for row in rows:
             where = f"{self.config_key}: row {row['_row']} of {row['_source']}"
-            text, row_spans = assistant_char_spans(self.tokenizer, row_to_messages(row, self.config, where), where)
+            messages = row_to_messages(row, self.config, where)
+            text, row_spans = assistant_char_spans(self.tokenizer, messages, where, **self._template_kwargs(row))
             texts.append(text)
             spans.append(row_spans)
         enc = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)

@@ -22,11 +22,11 @@ from omegaconf import OmegaConf
 from hybridrl.data.collate import collate_fn
 from hybridrl.data.dataloader import create_rl_dataloader
 from hybridrl.data.sft_dataset import SFTDataset
-from hybridrl.models import load_tokenizer, resolve_model_path
+from hybridrl.models import load_tokenizer
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.jobs.supervised import SupervisedTrainer, run_supervised
 from hybridrl.trainer.jobs.supervised_config import ignored_notes, sft_config
-from hybridrl.workers.supervised_worker import SFT_KEYS, SFTWorker, trim_padding
+from hybridrl.workers.supervised_worker import SFT_KEYS, SFTWorker, sft_tokenizer_path, trim_padding
 
 # ---------------------------------------------------------------- data and the driver
 
@@ -35,19 +35,19 @@ def build_sft_data(config):
     """``(train, val)``: a resumable shuffled loader of ``train_batch_size`` rows, and a loader of
     ``micro_batch_size_per_gpu`` rows per worker over the validation file(s) in order (None without)."""
     tokenizer = load_tokenizer(
-        resolve_model_path(config.model.partial_pretrain, config_key="model.partial_pretrain"),
+        sft_tokenizer_path(config.model),
         trust_remote_code=config.model.trust_remote_code,
         chat_template=config.data.chat_template,
     )
     data_cfg = config.data
     train = create_rl_dataloader(
-        SFTDataset(data_cfg.train_files, tokenizer, data_cfg, "data.train_files"),
+        SFTDataset(data_cfg.train_files, tokenizer, data_cfg, "data.train_files", data_cfg.train_max_samples),
         batch_size=data_cfg.train_batch_size,
         seed=config.trainer.seed,
     )
     val = None
     if data_cfg.val_files:
-        val_ds = SFTDataset(data_cfg.val_files, tokenizer, data_cfg, "data.val_files")
+        val_ds = SFTDataset(data_cfg.val_files, tokenizer, data_cfg, "data.val_files", data_cfg.val_max_samples)
         workers = config.trainer.nnodes * config.trainer.n_gpus_per_node
         val = torch.utils.data.DataLoader(
             val_ds, batch_size=data_cfg.micro_batch_size_per_gpu * workers, shuffle=False, collate_fn=collate_fn

@@ -19,17 +19,24 @@ from hybridrl.controller.worker import Worker
 from hybridrl.data.preference_dataset import pad_pairs
 from hybridrl.models import load_causal_lm, load_tokenizer, load_value_model, resolve_model_path, to_torch_dtype
 from hybridrl.models.external import import_external_lib
-from hybridrl.models.lora import apply_lora
+from hybridrl.models.lora import apply_lora, lora_settings
 from hybridrl.protocol import DataProto
 from hybridrl.workers.checkpoint_io import load_worker_state, save_worker_state
-from hybridrl.workers.config import OptimConfig
 from hybridrl.workers.memory import memory_metrics
 from hybridrl.workers.model_forward import autocast
-from hybridrl.workers.optim import build_lr_scheduler, build_optimizer, optimizer_step
+from hybridrl.workers.optim import build_optimizer, lr_schedule, optimizer_step
 from hybridrl.workers.reward_model import forward_sequence_scores
 from hybridrl.workers.sharding import apply_fsdp2, data_parallel_sum
 
 SFT_KEYS = ("input_ids", "attention_mask", "position_ids", "loss_mask")
+
+
+def sft_tokenizer_path(model_cfg) -> str:
+    """The SFT tokenizer's folder: ``model.tokenizer_path`` (verl's engine key) or the model's,
+    resolved as ``hybridrl.models.resolve_model_path`` does."""
+    if model_cfg.tokenizer_path:
+        return resolve_model_path(model_cfg.tokenizer_path, config_key="model.tokenizer_path")
+    return resolve_model_path(model_cfg.partial_pretrain, config_key="model.partial_pretrain")
 
 
 # ---------------------------------------------------------------- the SFT loss
@@ -128,7 +135,7 @@ class SupervisedWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         """Loads the model (LoRA-wrapped when ``model.lora_rank > 0``), shards it over the
-        group, builds AdamW and the warmup + cosine/constant schedule.
+        group, builds AdamW and the warmup + cosine/constant/wsd schedule.
 
         Raises:
             ModelPathError / ModelDependencyError / ModelConfigError: see ``hybridrl.models``.
@@ -138,7 +145,7 @@ class SupervisedWorker(Worker):
         import_external_lib(model_cfg.external_lib)
         path = resolve_model_path(self._model_path(), config_key=self.model_key)
         self.tokenizer = load_tokenizer(
-            path,
+            self._tokenizer_path(path),
             trust_remote_code=model_cfg.trust_remote_code,
             padding_side=self.padding_side,
             chat_template=self.config.data.chat_template,
@@ -151,17 +158,25 @@ class SupervisedWorker(Worker):
         self.compute_dtype = to_torch_dtype(model_cfg.fsdp_config.mixed_precision.param_dtype)
         optim = self.config.optim
         self.optimizer = build_optimizer(module, optim)
-        schedule = OptimConfig(
-            lr=optim.lr,
-            lr_warmup_steps_ratio=optim.warmup_steps_ratio,
-            warmup_style=optim.lr_scheduler,
-            min_lr_ratio=0.0,
-        )  # PPO's schedule keys
-        self.lr_scheduler = build_lr_scheduler(self.optimizer, schedule, self.total_training_steps)
+        steps = self.total_training_steps
+        warmup = optim.lr_warmup_steps if optim.lr_warmup_steps > 0 else int(optim.warmup_steps_ratio * steps)
+        self.lr_scheduler = lr_schedule(
+            self.optimizer,
+            optim.lr_scheduler,
+            warmup,
+            steps,
+            min_lr_ratio=optim.min_lr_ratio,
+            num_cycles=optim.num_cycles,
+            zero_indexed_step=optim.zero_indexed_step,
+        )
 
     def _model_path(self) -> str:
         """The value of ``model_key``: the model to train, as the config names it."""
         return self.config.model.path
+
+    def _tokenizer_path(self, model_path: str) -> str:
+        """The tokenizer's folder (the model's, ``model_path`` resolved)."""
+        return model_path
 
     def _load_module(self, path: str) -> torch.nn.Module:
         raise NotImplementedError
@@ -211,17 +226,21 @@ class SFTWorker(SupervisedWorker):
     def _model_path(self) -> str:
         return self.config.model.partial_pretrain
 
+    def _tokenizer_path(self, model_path: str) -> str:
+        return sft_tokenizer_path(self.config.model)
+
     def _adapt(self, module: torch.nn.Module) -> torch.nn.Module:
-        """LoRA adapters (``model.lora_rank > 0``) on ``model.target_modules``, drawn from ``trainer.seed``."""
-        model_cfg = self.config.model
-        if model_cfg.lora_rank == 0:
+        """LoRA adapters (``model.lora_rank > 0``) on ``model.target_modules`` but not
+        ``model.exclude_modules``, drawn from ``trainer.seed``."""
+        settings = lora_settings(self.config.model)
+        if settings is None:
             return module
-        targets = model_cfg.target_modules
         return apply_lora(
             module,
-            model_cfg.lora_rank,
-            model_cfg.lora_alpha,
-            targets if isinstance(targets, str) else list(targets),
+            settings["lora_rank"],
+            settings["lora_alpha"],
+            settings["target_modules"],
+            settings["exclude_modules"],
             config_key="model",
             seed=self.config.trainer.seed,
         )
@@ -232,6 +251,7 @@ class SFTWorker(SupervisedWorker):
             path,
             dtype=model_cfg.fsdp_config.model_dtype,
             trust_remote_code=model_cfg.trust_remote_code,
+            override_config=model_cfg.override_config,
             enable_gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
         )
 

@@ -1,5 +1,7 @@
 """SFTDataset: assistant-only loss masks, single/multi-turn rows, truncation, clear errors."""
 
+import copy
+
 import pandas as pd
 import pytest
 import torch
@@ -218,3 +220,60 @@ def test_loss_mask_rows_collate_to_batches(tokenizer, tmp_path):
     assert batch["input_ids"].shape == batch["loss_mask"].shape == (2, 48)
     assert batch["input_ids"].dtype == torch.long
     assert (batch["loss_mask"] <= batch["attention_mask"]).all()
+
+
+# A template that shows what reaches it: the tool names, enable_thinking and an extra argument.
+_SHOWING_TEMPLATE = (
+    "{% if tools %}TOOLS {% for t in tools %}{{ t.name }} {% endfor %}\n{% endif %}"
+    "{% if enable_thinking is defined %}THINK {{ enable_thinking }}\n{% endif %}"
+    "{% if greeting is defined %}{{ greeting }}\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _texts(ds):
+    return [ds.tokenizer.decode(ids) for ids in ds.input_ids]
+
+
+def test_verl_multiturn_columns_reach_the_chat_template(tokenizer, tmp_path):
+    """verl's MultiTurnSFTDataset: a tools column goes to the template as `tools`, an
+    enable_thinking column (else data.enable_thinking_default) as `enable_thinking`, and
+    data.apply_chat_template_kwargs to every row; the loss stays on the assistant's tokens."""
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.chat_template = _SHOWING_TEMPLATE
+    tools = [{"name": "search", "description": "d"}]
+    rows = [
+        {"conv": CONVERSATION, "tools": tools, "think": True},
+        {"conv": CONVERSATION, "tools": None, "think": None},
+    ]
+    path = _parquet(tmp_path, rows)
+    config = {"messages_key": "conv", "enable_thinking_key": "think", "max_length": 128}
+    config["apply_chat_template_kwargs"] = {"greeting": "HELLO"}
+    first, second = _texts(SFTDataset(path, tokenizer, _data(config)))
+    assert first.startswith("TOOLS search THINK True\nHELLO\n<|im_start|>system")
+    assert second.startswith("HELLO\n<|im_start|>system")  # no tools, no enable_thinking
+    with_default = _texts(SFTDataset(path, tokenizer, _data({**config, "enable_thinking_default": False})))
+    assert with_default[1].startswith("THINK False\n")
+    # a file without those columns trains as before (verl reads them only when present)
+    plain = _parquet(tmp_path, [{"conv": CONVERSATION}], "plain.parquet")
+    ds = SFTDataset(plain, tokenizer, _data({"messages_key": "conv", "max_length": 128}))
+    ids, mask = _unpadded(ds, 0)
+    said = tokenizer.decode([i for i, m in zip(ids, mask) if m])
+    assert said == "Hello there<|im_end|>A2<|im_end|>"
+
+
+def test_max_samples_keeps_the_first_rows(tokenizer, tmp_path):
+    rows = [{"question": f"q{i}", "answer": f"a{i}"} for i in range(5)]
+    a = _parquet(tmp_path, rows[:3], "a.parquet")
+    b = _parquet(tmp_path, rows[3:], "b.parquet")
+    config = _data({"prompt_key": "question", "response_key": "answer", "max_length": 64})
+    ds = SFTDataset([a, b], tokenizer, config, max_samples=4)
+    assert len(ds) == 4 and "q3" in _texts(ds)[3]
+    assert len(SFTDataset([a, b], tokenizer, config, max_samples=-1)) == 5
+
+
+def test_a_multiturn_file_read_as_single_turn_says_which_key_to_set(tokenizer, tmp_path):
+    path = _parquet(tmp_path, [{"messages": CONVERSATION}])
+    with pytest.raises(DataError, match=r"\(multi-turn rows: set data.messages_key=messages\)"):
+        SFTDataset(path, tokenizer, _data({}))

@@ -242,7 +242,7 @@ def test_resume_continues_at_the_next_step_as_if_never_stopped(gsm8k_parquet, ti
         (["data.max_length=64", "data.truncation=error"], "tokens long, more than data.max_length=64"),
         (["data.prompt_key=problem"], "'problem' (data.prompt_key)"),
         (["data.response_dict_keys=[solution]"], "no key 'solution'"),
-        (["optim.lr_scheduler=linear"], "optim.lr_scheduler='linear' is not one of cosine, constant"),
+        (["optim.lr_scheduler=linear"], "optim.lr_scheduler='linear' is not one of constant, cosine, wsd"),
         (["data.micro_batch_size_per_gpu=8"], "data.micro_batch_size_per_gpu=8 is larger than data.train_batch_size=4"),
         (
             ["trainer.n_gpus_per_node=3"],
