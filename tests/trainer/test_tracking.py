@@ -85,8 +85,48 @@ def test_console_logger_prints_lines_without_bar_when_not_tty(capsys):
         tracker.log({"critic/score/mean": 0.5}, step=1)
         tracker.log({"critic/score/mean": 0.75}, step=2)
     captured = capsys.readouterr()
-    assert captured.out.splitlines() == ["step 1/2 | score 0.5", "step 2/2 | score 0.75"]
+    assert captured.out.splitlines() == [
+        "step 1/2 | score 0.5",
+        "  critic/score/mean:0.5",
+        "step 2/2 | score 0.75",
+        "  critic/score/mean:0.75",
+    ]
     assert captured.err == ""  # stderr is not a tty under capsys: no bar noise in logs
+
+
+def test_console_prints_every_metric_by_name_sorted_below_the_summary(capsys):
+    """verl's console logger prints every metric each step; here the summary line, then each
+    metric group (the name up to its first '/') on its own line(s), sorted, by full name."""
+    data = {
+        "critic/vf_loss": 0.0,
+        "critic/score/mean": 0.0,
+        "actor/entropy": 1.23456789,
+        "timing_s/step": 3.5,
+        "training/global_step": 1,
+        "response_length/clip_ratio": 0.0,
+        "perf/throughput": 1234.56789,
+        "val-core/openai/gsm8k/reward/mean@1": 0.25,
+        "some/list": [1, 2],  # not one number: left out
+        **{f"critic/advantages/p{i:02d}": i / 10 for i in range(10)},
+    }
+    with Tracking("p", "e", "console", total_steps=1) as tracker:
+        tracker.log(data, step=1)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "step 1/1 | score 0 | entropy 1.23 | vf_loss 0 | val openai/gsm8k 0.25"
+    assert lines[1] == "  actor/entropy:1.23457"
+    critic = [line for line in lines if line.startswith("  critic/")]
+    assert len(critic) > 1 and all(len(line) <= 120 for line in critic)  # a long group wraps
+    tokens = " ".join(critic).split()
+    assert tokens == sorted(tokens) and tokens[-2:] == ["critic/score/mean:0", "critic/vf_loss:0"]
+    assert lines[-5:] == [
+        "  perf/throughput:1234.57",
+        "  response_length/clip_ratio:0",
+        "  timing_s/step:3.5",
+        "  training/global_step:1",
+        "  val-core/openai/gsm8k/reward/mean@1:0.25",
+    ]
+    assert "some/list" not in "\n".join(lines)
+    assert T.format_console_metrics({"step": 3, "x": "text"}) == ""  # nothing numeric: no block
 
 
 def test_console_bar_advances_on_tty(monkeypatch, capsys):

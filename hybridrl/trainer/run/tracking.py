@@ -226,6 +226,36 @@ def format_console_line(data: dict, step: int, total_steps: int | None = None) -
     return " | ".join(parts)
 
 
+def _fmt_full(value) -> str:
+    """A metric value in the full listing: ints as they are, floats to 6 significant digits."""
+    if isinstance(value, bool) or isinstance(value, int):
+        return str(value)
+    return f"{value:.6g}"
+
+
+def format_console_metrics(data: dict, width: int = 120, indent: str = "  ") -> str:
+    """Every numeric metric of a step by its full name, as verl's console logger prints them
+    (``name:value``), sorted by name: one line per group (the name up to its first ``/``), wrapped
+    at ``width`` characters. Values that are not one number (lists, strings) are left out; the
+    ``file`` logger keeps full precision."""
+    groups: dict[str, list[str]] = {}
+    for key in sorted(data, key=str):
+        value = plain_scalar(data[key])
+        if key == "step" or not isinstance(value, (int, float)):
+            continue
+        groups.setdefault(str(key).split("/", 1)[0], []).append(f"{key}:{_fmt_full(value)}")
+    lines = []
+    for items in groups.values():
+        line = indent
+        for item in items:
+            if line.strip() and len(line) + 2 + len(item) > width:
+                lines.append(line)
+                line = indent
+            line += ("  " if line.strip() else "") + item
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def _clip(text: str, limit: int, keep_end: bool = False) -> str:
     text = str(text)
     if len(text) <= limit:
@@ -258,7 +288,9 @@ def format_generations(samples: list[dict], step: int, max_chars: int = 400) -> 
 
 @register_logger("console")
 class ConsoleLogger:
-    """One line per step on stdout, plus a tqdm bar on stderr when stderr is a terminal.
+    """Each step on stdout: the summary line (:func:`format_console_line`), then every metric by
+    name (:func:`format_console_metrics`), as verl's console logger prints every metric; a tqdm
+    bar on stderr when stderr is a terminal.
 
     Validation samples (`trainer.log_val_generations`) are printed as text blocks.
     """
@@ -281,7 +313,9 @@ class ConsoleLogger:
                 dynamic_ncols=True,
             )
         # tqdm.write clears and redraws the bar around the line, so the two don't interleave.
-        tqdm.write(format_console_line(data, step, self.total_steps), file=sys.stdout)
+        text = format_console_line(data, step, self.total_steps)
+        metrics = format_console_metrics(data)
+        tqdm.write(f"{text}\n{metrics}" if metrics else text, file=sys.stdout)
         sys.stdout.flush()  # a redirected stdout is block-buffered: show each step as it ends
         self._bar.update(1)
 
