@@ -199,7 +199,7 @@ def test_verl_engine_schedule_keys_and_dtype():
     assert _typed().optim.lr_scheduler == "cosine"  # the fsdp_sft_trainer default (verl's engine one is constant)
     assert _typed("engine.dtype=float32").model.fsdp_config.mixed_precision.param_dtype == "fp32"
     assert _typed("engine.dtype=bfloat16").model.fsdp_config.mixed_precision.param_dtype == "bf16"
-    with pytest.raises(ConfigError, match="engine.dtype='float16' is not one of"):
+    with pytest.raises(ConfigError, match="engine.dtype='float16' asks for fp16 mixed precision"):
         _typed("engine.dtype=float16")
     with pytest.raises(ConfigError, match="optim.lr_scheduler_type='linear'|optim.lr_scheduler='linear'"):
         _typed("optim.lr_scheduler_type=linear")

@@ -362,6 +362,11 @@ class SFTEngineConfig:
 
     def __post_init__(self):
         _choice("engine.strategy", self.strategy, ("fsdp", "fsdp2"))
+        if self.dtype in ("float16", "fp16"):
+            raise ConfigError(
+                f"engine.dtype={self.dtype!r} asks for fp16 mixed precision (it needs a loss scaler), which "
+                "hybridrl sft does not have; use bfloat16 or float32"
+            )
         if self.dtype is not None:
             _choice("engine.dtype", self.dtype, tuple(ENGINE_DTYPES))
 
