@@ -10,6 +10,7 @@ from typing import Iterable
 
 from hybridrl.config.precision import resolve_precision
 from hybridrl.config.reward_spelling import apply_reward_spelling
+from hybridrl.config.verl_compat import screen_ppo_overrides
 from hybridrl.errors import ConfigError
 
 CONFIG_MODULE = "hybridrl.config"
@@ -54,7 +55,7 @@ def load_config(
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    overrides = list(overrides or [])
+    overrides = screen_ppo_overrides(list(overrides or []), config_name, config_dir)  # verl's keys: one answer each
     overrides = drop_group_choices(overrides)
     parsed = _parse_overrides(overrides)
     config_name = config_name[: -len(".yaml")] if config_name.endswith(".yaml") else config_name

@@ -13,8 +13,10 @@ verl keys that are accepted but mean nothing in this build carry their reason as
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
+import logging
 import typing
 from typing import Any, Literal, TypeVar
 
@@ -22,6 +24,7 @@ from hybridrl.config.loader import all_keys, closest_key
 from hybridrl.errors import ConfigError
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 __all__ = ["to_dataclass", "to_structured", "ignored", "refused", "marked_keys", "IGNORED", "REFUSED"]
 
@@ -82,13 +85,15 @@ def marked_keys(cls: type, mark: str, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def to_dataclass(cls: type[T], section: Any, prefix: str) -> T:
+def to_dataclass(cls: type[T], section: Any, prefix: str, prepare=None) -> T:
     """``section`` (a DictConfig, a mapping, or None for all defaults) as a ``cls`` instance.
 
     Args:
         cls: a dataclass whose fields are the section's keys (nested dataclasses for subsections).
         section: the config section; keys it lacks take the dataclass defaults.
         prefix: the section's key path, for messages (``"algorithm"``; ``""`` for a whole config).
+        prepare: called with the merged DictConfig before the dataclasses are built (verl's two
+            spellings of a key made one, :func:`hybridrl.workers.config.fsdp.merge_spellings`).
 
     Raises:
         ConfigError: a key the dataclass has no field for, or a value OmegaConf cannot convert
@@ -97,16 +102,21 @@ def to_dataclass(cls: type[T], section: Any, prefix: str) -> T:
     """
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_object(_merged(cls, section, prefix))
+    merged = _merged(cls, section, prefix)
+    if prepare is not None:
+        prepare(merged)
+    return OmegaConf.to_object(merged)
 
 
-def to_structured(cls: type, section: Any, prefix: str):
+def to_structured(cls: type, section: Any, prefix: str, prepare=None):
     """``section`` typed as ``cls`` and kept a structured DictConfig, as a run reads it: every key
     present and typed, interpolations resolved, the ``__post_init__`` rules checked (raises as
     :func:`to_dataclass`). Faster than ``OmegaConf.structured(to_dataclass(...))``, the same result."""
     from omegaconf import OmegaConf
 
     merged = _merged(cls, section, prefix)
+    if prepare is not None:
+        prepare(merged)
     OmegaConf.to_object(merged)  # builds the dataclasses, so their rules run
     OmegaConf.resolve(merged)
     return merged
@@ -124,19 +134,59 @@ def _merged(cls: type, section: Any, prefix: str):
     from omegaconf import OmegaConf
     from omegaconf.errors import ConfigKeyError, ValidationError
 
-    try:
-        return OmegaConf.merge(_schema(cls), section if section is not None else {})
-    except ConfigKeyError as exc:
-        key = f"{prefix}.{exc.full_key}" if prefix else exc.full_key
-        where = prefix or "this command's config"
-        close = closest_key(exc.full_key, all_keys(_schema(cls)))
-        fix = (
-            f"did you mean '{prefix + '.' if prefix else ''}{close}'?"
-            if close
-            else "remove it (hybridrl config --show lists the keys)"
-        )
-        raise ConfigError(f"{key} is not a key of {where}; {fix}") from None
-    except ValidationError as exc:
-        key = f"{prefix}.{exc.full_key}" if prefix else exc.full_key
-        reason = str(exc).splitlines()[0]
-        raise ConfigError(f"{key}: {reason}; set a value of the type in the packaged YAML") from None
+    for _ in range(_MAX_VERL_KEYS):
+        try:
+            return OmegaConf.merge(_schema(cls), section if section is not None else {})
+        except ConfigKeyError as exc:
+            key = f"{prefix}.{exc.full_key}" if prefix else str(exc.full_key)
+            section = _without_verl_key(section, str(exc.full_key), key)
+            if section is None:
+                _unknown_key(cls, prefix, exc)
+        except ValidationError as exc:
+            bad = f"{prefix}.{exc.full_key}" if prefix else exc.full_key
+            reason = str(exc).splitlines()[0]
+            raise ConfigError(f"{bad}: {reason}; set a value of the type in the packaged YAML") from None
+    raise ConfigError(f"{prefix or 'the config'}: more than {_MAX_VERL_KEYS} of verl's keys this build lacks")
+
+
+_MAX_VERL_KEYS = 1000
+
+
+def _without_verl_key(section, key: str, full_key: str):
+    """``section`` without ``key`` when it is one of verl's keys that hybridrl's config lacks and
+    answers as ignored (noted in the log); None when no rule knows it.
+
+    Raises:
+        ConfigError: a refused verl key set to another value than verl's default.
+    """
+    from omegaconf import DictConfig, OmegaConf, open_dict
+
+    from hybridrl.config.verl_compat import AT_DEFAULT, check_verl_only
+
+    if not isinstance(section, DictConfig):
+        section = OmegaConf.create(section)
+    value = OmegaConf.select(section, key, throw_on_missing=False)
+    value = OmegaConf.to_container(value, resolve=False) if isinstance(value, DictConfig) else value
+    answer = check_verl_only(full_key, value)
+    if answer is None:
+        return None
+    if answer is not AT_DEFAULT:
+        logger.warning("%s is ignored: %s", full_key, answer.text)
+    section = copy.deepcopy(section)
+    parent, _, name = key.rpartition(".")
+    node = OmegaConf.select(section, parent) if parent else section
+    with open_dict(node):
+        del node[name]
+    return section
+
+
+def _unknown_key(cls: type, prefix: str, exc) -> None:
+    key = f"{prefix}.{exc.full_key}" if prefix else exc.full_key
+    where = prefix or "this command's config"
+    close = closest_key(exc.full_key, all_keys(_schema(cls)))
+    fix = (
+        f"did you mean '{prefix + '.' if prefix else ''}{close}'?"
+        if close
+        else "remove it (hybridrl config --show lists the keys)"
+    )
+    raise ConfigError(f"{key} is not a key of {where}; {fix}") from None

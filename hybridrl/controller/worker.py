@@ -113,8 +113,9 @@ class Worker:
     def init_distributed(self, device: str) -> None:
         """Joins the default process group: NCCL on CUDA, Gloo on CPU (rendezvous from the
         ``MASTER_ADDR`` / ``MASTER_PORT`` the backend set). Collectives time out after
-        ``HYBRIDRL_DIST_TIMEOUT_S`` seconds (``trainer.dist_timeout_s``, default 600), so a
-        rank that died cannot leave the others waiting forever."""
+        ``HYBRIDRL_PG_TIMEOUT_S`` seconds (verl's ``nccl_timeout``), else ``HYBRIDRL_DIST_TIMEOUT_S``
+        (``trainer.dist_timeout_s``, default 600), so a rank that died cannot leave the others
+        waiting forever."""
         from datetime import timedelta
 
         import torch
@@ -123,5 +124,11 @@ class Worker:
         if self.world_size > 1 and not dist.is_initialized():
             if device == "cuda":
                 torch.cuda.set_device(self.local_rank % torch.cuda.device_count())
-            timeout = timedelta(seconds=float(os.environ.get("HYBRIDRL_DIST_TIMEOUT_S", 600)))
+            timeout = timedelta(seconds=process_group_timeout_s())
             dist.init_process_group(backend="nccl" if device == "cuda" else "gloo", timeout=timeout)
+
+
+def process_group_timeout_s() -> float:
+    """The timeout of the workers' process group, seconds: ``HYBRIDRL_PG_TIMEOUT_S`` (the run's
+    ``nccl_timeout``) when set, else ``HYBRIDRL_DIST_TIMEOUT_S`` (``trainer.dist_timeout_s``), else 600."""
+    return float(os.environ.get("HYBRIDRL_PG_TIMEOUT_S") or os.environ.get("HYBRIDRL_DIST_TIMEOUT_S") or 600)

@@ -22,6 +22,7 @@ from hybridrl.models.lora import AdapterDisabled, apply_lora, lora_settings
 from hybridrl.protocol import DataProto
 from hybridrl.workers.actor import PPOActor
 from hybridrl.workers.checkpoint_io import load_worker_state, save_worker_state
+from hybridrl.workers.config.fsdp import cpu_offload
 from hybridrl.workers.critic import PPOCritic
 from hybridrl.workers.engine_lock import EngineLock
 from hybridrl.workers.memory import memory_metrics
@@ -37,8 +38,9 @@ logger = logging.getLogger(__name__)
 
 def needs_fsdp(world_size: int, device: str, fsdp_config) -> bool:
     """Whether a role is wrapped with FSDP2: with more than one worker (sharding), and with one
-    worker on CUDA when ``param_offload`` asks for FSDP2's CPU offload (as verl, at any world size)."""
-    return world_size > 1 or (device == "cuda" and bool(fsdp_config.param_offload))
+    worker on CUDA when ``param_offload`` (or verl's ``offload_policy``) asks for FSDP2's CPU offload
+    (as verl, at any world size)."""
+    return world_size > 1 or (device == "cuda" and cpu_offload(fsdp_config))
 
 
 def sharder(world_size: int, device: str, fsdp_config, reduce_dtype: str = "fp32"):
@@ -58,7 +60,7 @@ def shard_module(module, fsdp_config, device: str, reduce_dtype: str = "fp32"):
         device,
         fsdp_size=fsdp_config.fsdp_size,
         reshard_after_forward=fsdp_config.reshard_after_forward,
-        param_offload=fsdp_config.param_offload,
+        param_offload=cpu_offload(fsdp_config),
         param_dtype=fsdp_config.mixed_precision.param_dtype,
         reduce_dtype=reduce_dtype,
     )

@@ -9,6 +9,7 @@ import math
 import torch
 
 from hybridrl.errors import ConfigError
+from hybridrl.workers.config.fsdp import floor_ratio, schedule_name
 from hybridrl.workers.sharding import clip_grad_norm
 
 logger = logging.getLogger(__name__)
@@ -26,28 +27,41 @@ def build_optimizer(module: torch.nn.Module, optim_cfg) -> torch.optim.Optimizer
 
 
 def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg, total_training_steps: int):
-    """verl's schedule: linear warmup, then constant or cosine down to ``min_lr_ratio``.
+    """verl's schedule: linear warmup, then constant or cosine down to the floor.
 
-    ``optim_cfg`` is an ``optim`` section (``hybridrl.workers.config.OptimConfig``). Warmup steps:
-    ``lr_warmup_steps`` if > 0, else ``lr_warmup_steps_ratio x total steps``.
+    ``optim_cfg`` is an ``optim`` section (``hybridrl.workers.config.OptimConfig``). The schedule is
+    ``warmup_style`` when set (verl's older key), else ``lr_scheduler_type``. Warmup steps:
+    ``lr_warmup_steps`` if > 0, else ``lr_warmup_steps_ratio x total steps``. The cosine floor is
+    ``min_lr / lr`` when ``min_lr`` is set, else ``min_lr_ratio``; the cosine reaches it at the run's
+    last step, or at step ``lr_decay_steps`` (warmup included; Megatron's key) and stays there.
 
     Raises:
-        ConfigError: an unknown ``warmup_style``.
+        ConfigError: an unknown schedule.
     """
     warmup = optim_cfg.lr_warmup_steps
     if warmup < 0:
         warmup = int(optim_cfg.lr_warmup_steps_ratio * total_training_steps)
-    style = optim_cfg.warmup_style
+    style = schedule_name(optim_cfg)
     if style not in ("constant", "cosine"):
-        raise ConfigError(f"optim.warmup_style={style!r} is not one of constant, cosine")
-    return lr_schedule(
+        raise ConfigError(f"optim.lr_scheduler_type={style!r} is not one of constant, cosine")
+    decay_steps = optim_cfg.lr_decay_steps
+    schedule = lr_schedule(
         optimizer,
         style,
         warmup,
-        total_training_steps,
-        min_lr_ratio=optim_cfg.min_lr_ratio or 0.0,  # null (the critic's default): 0
+        total_training_steps if decay_steps is None else int(decay_steps),
+        min_lr_ratio=floor_ratio(optim_cfg),
         num_cycles=optim_cfg.num_cycles,
+        zero_indexed_step=optim_cfg.zero_indexed_step,
     )
+    if decay_steps is not None:  # after lr_decay_steps the factor stays where the decay ended
+        (factor,) = schedule.lr_lambdas
+        schedule.lr_lambdas = [functools.partial(_held_after, factor=factor, last=int(decay_steps))]
+    return schedule
+
+
+def _held_after(step: int, factor, last: int) -> float:
+    return factor(min(step, last))
 
 
 LR_SCHEDULES = ("constant", "cosine", "wsd")

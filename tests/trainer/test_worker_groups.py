@@ -59,11 +59,40 @@ def test_the_supervised_trainer_sections_place_workers_too(name, typed):
     assert (trainer.cpu_threads_per_worker, trainer.cpu_malloc_reuse, trainer.dist_timeout_s) == (1, True, 600)
 
 
+ENV = {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}
+
+
 def test_ray_init_takes_both_verl_spellings():
-    assert ray_init_kwargs(_cfg()) == {}
-    assert ray_init_kwargs(_cfg(ray_init={"num_cpus": 4})) == {"num_cpus": 4}
+    assert ray_init_kwargs(_cfg()) == {"runtime_env": ENV}  # null values are Ray's defaults
+    assert ray_init_kwargs(_cfg(ray_init={"num_cpus": 4})) == {"num_cpus": 4, "runtime_env": ENV}
     both = _cfg(ray_init={"num_cpus": 4}, ray_kwargs={"ray_init": {"num_cpus": 8, "address": "auto"}})
-    assert ray_init_kwargs(both) == {"num_cpus": 8, "address": "auto"}  # verl 0.5's spelling wins
+    assert ray_init_kwargs(both) == {"num_cpus": 8, "address": "auto", "runtime_env": ENV}  # verl 0.5's wins
+
+
+def test_ray_init_passes_verls_runtime_env():
+    config = load_config(
+        [
+            "ray_kwargs.ray_init.runtime_env.py_executable=uv run --frozen",
+            "+ray_kwargs.ray_init.runtime_env.env_vars.MY_FLAG=1",
+            "+ray_kwargs.ray_init.runtime_env.working_dir=/src",
+        ],
+        resolve_auto_dtypes=False,
+    )
+    assert ray_init_kwargs(config)["runtime_env"] == {
+        "py_executable": "uv run --frozen",
+        "env_vars": {"TOKENIZERS_PARALLELISM": "false", "MY_FLAG": "1"},
+        "working_dir": "/src",
+    }
+
+
+def test_nccl_timeout_is_the_process_group_timeout():
+    from hybridrl.trainer.run.worker_groups import process_group_timeout
+
+    assert process_group_timeout(load_config([], resolve_auto_dtypes=False)) is None  # trainer.dist_timeout_s
+    config = load_config(["actor_rollout_ref.nccl_timeout=1200", "critic.nccl_timeout=900"], resolve_auto_dtypes=False)
+    assert process_group_timeout(config) == 1200  # one group for all roles: the longest
+    with pytest.raises(ConfigError, match="critic.nccl_timeout=0 must be a number of seconds > 0"):
+        process_group_timeout(load_config(["critic.nccl_timeout=0"], resolve_auto_dtypes=False))
 
 
 def test_resource_check_names_what_is_missing(ray_cluster):

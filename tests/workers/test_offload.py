@@ -15,8 +15,8 @@ import pytest
 from hybridrl.workers.fsdp_workers import needs_fsdp
 
 
-def _fsdp(param_offload: bool) -> SimpleNamespace:
-    return SimpleNamespace(param_offload=param_offload)
+def _fsdp(param_offload: bool, offload_policy: bool = False) -> SimpleNamespace:
+    return SimpleNamespace(param_offload=param_offload, offload_policy=offload_policy)
 
 
 @pytest.mark.parametrize(
@@ -32,6 +32,20 @@ def _fsdp(param_offload: bool) -> SimpleNamespace:
 )
 def test_which_roles_are_wrapped_with_fsdp2(world_size, device, offload, expected):
     assert needs_fsdp(world_size, device, _fsdp(offload)) is expected
+    assert needs_fsdp(world_size, device, _fsdp(False, offload_policy=offload)) is expected  # verl's FSDP2 key
+
+
+def test_offload_policy_turns_on_fsdp2s_cpu_offload(monkeypatch):
+    from hybridrl.workers import fsdp_workers
+
+    seen = {}
+    monkeypatch.setattr(fsdp_workers, "apply_fsdp2", lambda module, device, **kw: seen.update(kw))
+    fsdp = SimpleNamespace(
+        fsdp_size=-1, reshard_after_forward=True, param_offload=False, offload_policy=True,
+        mixed_precision=SimpleNamespace(param_dtype="fp32"),
+    )  # fmt: skip
+    fsdp_workers.shard_module(object(), fsdp, "cuda")
+    assert seen["param_offload"] is True
 
 
 GROUP_OF_ONE = """

@@ -22,6 +22,7 @@ from hybridrl.data.config import DataConfig
 from hybridrl.errors import ConfigError
 from hybridrl.rewards.config import CustomRewardFunctionConfig, RewardConfig
 from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelConfig
+from hybridrl.workers.config.fsdp import merge_spellings
 
 __all__ = ["PPOConfig", "PPOTrainerConfig", "ppo_config", "typed_ppo_config", "TRAINER_MODES"]
 
@@ -173,7 +174,8 @@ class RayInitConfig:
 class RayKwargsConfig:
     """``ray_kwargs`` (verl 0.5): ``ray_init`` is passed to ``ray.init`` as it is."""
 
-    ray_init: Dict[str, Any] = field(default_factory=dict)
+    ray_init: Dict[str, Any] = field(default_factory=lambda: {"num_cpus": None, "runtime_env": {"py_executable": None}})
+    timeline_json_file: Optional[str] = None
 
 
 @dataclass
@@ -212,7 +214,28 @@ def ppo_config(config) -> PPOConfig:
         ConfigError: a key without a field, or a value of the wrong type (one line naming the key).
         AlgorithmConfigError, UnknownAlgorithmError: a rule of the ``algorithm`` section.
     """
-    return to_dataclass(PPOConfig, config, "")
+    return to_dataclass(PPOConfig, config, "", prepare=merge_verl_spellings)
+
+
+def merge_verl_spellings(config) -> None:
+    """verl's second spelling of a role key (``optim.clip_grad`` of ``grad_clip``, ``fsdp_config.*``
+    of the role's ``entropy_checkpointing`` / ``ulysses_sequence_parallel_size``): the one set wins.
+
+    Raises:
+        ConfigError: both spellings set to different values.
+    """
+    actor, ref = "actor_rollout_ref.actor", "actor_rollout_ref.ref"
+    merge_spellings(config, f"{actor}.grad_clip", f"{actor}.optim.clip_grad", 1.0)
+    merge_spellings(config, "critic.grad_clip", "critic.optim.clip_grad", 1.0)
+    sp = "ulysses_sequence_parallel_size"
+    policy = config.actor_rollout_ref
+    before = getattr(policy.actor, sp)
+    for role in (actor, ref):
+        merge_spellings(config, f"{role}.entropy_checkpointing", f"{role}.fsdp_config.entropy_checkpointing", False)
+        merge_spellings(config, f"{role}.{sp}", f"{role}.fsdp_config.{sp}", 1)
+    if getattr(policy.actor, sp) != before and getattr(policy.ref, sp) == before:
+        setattr(policy.ref, sp, getattr(policy.actor, sp))  # the reference follows the actor, as its default does
+    merge_spellings(config, f"critic.{sp}", f"critic.model.fsdp_config.{sp}", 1)
 
 
 def typed_ppo_config(config):
@@ -223,4 +246,4 @@ def typed_ppo_config(config):
 
     if OmegaConf.is_config(config) and OmegaConf.get_type(config) is PPOConfig:
         return config  # typed already (the run types once, then checks)
-    return to_structured(PPOConfig, config, "")
+    return to_structured(PPOConfig, config, "", prepare=merge_verl_spellings)

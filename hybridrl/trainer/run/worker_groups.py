@@ -9,10 +9,11 @@ picks local for one worker and Ray for more. The driver code is the same for bot
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from omegaconf import OmegaConf
 
@@ -100,13 +101,41 @@ def rollout_pool_spec(config) -> list[int]:
     return [int(rollout.n_gpus_per_node)] * int(rollout.nnodes)
 
 
+VERL_NCCL_TIMEOUT = 600  # verl's default of <role>.nccl_timeout
+
+
+def process_group_timeout(config) -> float | None:
+    """The process-group timeout verl's ``nccl_timeout`` asks for (seconds), or None when every role
+    keeps verl's default (then ``trainer.dist_timeout_s`` is the timeout). The roles share one group
+    here, so the longest set wins."""
+    timeouts = [config.actor_rollout_ref.nccl_timeout, config.critic.nccl_timeout, config.reward_model.nccl_timeout]
+    chosen = [float(t) for t in timeouts if t != VERL_NCCL_TIMEOUT]
+    for role, value in zip(("actor_rollout_ref", "critic", "reward_model"), timeouts):
+        if not value > 0:
+            raise ConfigError(f"{role}.nccl_timeout={value!r} must be a number of seconds > 0")
+    return max(chosen) if chosen else None
+
+
 def ray_init_kwargs(config) -> dict:
     """The keyword arguments of ``ray.init`` from the PPO ``config``: ``ray_kwargs.ray_init`` (verl
-    0.5), with ``ray_init.num_cpus`` (verl 0.4) when that is set and the former is not."""
-    kwargs = dict(OmegaConf.to_container(config.ray_kwargs.ray_init, resolve=True))
+    0.5) without its null values (``num_cpus: null``, ``runtime_env.py_executable: null``: Ray's
+    defaults, as verl), with ``ray_init.num_cpus`` (verl 0.4) when that is set and the former is
+    not. ``runtime_env.env_vars`` keeps ``TOKENIZERS_PARALLELISM=false`` unless it sets it."""
+    kwargs = _without_nulls(cast(dict, OmegaConf.to_container(config.ray_kwargs.ray_init, resolve=True)))
     if config.ray_init.num_cpus is not None:
         kwargs.setdefault("num_cpus", config.ray_init.num_cpus)
+    runtime_env = dict(kwargs.pop("runtime_env", None) or {})
+    env_vars = {name: str(value) for name, value in (runtime_env.get("env_vars") or {}).items()}  # Ray takes str
+    runtime_env["env_vars"] = {**RAY_ENV_VARS, **env_vars}
+    kwargs["runtime_env"] = runtime_env
     return kwargs
+
+
+RAY_ENV_VARS = {"TOKENIZERS_PARALLELISM": "false"}
+
+
+def _without_nulls(mapping: dict) -> dict:
+    return {k: _without_nulls(v) if isinstance(v, dict) else v for k, v in mapping.items() if v is not None}
 
 
 def _roles(
@@ -220,6 +249,9 @@ def _build_ray_groups(
     trainer_cfg = config.trainer
     threads = int(trainer_cfg.cpu_threads_per_worker)
     os.environ.setdefault("HYBRIDRL_DIST_TIMEOUT_S", str(trainer_cfg.dist_timeout_s))
+    pg_timeout = process_group_timeout(config)
+    if pg_timeout is not None:
+        os.environ["HYBRIDRL_PG_TIMEOUT_S"] = str(pg_timeout)
     started_ray = init_ray(ray_init, (world_size + sum(rollout_pool)) * threads)
     use_gpu = device == "cuda" or (device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
     spec = {"global_pool": [int(trainer_cfg.n_gpus_per_node)] * int(trainer_cfg.nnodes)}
@@ -249,9 +281,22 @@ def _build_ray_groups(
         )
         result.groups["rollout"] = rollout
         result._cleanups.insert(0, rollout.shutdown)
+    timeline = config.ray_kwargs.timeline_json_file
+    if timeline:  # verl: Ray's timeline of the whole run, written at its end
+        result._cleanups.append(functools.partial(write_ray_timeline, str(timeline)))
     if started_ray:
         result._cleanups.append(ray.shutdown)
     return result
+
+
+def write_ray_timeline(path: str) -> None:
+    """Ray's timeline of the tasks so far (chrome://tracing JSON) into ``path`` (``ray_kwargs.timeline_json_file``)."""
+    import ray
+
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    ray.timeline(filename=path)
+    logger.info("ray: timeline written to %s", path)
 
 
 def init_ray(ray_init: dict, cpus_needed: int) -> bool:
@@ -277,7 +322,7 @@ def init_ray(ray_init: dict, cpus_needed: int) -> bool:
     if not joining:
         kwargs.setdefault("num_cpus", max(os.cpu_count() or 1, cpus_needed))
         kwargs.setdefault("include_dashboard", False)
-    kwargs.setdefault("runtime_env", {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+    kwargs.setdefault("runtime_env", {"env_vars": dict(RAY_ENV_VARS)})
     ray.init(**kwargs)
     logger.info("ray: %s cluster, resources %s", "joined" if joining else "started a local", ray.cluster_resources())
     return True

@@ -131,6 +131,7 @@ class ActorRolloutRefConfig:
     """``actor_rollout_ref``: the policy model and its three uses (update, generation, reference)."""
 
     hybrid_engine: bool = ignored(True, "actor and rollout always share one worker here")
+    nccl_timeout: float = 600  # the workers' process-group timeout, seconds (:func:`process_group_timeout`)
     model: PolicyModelConfig = field(default_factory=PolicyModelConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     ref: RefConfig = field(default_factory=RefConfig)

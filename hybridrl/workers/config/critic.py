@@ -25,6 +25,7 @@ class CriticConfig:
     (PPO's value clipping); batch sizes and token budgets count as the actor's do."""
 
     rollout_n: int = "${actor_rollout_ref.rollout.n}"
+    nccl_timeout: float = 600  # as actor_rollout_ref.nccl_timeout
     strategy: str = ignored("fsdp", FSDP_EITHER)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5, min_lr_ratio=None))
     model: CriticModelConfig = field(default_factory=CriticModelConfig)

@@ -10,10 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from hybridrl.config.rules import one_of
 from hybridrl.config.typed import ignored
+from hybridrl.errors import ConfigError
 
 _FSDP_SINGLE = "FSDP sharding needs more than one worker; a single worker keeps the whole model"
 _OFFLOAD_CPU = "offload moves state from an accelerator to host memory; on the CPU it lives there already"
+SCHEDULES = ("constant", "cosine")
 _ALWAYS_SAVED = "checkpoints always hold model, optimizer and extra state (no HF-format copy)"
 
 __all__ = [
@@ -59,6 +62,10 @@ class FSDPConfig:
     wrap_policy: WrapPolicyConfig = field(default_factory=WrapPolicyConfig)
     fsdp_size: int = ignored(-1, _FSDP_SINGLE, "single")
     param_offload: bool = ignored(False, _OFFLOAD_CPU, "cpu")
+    offload_policy: bool = ignored(
+        False, _OFFLOAD_CPU, "cpu"
+    )  # verl's FSDP2 switch: CPUOffloadPolicy, as param_offload
+    use_orig_params: bool = ignored(False, "an FSDP1 key; FSDP2 always keeps the original parameters")
     reshard_after_forward: bool = ignored(True, _FSDP_SINGLE, "single")
     forward_prefetch: bool = ignored(False, "FSDP2 prefetches with its default schedule")
     model_dtype: str = "fp32"
@@ -66,7 +73,17 @@ class FSDPConfig:
 
 
 @dataclass
-class RefFSDPConfig(FSDPConfig):
+class RoleEngineKeys:
+    """verl's engine config spells two of the role's keys inside ``fsdp_config`` too; the run reads
+    the role's (``<role>.entropy_checkpointing``, ``<role>.ulysses_sequence_parallel_size``), and
+    :func:`merge_spellings` makes one value win."""
+
+    entropy_checkpointing: bool = False
+    ulysses_sequence_parallel_size: int = 1
+
+
+@dataclass
+class RefFSDPConfig(RoleEngineKeys, FSDPConfig):
     """The reference policy's: the initial actor, frozen, held in the dtype it computes in
     (``mixed_precision.param_dtype``, the actor's: bf16 where the precision rule picks it, as verl)."""
 
@@ -78,11 +95,10 @@ class RefFSDPConfig(FSDPConfig):
 
 
 @dataclass
-class TrainingFSDPConfig(FSDPConfig):
+class TrainingFSDPConfig(RoleEngineKeys, FSDPConfig):
     """A trained role's (actor, critic): also where the optimizer state lives."""
 
     optimizer_offload: bool = ignored(False, _OFFLOAD_CPU, "cpu")
-    offload_policy: bool = ignored(False, "param_offload selects FSDP2's CPU offload")
     mixed_precision: TrainingMixedPrecisionConfig = field(default_factory=TrainingMixedPrecisionConfig)
 
 
@@ -96,13 +112,36 @@ class OptimConfig:
     lr_warmup_steps: int = -1
     lr_warmup_steps_ratio: float = 0.0
     min_lr_ratio: Optional[float] = 0.0
+    min_lr: float = 0.0
     num_cycles: float = 0.5
-    warmup_style: str = "constant"
+    lr_scheduler_type: str = "constant"
+    warmup_style: Optional[str] = None
+    lr_decay_steps: Optional[int] = None
     total_training_steps: int = ignored(
         -1, "the schedule runs over the run's steps (trainer.total_training_steps, or total_epochs x batches per epoch)"
     )
     weight_decay: float = 0.01
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    clip_grad: float = 1.0
+    zero_indexed_step: bool = True
+
+    def __post_init__(self) -> None:
+        one_of("optim.lr_scheduler_type", self.lr_scheduler_type, SCHEDULES)
+        if self.warmup_style is not None:
+            if self.lr_scheduler_type not in ("constant", self.warmup_style):
+                raise ConfigError(
+                    f"optim.warmup_style={self.warmup_style} and optim.lr_scheduler_type={self.lr_scheduler_type}: "
+                    "verl's two names of the schedule given two values; set only optim.lr_scheduler_type"
+                )
+        if self.lr_decay_steps is not None and self.lr_decay_steps < 1:
+            raise ConfigError(f"optim.lr_decay_steps={self.lr_decay_steps} must be >= 1 (null: the run's steps)")
+        if self.min_lr < 0:
+            raise ConfigError(f"optim.min_lr={self.min_lr} must be >= 0")
+        if self.min_lr and self.min_lr_ratio and abs(self.min_lr_ratio * self.lr - self.min_lr) > 1e-12 * self.lr:
+            raise ConfigError(
+                f"optim.min_lr={self.min_lr} and optim.min_lr_ratio={self.min_lr_ratio} (lr {self.lr}) ask for two "
+                "floors; set one"
+            )
 
 
 @dataclass
@@ -111,3 +150,46 @@ class CheckpointConfig:
 
     save_contents: List[str] = ignored(reason=_ALWAYS_SAVED, factory=lambda: ["model", "optimizer", "extra"])
     load_contents: List[str] = ignored("${.save_contents}", _ALWAYS_SAVED)
+
+
+def cpu_offload(fsdp_config) -> bool:
+    """FSDP2's CPUOffloadPolicy for a role's ``fsdp_config``: ``param_offload`` or verl's FSDP2 ``offload_policy``."""
+    return bool(fsdp_config.param_offload or fsdp_config.offload_policy)
+
+
+def schedule_name(optim) -> str:
+    """The LR schedule of an ``optim`` section: ``warmup_style`` when set (verl's older key), else
+    ``lr_scheduler_type``."""
+    return optim.warmup_style or optim.lr_scheduler_type
+
+
+def floor_ratio(optim) -> float:
+    """The cosine floor of an ``optim`` section as a share of ``lr``: ``min_lr / lr`` when ``min_lr``
+    (Megatron's key) is set, else ``min_lr_ratio`` (null: 0)."""
+    return optim.min_lr / optim.lr if optim.min_lr else float(optim.min_lr_ratio or 0.0)
+
+
+def merge_spellings(section, key: str, other: str, default) -> None:
+    """verl's two spellings of one setting, ``<key>`` and ``<other>`` (dotted, under ``section``, a
+    typed config or DictConfig): the one set away from ``default`` wins and both read it.
+
+    Raises:
+        ConfigError: both set away from ``default``, to different values (one line naming both).
+    """
+
+    def node(path):
+        parent, _, name = path.rpartition(".")
+        holder = section
+        for part in parent.split(".") if parent else ():
+            holder = getattr(holder, part)
+        return holder, name
+
+    (a, a_name), (b, b_name) = node(key), node(other)
+    va, vb = getattr(a, a_name), getattr(b, b_name)
+    if va == vb or vb == default:
+        return
+    if va != default:
+        raise ConfigError(
+            f"{key}={va!r} and {other}={vb!r}: verl's two spellings of one setting given two values; set one"
+        )
+    setattr(a, a_name, vb)

@@ -35,6 +35,7 @@ class RewardModelConfig:
     (``num_workers``)."""
 
     enable: bool = False
+    nccl_timeout: float = 600  # as actor_rollout_ref.nccl_timeout
     strategy: str = ignored("fsdp", FSDP_EITHER)
     model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
     micro_batch_size: Optional[int] = None
