@@ -330,13 +330,15 @@ def closest_key(key: str, known: Iterable[str]) -> str | None:
 
 
 def name_similarity(name: str, other: str) -> float:
-    """How likely ``name`` misspells ``other`` (0: not at all; > 0: at least 0.6 similar).
+    """How likely ``name`` misspells ``other``: 0 not at all; higher is likelier.
 
     The words (``_``-separated) both names share at their start and end do not count: a typo
     changes a word, a different feature has different words with the same ending
     (``expert_parallel_size`` is not ``tensor_model_parallel_size``, whose shared
-    ``_parallel_size`` made them look alike). A name that only lacks or adds whole words
-    (``micro_batch_size`` / ``ppo_micro_batch_size``) is compared whole, and needs 0.8.
+    ``_parallel_size`` made them look alike). Those differing words must be at least 0.6 alike,
+    and such a typo (score 1.6-2.0) ranks above a name that only lacks or adds whole words
+    (``micro_batch_size`` / ``ppo_micro_batch_size``), which is compared whole and needs 0.8
+    (score 0.8-1.0): ``clip_ratio_lo`` means ``clip_ratio_low``, not ``clip_ratio``.
     """
     words, owords = name.split("_"), other.split("_")
     start = 0
@@ -347,10 +349,10 @@ def name_similarity(name: str, other: str) -> float:
         end += 1
     rest, orest = "_".join(words[start : len(words) - end]), "_".join(owords[start : len(owords) - end])
     if not rest or not orest:
-        score, cutoff = difflib.SequenceMatcher(None, name, other).ratio(), 0.8
-    else:
-        score, cutoff = difflib.SequenceMatcher(None, rest, orest).ratio(), 0.6
-    return score if score >= cutoff - 1e-9 else 0.0
+        score = difflib.SequenceMatcher(None, name, other).ratio()
+        return score if score >= 0.8 - 1e-9 else 0.0
+    score = difflib.SequenceMatcher(None, rest, orest).ratio()
+    return 1.0 + score if score >= 0.6 - 1e-9 else 0.0
 
 
 def all_keys(cfg, prefix: str = "") -> Iterable[str]:
