@@ -419,3 +419,51 @@ def test_mlflow_key_sanitizing():
     assert mlflow_key("val-core/a b/reward/mean@4") == "val-core/a b/reward/mean_at_4"
     assert mlflow_key("timing_s/gen:0.x") == "timing_s/gen:0.x"
     assert mlflow_key("actor/kl[k3]") == "actor/kl_k3_"
+
+
+def test_swanlab_logger_does_what_verls_does(monkeypatch):
+    """verl's swanlab backend: log in with SWANLAB_API_KEY, init with its mode and log folder and
+    the config, scalars per step, validation samples as an echarts table, finish at the end."""
+    from omegaconf import OmegaConf
+
+    calls = []
+
+    class Table:
+        def add(self, headers, rows):
+            calls.append(("table", headers, rows))
+
+    fake = types.SimpleNamespace(
+        login=lambda key: calls.append(("login", key)),
+        init=lambda **kw: calls.append(("init", kw)),
+        log=lambda data, step: calls.append(("log", data if "val/generations" not in data else "table", step)),
+        finish=lambda: calls.append(("finish",)),
+        echarts=types.SimpleNamespace(Table=Table),
+    )
+    monkeypatch.setitem(sys.modules, "swanlab", fake)
+    monkeypatch.setenv("SWANLAB_API_KEY", "k")
+    monkeypatch.setenv("SWANLAB_MODE", "offline")
+    monkeypatch.delenv("SWANLAB_LOG_DIR", raising=False)
+    config = OmegaConf.create({"trainer": {"total_epochs": 2}})
+    with Tracking("proj", "exp", ["swanlab"], config=config) as tracker:
+        tracker.log({"x": 1.0, "note": "text"}, step=3)
+        tracker.log_generations([{"input": "q", "output": "a", "score": 1.0, "ground_truth": "a"}], step=3)
+    assert calls == [
+        ("login", "k"),
+        (
+            "init",
+            {
+                "project": "proj",
+                "experiment_name": "exp",
+                "config": {"FRAMEWORK": "hybridrl", "trainer": {"total_epochs": 2}},
+                "logdir": "swanlog",
+                "mode": "offline",
+            },
+        ),
+        ("log", {"x": 1.0}, 3),
+        ("table", ["step", "input", "output", "score"], [[3, "q", "a", 1.0]]),
+        ("log", "table", 3),
+        ("finish",),
+    ]
+    monkeypatch.setitem(sys.modules, "swanlab", None)  # not installed: one line naming the package
+    with pytest.raises(MissingLoggerPackage, match="'swanlab' needs the swanlab package; run `pip install swanlab`"):
+        Tracking("p", "e", ["swanlab"])

@@ -1,4 +1,4 @@
-"""The loggers that need an optional package: tensorboard, wandb, mlflow.
+"""The loggers that need an optional package: tensorboard, wandb, mlflow, swanlab.
 
 Each imports its package in its constructor, so `import hybridrl.trainer.run.tracking` stays
 light, and raises `MissingLoggerPackage` (one line with the pip command) when it is absent.
@@ -212,3 +212,43 @@ class MlflowLogger:
         if self._run is not None:
             self._mlflow.end_run()
             self._run = None
+
+
+# ---------------------------------------------------------------- swanlab
+
+
+@register_logger("swanlab")
+class SwanlabLogger:
+    """A SwanLab experiment named `experiment_name` in `project_name`, set up as verl sets it up:
+    `SWANLAB_API_KEY` logs in when set, `SWANLAB_MODE` (verl's default `cloud`; `local`, `offline`,
+    `disabled`) and `SWANLAB_LOG_DIR` (default `./swanlog`) are passed to `swanlab.init`, the config
+    goes with `FRAMEWORK: hybridrl`. Validation samples are an echarts table, as verl logs them."""
+
+    def __init__(self, project_name=None, experiment_name=None, config=None, **_):
+        try:
+            import swanlab
+        except ImportError as err:
+            raise _missing("swanlab", "swanlab") from err
+        api_key = os.environ.get("SWANLAB_API_KEY")
+        if api_key:
+            swanlab.login(api_key)
+        swanlab.init(
+            project=project_name,
+            experiment_name=experiment_name,
+            config={"FRAMEWORK": "hybridrl", **(_to_container(config) or {})},
+            logdir=os.environ.get("SWANLAB_LOG_DIR", "swanlog"),
+            mode=os.environ.get("SWANLAB_MODE", "cloud"),
+        )
+        self._swanlab = swanlab
+
+    def log(self, data: dict, step: int) -> None:
+        self._swanlab.log(_numbers(data), step=step)
+
+    def log_generations(self, samples: list[dict], step: int) -> None:
+        table = self._swanlab.echarts.Table()
+        rows = [[step, s.get("input"), s.get("output"), s.get("score")] for s in samples]
+        table.add(headers=["step", "input", "output", "score"], rows=rows)
+        self._swanlab.log({"val/generations": table}, step=step)
+
+    def finish(self) -> None:
+        self._swanlab.finish()

@@ -1,4 +1,4 @@
-"""Experiment loggers (`trainer.logger`): console, file (JSON lines), tensorboard, wandb, mlflow.
+"""Experiment loggers (`trainer.logger`): console, file (JSON lines), tensorboard, wandb, mlflow, swanlab.
 
 `Tracking` fans one metrics dict per step out to every chosen logger. Loggers live in a
 registry; add one with `@register_logger("name")` on a class whose constructor takes the
@@ -48,6 +48,7 @@ LOGGERS = Registry(
         "tensorboard": "hybridrl.trainer.run.loggers_optional:TensorboardLogger",
         "wandb": "hybridrl.trainer.run.loggers_optional:WandbLogger",
         "mlflow": "hybridrl.trainer.run.loggers_optional:MlflowLogger",
+        "swanlab": "hybridrl.trainer.run.loggers_optional:SwanlabLogger",
     },
 )
 
