@@ -5,8 +5,11 @@ import json
 import os
 
 import pandas as pd
+import pytest
 
 from hybridrl.trainer.sft_trainer import main
+
+pytestmark = pytest.mark.slow  # a training run: the slow tier (tests/conftest.py)
 
 CONVERSATIONS = [
     [
