@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from hybridrl.errors import ConfigError
 
-__all__ = ["at_least", "one_of", "number_above", "positive", "plain", "is_unresolved", "value_at"]
+__all__ = ["at_least", "one_of", "number_above", "positive", "plain", "is_unresolved", "value_at", "two_spellings"]
 
 
 def is_unresolved(value) -> bool:
@@ -51,6 +51,26 @@ def positive(key: str, value, usual: str) -> None:
     """
     if not number_above(value, 0):
         raise ConfigError(f"{key}={value!r} must be a number > 0 ({usual})")
+
+
+def two_spellings(old_key: str, old_value, old_default, new_key: str, new_value, new_default=None):
+    """The value of one setting verl spells two ways, an older key and a newer one (each value read
+    by attribute; the caller assigns the result): the one set away from its default wins, the newer
+    one when both are set to the same value; neither set: ``old_value``.
+
+    Raises:
+        ConfigError: both set away from their defaults, to different values:
+            ``<old_key>=<v> and <new_key>=<w> are verl's two spellings of one setting, set to
+            different values; set only <new_key>``.
+    """
+    if new_value == new_default:
+        return old_value
+    if old_value != old_default and old_value != new_value:
+        raise ConfigError(
+            f"{old_key}={old_value!r} and {new_key}={new_value!r} are verl's two spellings of one setting, "
+            f"set to different values; set only {new_key}"
+        )
+    return new_value
 
 
 def plain(value):

@@ -93,7 +93,7 @@ def to_dataclass(cls: type[T], section: Any, prefix: str, prepare=None) -> T:
         section: the config section; keys it lacks take the dataclass defaults.
         prefix: the section's key path, for messages (``"algorithm"``; ``""`` for a whole config).
         prepare: called with the merged DictConfig before the dataclasses are built (verl's two
-            spellings of a key made one, :func:`hybridrl.workers.config.fsdp.merge_spellings`).
+            spellings of a key made one, :func:`hybridrl.config.rules.two_spellings`).
 
     Raises:
         ConfigError: a key the dataclass has no field for, or a value OmegaConf cannot convert

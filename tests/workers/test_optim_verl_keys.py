@@ -73,7 +73,9 @@ def test_clip_grad_is_verls_newer_name_of_grad_clip():
     typed = typed_ppo_config(load_config(["critic.grad_clip=0.3"], resolve_auto_dtypes=False))
     assert typed.critic.grad_clip == 0.3 and typed.critic.optim.clip_grad == 1.0
     both = load_config(["critic.grad_clip=0.3", "critic.optim.clip_grad=0.5"], resolve_auto_dtypes=False)
-    with pytest.raises(ConfigError, match=r"critic.grad_clip=0.3 and critic.optim.clip_grad=0.5: verl's two spellings"):
+    with pytest.raises(
+        ConfigError, match=r"critic.grad_clip=0.3 and critic.optim.clip_grad=0.5 are verl's two spellings"
+    ):
         typed_ppo_config(both)
 
 

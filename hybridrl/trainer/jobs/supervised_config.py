@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from hybridrl.config.rules import two_spellings
 from hybridrl.config.typed import IGNORED, REFUSED, ignored, refused, to_dataclass
 from hybridrl.data.config import ClassRefConfig
 from hybridrl.errors import ConfigError
@@ -26,23 +27,6 @@ __all__ = ["SFTConfig", "RMConfig", "sft_config", "rm_config", "ignored_notes", 
 def _choice(key: str, value, allowed: tuple) -> None:
     if value not in allowed:
         raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}")
-
-
-def spelling(old_key: str, old_value, old_default, new_key: str, new_value):
-    """The value of a setting verl spells two ways: ``new_value`` (verl's current spelling, null when
-    unset) wins over ``old_value`` (the older one, unset when at ``old_default``).
-
-    Raises:
-        ConfigError: both are set, to different values.
-    """
-    if new_value is None:
-        return old_value
-    if old_value != old_default and old_value != new_value:
-        raise ConfigError(
-            f"{old_key}={old_value!r} and {new_key}={new_value!r} are two spellings of one setting "
-            f"(verl's older and current); set only {new_key}"
-        )
-    return new_value
 
 
 def _whole_numbers(section: str, obj, names: tuple[str, ...]) -> None:
@@ -114,17 +98,17 @@ class SFTOptimConfig(SupervisedOptimConfig):
     )
 
     def __post_init__(self):
-        self.warmup_steps_ratio = spelling(
+        self.warmup_steps_ratio = two_spellings(
             "optim.warmup_steps_ratio",
             self.warmup_steps_ratio,
             0.1,
             "optim.lr_warmup_steps_ratio",
             self.lr_warmup_steps_ratio,
         )
-        style = spelling(
+        style = two_spellings(
             "optim.warmup_style", self.warmup_style, None, "optim.lr_scheduler_type", self.lr_scheduler_type
         )
-        self.lr_scheduler = spelling(
+        self.lr_scheduler = two_spellings(
             "optim.lr_scheduler", self.lr_scheduler, "cosine", "optim.lr_scheduler_type", style
         )
         super().__post_init__()
@@ -273,14 +257,14 @@ class SFTDataConfig:
         multi = self.multiturn
         if self.messages_key is not None:
             if multi.enable and multi.messages_key != self.messages_key:
-                spelling(
+                two_spellings(
                     "data.multiturn.messages_key", multi.messages_key, None, "data.messages_key", self.messages_key
                 )
             multi.enable, multi.messages_key = True, self.messages_key
-        multi.tools_key = spelling(
+        multi.tools_key = two_spellings(
             "data.multiturn.tools_key", multi.tools_key, "tools", "data.tools_key", self.tools_key
         )
-        multi.enable_thinking_key = spelling(
+        multi.enable_thinking_key = two_spellings(
             "data.multiturn.enable_thinking_key",
             multi.enable_thinking_key,
             "enable_thinking",
@@ -475,7 +459,7 @@ class SFTModelConfig:
     )
 
     def __post_init__(self):
-        self.partial_pretrain = spelling(
+        self.partial_pretrain = two_spellings(
             "model.partial_pretrain", self.partial_pretrain, _DEFAULT_MODEL, "model.path", self.path
         )
         if self.lora_rank < 0:
@@ -551,7 +535,7 @@ class SFTConfig:
 
     def __post_init__(self):
         """Folds verl's engine spellings that live in another section than the older key."""
-        self.data.chat_template = spelling(
+        self.data.chat_template = two_spellings(
             "data.chat_template",
             self.data.chat_template,
             None,
@@ -559,7 +543,7 @@ class SFTConfig:
             self.model.custom_chat_template,
         )
         fsdp = self.model.fsdp_config
-        fsdp.model_dtype = spelling(
+        fsdp.model_dtype = two_spellings(
             "model.fsdp_config.model_dtype", fsdp.model_dtype, "fp32", "engine.model_dtype", self.engine.model_dtype
         )
         if self.engine.dtype is not None:  # the compute dtype (``auto`` is resolved before the config is typed)

@@ -16,13 +16,12 @@ from typing import Any, Dict, Optional
 
 from hybridrl.agents.config import RetrieverConfig
 from hybridrl.algorithms.config import AlgoConfig
-from hybridrl.config.rules import at_least, one_of
+from hybridrl.config.rules import at_least, one_of, two_spellings
 from hybridrl.config.typed import ignored, refused, to_dataclass, to_structured
 from hybridrl.data.config import DataConfig
 from hybridrl.errors import ConfigError
 from hybridrl.rewards.config import CustomRewardFunctionConfig, RewardConfig
 from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelConfig
-from hybridrl.workers.config.fsdp import merge_spellings
 
 __all__ = ["PPOConfig", "PPOTrainerConfig", "ppo_config", "typed_ppo_config", "TRAINER_MODES"]
 
@@ -224,18 +223,33 @@ def merge_verl_spellings(config) -> None:
     Raises:
         ConfigError: both spellings set to different values.
     """
-    actor, ref = "actor_rollout_ref.actor", "actor_rollout_ref.ref"
-    merge_spellings(config, f"{actor}.grad_clip", f"{actor}.optim.clip_grad", 1.0)
-    merge_spellings(config, "critic.grad_clip", "critic.optim.clip_grad", 1.0)
-    sp = "ulysses_sequence_parallel_size"
-    policy = config.actor_rollout_ref
+    policy, critic, sp = config.actor_rollout_ref, config.critic, "ulysses_sequence_parallel_size"
+    for key, role in (("actor_rollout_ref.actor", policy.actor), ("critic", critic)):
+        role.grad_clip = two_spellings(
+            f"{key}.grad_clip", role.grad_clip, 1.0, f"{key}.optim.clip_grad", role.optim.clip_grad, 1.0
+        )
     before = getattr(policy.actor, sp)
-    for role in (actor, ref):
-        merge_spellings(config, f"{role}.entropy_checkpointing", f"{role}.fsdp_config.entropy_checkpointing", False)
-        merge_spellings(config, f"{role}.{sp}", f"{role}.fsdp_config.{sp}", 1)
+    for key, role in (("actor_rollout_ref.actor", policy.actor), ("actor_rollout_ref.ref", policy.ref)):
+        for name, default in (("entropy_checkpointing", False), (sp, 1)):
+            value = two_spellings(
+                f"{key}.{name}",
+                getattr(role, name),
+                default,
+                f"{key}.fsdp_config.{name}",
+                getattr(role.fsdp_config, name),
+                default,
+            )
+            setattr(role, name, value)
     if getattr(policy.actor, sp) != before and getattr(policy.ref, sp) == before:
         setattr(policy.ref, sp, getattr(policy.actor, sp))  # the reference follows the actor, as its default does
-    merge_spellings(config, f"critic.{sp}", f"critic.model.fsdp_config.{sp}", 1)
+    critic.ulysses_sequence_parallel_size = two_spellings(
+        f"critic.{sp}",
+        critic.ulysses_sequence_parallel_size,
+        1,
+        f"critic.model.fsdp_config.{sp}",
+        critic.model.fsdp_config.ulysses_sequence_parallel_size,
+        1,
+    )
 
 
 def typed_ppo_config(config):

@@ -76,7 +76,7 @@ class FSDPConfig:
 class RoleEngineKeys:
     """verl's engine config spells two of the role's keys inside ``fsdp_config`` too; the run reads
     the role's (``<role>.entropy_checkpointing``, ``<role>.ulysses_sequence_parallel_size``), and
-    :func:`merge_spellings` makes one value win."""
+    :func:`hybridrl.config.rules.two_spellings` makes one value win."""
 
     entropy_checkpointing: bool = False
     ulysses_sequence_parallel_size: int = 1
@@ -167,29 +167,3 @@ def floor_ratio(optim) -> float:
     """The cosine floor of an ``optim`` section as a share of ``lr``: ``min_lr / lr`` when ``min_lr``
     (Megatron's key) is set, else ``min_lr_ratio`` (null: 0)."""
     return optim.min_lr / optim.lr if optim.min_lr else float(optim.min_lr_ratio or 0.0)
-
-
-def merge_spellings(section, key: str, other: str, default) -> None:
-    """verl's two spellings of one setting, ``<key>`` and ``<other>`` (dotted, under ``section``, a
-    typed config or DictConfig): the one set away from ``default`` wins and both read it.
-
-    Raises:
-        ConfigError: both set away from ``default``, to different values (one line naming both).
-    """
-
-    def node(path):
-        parent, _, name = path.rpartition(".")
-        holder = section
-        for part in parent.split(".") if parent else ():
-            holder = getattr(holder, part)
-        return holder, name
-
-    (a, a_name), (b, b_name) = node(key), node(other)
-    va, vb = getattr(a, a_name), getattr(b, b_name)
-    if va == vb or vb == default:
-        return
-    if va != default:
-        raise ConfigError(
-            f"{key}={va!r} and {other}={vb!r}: verl's two spellings of one setting given two values; set one"
-        )
-    setattr(a, a_name, vb)
