@@ -10,6 +10,7 @@ _EXPORTS = {
     "RLHFDataset": "hybridrl.data.rl_dataset",
     "SFTDataset": "hybridrl.data.sft_dataset",
     "collate_fn": "hybridrl.data.collate",
+    "create_rl_dataset": "hybridrl.data.rl_dataset",
     "create_rl_dataloader": "hybridrl.data.dataloader",
 }
 __all__ = list(_EXPORTS)

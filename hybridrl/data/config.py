@@ -8,6 +8,7 @@ from typing import Any, Dict, Optional
 
 from hybridrl.config.rules import at_least, one_of
 from hybridrl.config.typed import ignored, refused
+from hybridrl.errors import ConfigError
 
 __all__ = ["DataConfig", "ClassRefConfig", "SamplerRefConfig", "TRUNCATIONS"]
 
@@ -66,7 +67,8 @@ class DataConfig:
     video_key: str = refused("videos", "video inputs (multimodal data)")
     trust_remote_code: bool = ignored(False, "the tokenizer loads with actor_rollout_ref.model.trust_remote_code")
     return_multi_modal_inputs: bool = ignored(True, "this build has no multimodal inputs")
-    custom_cls: ClassRefConfig = refused(factory=ClassRefConfig, subkeys={"path": "custom dataset classes"})
+    # your own torch Dataset class in place of RLHFDataset (hybridrl.data.rl_dataset.create_rl_dataset)
+    custom_cls: ClassRefConfig = field(default_factory=ClassRefConfig)
     sampler: SamplerRefConfig = field(default_factory=SamplerRefConfig)
     datagen: ClassRefConfig = refused(factory=ClassRefConfig, subkeys={"path": "dynamic data generation"})
 
@@ -76,3 +78,8 @@ class DataConfig:
         if self.gen_batch_size is not None:
             at_least("data.gen_batch_size", self.gen_batch_size, 1)
         one_of("data.truncation", self.truncation, TRUNCATIONS)
+        if self.custom_cls.path and not self.custom_cls.name:
+            raise ConfigError(
+                f"data.custom_cls.name is not set (data.custom_cls.path={self.custom_cls.path!r}); "
+                "set it to the name of your Dataset class in that file"
+            )

@@ -5,6 +5,7 @@ and one batched tokenizer call (about a second for 10k GSM8K rows), so ``__getit
 slices precomputed tensors.
 """
 
+import inspect
 import os
 from typing import Any
 
@@ -12,8 +13,10 @@ import numpy as np
 import torch
 
 from hybridrl.config.typed import to_dataclass
+from hybridrl.config.user_file import import_user_file, user_file_path
 from hybridrl.data.config import TRUNCATIONS, DataConfig
 from hybridrl.data.errors import DataError
+from hybridrl.errors import ConfigError
 
 _PREPROCESS_HINT = "create it with `python examples/data_preprocess/gsm8k.py --local_dir DIR` (or fix the path)"
 
@@ -122,8 +125,12 @@ class RLHFDataset(torch.utils.data.Dataset):
             ``prompt_key``, ``max_prompt_length``, ``truncation`` ("error" | "left" | "right" |
             "middle"), ``filter_overlong_prompts``, ``return_raw_chat``, ``return_full_prompt``,
             ``apply_chat_template_kwargs``, ``seed`` (picks the ``max_samples`` subset).
-        config_key: the key ``data_files`` came from, named in errors ("data.val_files" ...).
+        processor: verl's multimodal processor; None (multimodal inputs are not in this build).
         max_samples: keep a seeded random subset of this many rows (-1: all).
+        config_key: the key ``data_files`` came from, named in errors ("data.val_files" ...).
+
+    verl's signature and order (``data_files, tokenizer, config, processor, max_samples``), so a
+    subclass written for verl (``data.custom_cls``, :func:`create_rl_dataset`) works unchanged.
 
     ``__getitem__(i)`` returns ``input_ids``, ``attention_mask``, ``position_ids`` (LongTensors
     of shape ``(max_prompt_length,)``, left padded; positions are ``cumsum(mask) - 1``
@@ -139,7 +146,19 @@ class RLHFDataset(torch.utils.data.Dataset):
             or no rows left.
     """
 
-    def __init__(self, data_files, tokenizer, config=None, config_key: str = "data.train_files", max_samples: int = -1):
+    def __init__(
+        self,
+        data_files,
+        tokenizer,
+        config=None,
+        processor=None,
+        max_samples: int = -1,
+        config_key: str = "data.train_files",
+    ):
+        if processor is not None:
+            raise DataError(
+                f"{config_key}: a multimodal processor was given; image and video inputs are not in this build"
+            )
         # Typed once here: the PPO run hands its typed ``data`` section, ``hybridrl generate`` a
         # mapping of the four keys its own ``data`` section shares with it.
         cfg = to_dataclass(DataConfig, config, "data")
@@ -252,3 +271,66 @@ class RLHFDataset(torch.utils.data.Dataset):
         if self.return_full_prompt:
             out["full_prompts"] = self.full_prompts[item]
         return out
+
+
+def load_dataset_class(path: str, name: str) -> type:
+    """The class ``data.custom_cls.name`` of the file ``data.custom_cls.path``: a subclass of
+    ``torch.utils.data.Dataset`` (verl's rule).
+
+    Raises:
+        ConfigError: no such file, the file does not import, no such name in it, or not a
+            Dataset class (one line naming the key and the file).
+    """
+    full = user_file_path("data.custom_cls.path", path, f"your Dataset class {name}")
+    module = import_user_file(full, "data.custom_cls.path")
+    cls = getattr(module, name, None) if name else None
+    if cls is None:
+        defined = sorted(k for k, v in vars(module).items() if isinstance(v, type) and v.__module__ == module.__name__)
+        raise ConfigError(
+            f"data.custom_cls.name={name!r} is not defined in {full}; classes defined there: {defined or 'none'}; "
+            "set data.custom_cls.name to one of them"
+        )
+    if not (isinstance(cls, type) and issubclass(cls, torch.utils.data.Dataset)):
+        raise ConfigError(
+            f"data.custom_cls.name={name!r} in {full} is not a torch.utils.data.Dataset subclass; derive it from "
+            "hybridrl.data.RLHFDataset (or torch.utils.data.Dataset)"
+        )
+    return cls
+
+
+def create_rl_dataset(data_files, data_config, tokenizer, config_key: str = "data.train_files"):
+    """The dataset of ``data_files`` (verl's ``create_rl_dataset``): :class:`RLHFDataset`, or the
+    user's class ``data.custom_cls.{path,name}`` constructed as verl constructs it,
+    ``cls(data_files=, tokenizer=, processor=None, config=data_config, max_samples=-1)``
+    (``max_samples`` left out for a class written before verl passed it). Its items go through
+    :func:`hybridrl.data.collate.collate_fn` like RLHFDataset's, so they need the keys the run
+    reads (``input_ids``, ``attention_mask``, ``position_ids``, ``raw_prompt_ids``, ``data_source``,
+    ``reward_model``, ...: see :class:`RLHFDataset`).
+
+    Args:
+        data_files: the parquet path(s) (``data.train_files`` / ``data.val_files``).
+        data_config: the ``data`` section (typed, or a DictConfig), handed to the class as ``config``.
+        tokenizer: the run's tokenizer.
+        config_key: the key ``data_files`` came from, for RLHFDataset's messages.
+
+    Raises:
+        ConfigError: the class cannot be loaded (:func:`load_dataset_class`) or its constructor does
+            not take verl's keyword arguments.
+    """
+    custom = data_config.custom_cls
+    if not custom.path:
+        return RLHFDataset(data_files, tokenizer, data_config, config_key=config_key)
+    cls = load_dataset_class(custom.path, custom.name)
+    kwargs = dict(data_files=data_files, tokenizer=tokenizer, processor=None, config=data_config, max_samples=-1)
+    try:
+        inspect.signature(cls).bind(**kwargs)
+    except TypeError:
+        del kwargs["max_samples"]  # verl's classes before max_samples
+        try:
+            inspect.signature(cls).bind(**kwargs)
+        except TypeError as exc:
+            raise ConfigError(
+                f"data.custom_cls.name={custom.name!r}: its constructor does not take verl's arguments ({exc}); "
+                "define __init__(self, data_files, tokenizer, config, processor=None, max_samples=-1)"
+            ) from exc
+    return cls(**kwargs)

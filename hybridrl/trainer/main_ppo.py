@@ -12,7 +12,7 @@ import os
 import sys
 
 from hybridrl.algorithms.config import AlgoConfig, algo_config
-from hybridrl.data import RLHFDataset, collate_fn, create_rl_dataloader
+from hybridrl.data import collate_fn, create_rl_dataloader, create_rl_dataset
 from hybridrl.data.dataloader import stateful_dataloader
 from hybridrl.data.errors import DataError
 from hybridrl.errors import ConfigError
@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 def _build_dataloaders(config, tokenizer):
     data_cfg = config.data
-    train_dataset = RLHFDataset(data_cfg.train_files, tokenizer, data_cfg, config_key="data.train_files")
+    train_dataset = create_rl_dataset(data_cfg.train_files, data_cfg, tokenizer, config_key="data.train_files")
     if not config.reward_model.enable:
         _check_ground_truth_column(train_dataset, "data.train_files")
     filtering = config.algorithm.filter_groups.enable  # DAPO's dynamic sampling
@@ -51,7 +51,7 @@ def _build_dataloaders(config, tokenizer):
     )
     val_dataloader = None
     if data_cfg.val_files:
-        val_dataset = RLHFDataset(data_cfg.val_files, tokenizer, data_cfg, config_key="data.val_files")
+        val_dataset = create_rl_dataset(data_cfg.val_files, data_cfg, tokenizer, config_key="data.val_files")
         val_dataloader = stateful_dataloader(
             val_dataset,
             batch_size=data_cfg.val_batch_size or len(val_dataset),
@@ -62,10 +62,17 @@ def _build_dataloaders(config, tokenizer):
     return train_dataloader, val_dataloader
 
 
+def _rows(dataset) -> list:
+    """The parquet rows of an :class:`RLHFDataset` (a subclass's too), for the start-up checks; a
+    ``data.custom_cls`` that is another Dataset has none, and its items are checked when scored."""
+    rows = getattr(dataset, "rows", None)
+    return rows if isinstance(rows, list) else []
+
+
 def _check_ground_truth_column(dataset, config_key: str) -> None:
     """Without a reward model every row is scored by a rule against ``reward_model.ground_truth``:
     say so at start-up, not after the first generation."""
-    missing = next((row for row in dataset.rows if not isinstance(row.get("reward_model"), dict)), None)
+    missing = next((row for row in _rows(dataset) if not isinstance(row.get("reward_model"), dict)), None)
     if missing is not None:
         raise DataError(
             f"{config_key}: row {missing['_row']} of {missing['_source']} has no reward_model column (a dict with the "
@@ -83,7 +90,7 @@ def _check_data_sources(config, reward_fn, config_key: str, dataset) -> None:
         return
     column = config.data.reward_fn_key
     values: dict[str, object] = {}
-    for row in dataset.rows:
+    for row in _rows(dataset):
         value = row.get(column)
         values.setdefault(value if isinstance(value, str) else repr(value), value)
     unknown = sorted(name for name, value in values.items() if not has_rule_scorer(value))

@@ -133,7 +133,7 @@ def test_log_prob_micro_batch_keys(base_cfg, prefix):
     assert f"{prefix}.log_prob_micro_batch_size=4" in msg
 
 
-@pytest.mark.parametrize("key, value", [("algorithm__use_pf_ppo", True), ("data__custom_cls__path", "my_dataset.py")])
+@pytest.mark.parametrize("key, value", [("algorithm__use_pf_ppo", True)])
 def test_features_not_in_this_build_are_refused(base_cfg, key, value):
     msg = error_of(cfg_with(base_cfg, **{key: value}))
     assert key.replace("__", ".") in msg and "not in this build" in msg
