@@ -3,6 +3,7 @@
 No I/O and no config objects here: the driver and the workers pass plain values.
 """
 
+from . import distillation  # noqa: F401  (on-policy distillation losses: hybridrl.algorithms.distillation)
 from .advantages import (
     ADV_ESTIMATOR_NEEDS_GROUP,
     ADV_ESTIMATOR_REGISTRY,
