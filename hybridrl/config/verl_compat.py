@@ -59,10 +59,8 @@ def _ref(text: str) -> Answer:
 
 _ROLES = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model")
 _MULTIMODAL = _ref("multimodal inputs (images, video, audio) are not in hybridrl; train on text prompts")
-_PROFILER = _ref(
-    "verl's nsys / npu / torch_memory / precision_debugger profilers are not in hybridrl; "
-    "global_profiler.tool=torch with global_profiler.steps writes torch.profiler traces"
-)
+_TORCH_TRACES = "global_profiler.tool=torch with global_profiler.steps writes torch.profiler traces"
+_PROFILER_TOOLS = ("nsys", "npu", "torch_memory", "precision_debugger")
 _ENGINE_COPY = (
     "verl's engine workers' copy of the role's keys; hybridrl reads the role's own key "
     "(actor.<key>, model.<key>) - set that one"
@@ -290,8 +288,21 @@ RULES: list[tuple[tuple[str, ...], Answer]] = [
         _ref("optimizers other than torch.optim.AdamW are not in hybridrl; drop optim.optimizer*"),
     ),
     (("*.optim.eps",), _ref("AdamW's eps other than 1e-8 is not in hybridrl")),
-    # profilers: the torch profiler's keys are hybridrl's; the other tools are not in hybridrl
-    (("*.profiler.*", "global_profiler.*"), _PROFILER),
+    # profilers: the torch tool's keys are hybridrl's (workers/config/profiler.py); the other tools' are not
+    *(
+        (
+            (f"*.profiler.tool_config.{tool}.*", f"global_profiler.global_tool_config.{tool}.*"),
+            _ref(f"verl's {tool} profiler is not in hybridrl; {_TORCH_TRACES}"),
+        )
+        for tool in _PROFILER_TOOLS
+    ),
+    (
+        ("*.profiler.*", "global_profiler.*"),
+        _ref(
+            "verl's profiler finish hooks, result relocation and torch schedule are not in hybridrl; "
+            "each chosen step's trace is <save_path>/step_<n>/<roles>_rank<r>.json"
+        ),
+    ),
     # the reward settings of other verl versions
     (
         ("reward_model.reward_loop_*",),

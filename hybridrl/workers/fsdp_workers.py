@@ -28,6 +28,7 @@ from hybridrl.workers.engine_lock import EngineLock
 from hybridrl.workers.memory import memory_metrics
 from hybridrl.workers.optim import build_lr_scheduler, build_optimizer
 from hybridrl.workers.pass_specs import critic_specs, policy_specs
+from hybridrl.workers.profiler import ProfiledWorker, role_profiler
 from hybridrl.workers.reward_model import load_reward_model
 from hybridrl.workers.rollout.base import get_rollout_cls, policy_weights
 from hybridrl.workers.sharding import apply_fsdp2, optimizer_on_device
@@ -66,7 +67,7 @@ def shard_module(module, fsdp_config, device: str, reduce_dtype: str = "fp32"):
     )
 
 
-class ActorRolloutRefWorker(StreamingMethods, Worker):
+class ActorRolloutRefWorker(StreamingMethods, ProfiledWorker, Worker):
     """Policy worker. ``role`` is ``actor_rollout``, ``actor_rollout_ref`` or ``ref``; ``actor`` and
     ``actor_ref`` leave the engine out (it runs in a rollout pool of its own, :mod:`.rollout_worker`).
 
@@ -98,6 +99,8 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
         self._is_actor = role != "ref"
         self._is_ref = role in ("ref", "actor_rollout_ref", "actor_ref")
         self._is_rollout = role.startswith("actor_rollout")
+        hosted = ((self._is_actor, config.actor), (self._is_ref, config.ref), (self._is_rollout, config.rollout))
+        self.profiler = role_profiler(role, [cfg.profiler for hosts, cfg in hosted if hosts], self.rank)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -326,7 +329,7 @@ class ActorRolloutRefWorker(StreamingMethods, Worker):
         return memory_metrics(self.device)
 
 
-class CriticWorker(Worker):
+class CriticWorker(ProfiledWorker, Worker):
     """Value-model worker. ``config`` is the ``critic`` section; ``batch_sizes`` its per-worker
     batch sizes, computed once by the driver (``hybridrl.config.worker_batch_sizes``), which with
     the section make the passes' specs (``self.specs``, built in ``init_model``);
@@ -338,6 +341,7 @@ class CriticWorker(Worker):
         super().__init__(config, device)
         self.batch_sizes = batch_sizes
         self.total_training_steps = total_training_steps
+        self.profiler = role_profiler("critic", [config.profiler], self.rank)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -406,7 +410,7 @@ class CriticWorker(Worker):
         )
 
 
-class RewardModelWorker(Worker):
+class RewardModelWorker(ProfiledWorker, Worker):
     """Reward-model worker: scores each (prompt, response) with a scalar-head model.
 
     ``config`` is the ``reward_model`` section. The model is frozen; ``compute_rm_score`` returns
@@ -418,6 +422,7 @@ class RewardModelWorker(Worker):
 
     def __init__(self, config, device: str = "auto") -> None:
         super().__init__(config, device)
+        self.profiler = role_profiler("reward_model", [config.profiler], self.rank)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:

@@ -22,6 +22,7 @@ from hybridrl.data.config import DataConfig
 from hybridrl.errors import ConfigError
 from hybridrl.rewards.config import CustomRewardFunctionConfig, RewardConfig
 from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelConfig
+from hybridrl.workers.config.profiler import GlobalProfilerConfig
 
 __all__ = ["PPOConfig", "PPOTrainerConfig", "ppo_config", "typed_ppo_config", "TRAINER_MODES"]
 
@@ -204,6 +205,7 @@ class PPOConfig:
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
     distillation: DistillationConfig = field(default_factory=DistillationConfig)
     transfer_queue: TransferQueueConfig = field(default_factory=TransferQueueConfig)
+    global_profiler: GlobalProfilerConfig = field(default_factory=GlobalProfilerConfig)
 
 
 def ppo_config(config) -> PPOConfig:

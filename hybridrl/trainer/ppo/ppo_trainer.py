@@ -43,6 +43,7 @@ from hybridrl.trainer.run import checkpoint
 from hybridrl.trainer.run.loop import LoopSettings, run_training
 from hybridrl.trainer.run.metrics import marked_timer, merge_metrics, reduce_metrics, reduce_worker_metrics
 from hybridrl.trainer.schedules.modes import Schedule, make_schedule
+from hybridrl.workers.config.profiler import starts, stops
 
 
 class PPOTrainer:
@@ -90,6 +91,7 @@ class PPOTrainer:
         self._pending_metrics, self._pending_timing = {}, {}  # of generation batches not trained on yet
         self._reward_extra_keys: dict[str, None] = {}  # the reward function's extra outputs seen so far
         self.global_steps = 0
+        self._profiling = False  # the workers record a trace (global_profiler.steps)
         # where each batch is generated, when the engine gets the weights: started by fit()
         self.schedule: Schedule = make_schedule(config, self)
 
@@ -181,6 +183,8 @@ class PPOTrainer:
         of generation (after balancing) to the advantage stage, overlapping the log-prob passes."""
         cfg = self.config
         metrics, timing_raw = self._pending_metrics, self._pending_timing  # kept over collecting calls
+        if not self._profiling and starts(cfg.global_profiler, self.global_steps):
+            self.set_profiling(True)
         with marked_timer("step", timing_raw):
             if self.reward_async:
                 batch = self.rollout(batch_dict, metrics, timing_raw)
@@ -228,6 +232,8 @@ class PPOTrainer:
             self.collect_memory_metrics(metrics)
             batch = self.update(batch, metrics, timing_raw)
             self.rollout_mismatch_metrics(batch, metrics)
+        if self._profiling and stops(cfg.global_profiler, self.global_steps):
+            self.set_profiling(False)  # writes the traces (outside timing_s/step)
 
         metrics.update(compute_data_metrics(batch, use_critic=self.plan.use_critic))
         dump_rollouts(cfg.trainer, batch, self.tokenizer, self.global_steps, reward_extra_info)
@@ -235,6 +241,22 @@ class PPOTrainer:
         metrics.update(compute_throughput_metrics(batch, timing_raw, n_devices=self.n_workers))
         metrics.update(self.schedule.step_metrics(timing_raw))
         return metrics
+
+    def set_profiling(self, on: bool) -> None:
+        """Starts (``on``) or stops the workers' torch profiler (verl's ``start_profile`` /
+        ``stop_profile``; :mod:`hybridrl.workers.profiler`): the roles whose ``profiler.enable`` record
+        the steps of ``global_profiler.steps``."""
+        groups = [self.actor_rollout_wg]
+        if self.plan.use_critic:
+            groups.append(self.critic_wg)
+        if self.rm_wg is not None:
+            groups.append(self.rm_wg)
+        for group in groups:
+            if on:
+                group.start_profile(self.global_steps)
+            else:
+                group.stop_profile()
+        self._profiling = on
 
     def old_log_probs(self, batch: DataProto, timing_raw: dict) -> tuple[DataProto, torch.Tensor | None]:
         """``(batch, entropys)``: the batch with ``old_log_probs`` where the step plan says they come

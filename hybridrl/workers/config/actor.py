@@ -19,6 +19,7 @@ from hybridrl.errors import ConfigError
 
 from .fsdp import CheckpointConfig, OptimConfig, RefFSDPConfig, TrainingFSDPConfig
 from .model import PolicyModelConfig
+from .profiler import ProfilerConfig, check_profiler
 from .rollout import RolloutConfig
 
 FSDP_EITHER = "fsdp and fsdp2 both mean FSDP2 (fully_shard) here"
@@ -94,9 +95,11 @@ class ActorConfig(ActorLossKnobs):
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: TrainingFSDPConfig = field(default_factory=TrainingFSDPConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
 
     def __post_init__(self):
         key = "actor_rollout_ref.actor"
+        check_profiler(f"{key}.profiler", self.profiler)
         check_sequence_parallel_size(self.ulysses_sequence_parallel_size, f"{key}.ulysses_sequence_parallel_size")
         one_of(f"{key}.strategy", self.strategy, STRATEGIES)
         at_least(f"{key}.ppo_epochs", self.ppo_epochs, 1)
@@ -119,11 +122,13 @@ class RefConfig:
     ulysses_sequence_parallel_size: int = ACTOR + "ulysses_sequence_parallel_size}"
     entropy_from_logits_with_chunking: bool = False
     entropy_checkpointing: bool = False
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
 
     def __post_init__(self):
         check_sequence_parallel_size(
             self.ulysses_sequence_parallel_size, "actor_rollout_ref.ref.ulysses_sequence_parallel_size"
         )
+        check_profiler("actor_rollout_ref.ref.profiler", self.profiler)
 
 
 @dataclass

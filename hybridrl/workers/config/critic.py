@@ -13,6 +13,7 @@ from hybridrl.config.typed import ignored
 from .actor import FSDP_EITHER, IN_ORDER, STRATEGIES, check_optim_lr, check_sequence_parallel_size
 from .fsdp import CheckpointConfig, OptimConfig
 from .model import CriticModelConfig
+from .profiler import ProfilerConfig, check_profiler
 
 __all__ = ["CriticConfig"]
 
@@ -45,9 +46,11 @@ class CriticConfig:
     loss_agg_mode: str = ACTOR + "loss_agg_mode}"
     loss_scale_factor: Optional[float] = ACTOR + "loss_scale_factor}"
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
 
     def __post_init__(self):
         check_sequence_parallel_size(self.ulysses_sequence_parallel_size, "critic.ulysses_sequence_parallel_size")
+        check_profiler("critic.profiler", self.profiler)
 
     def validate(self) -> None:
         """The critic's own rules, checked when it trains (called as ``CriticConfig.validate(section)``

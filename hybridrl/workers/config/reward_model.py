@@ -14,6 +14,7 @@ from hybridrl.rewards.config import JudgeConfig, OverlongBufferConfig, SandboxCo
 
 from .actor import FSDP_EITHER
 from .model import RewardModelModelConfig
+from .profiler import ProfilerConfig, check_profiler, reward_model_profiler
 from .rollout import EngineConfig
 
 __all__ = ["RewardModelConfig", "ON_ERROR"]
@@ -65,9 +66,11 @@ class RewardModelConfig:
     rollout: EngineConfig = field(default_factory=EngineConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     num_workers: Optional[int] = None
+    profiler: ProfilerConfig = field(default_factory=reward_model_profiler)
 
     def __post_init__(self):
         one_of("reward_model.on_error", self.on_error, ON_ERROR)
+        check_profiler("reward_model.profiler", self.profiler)
         if self.enable and self.max_length is not None:
             at_least("reward_model.max_length", self.max_length, 2)
         if self.overlong_buffer.enable and self.reward_manager != "dapo":

@@ -13,6 +13,8 @@ from hybridrl.config.rules import at_least, number_above, one_of
 from hybridrl.config.typed import ignored, refused
 from hybridrl.errors import ConfigError
 
+from .profiler import ProfilerConfig, check_profiler, rollout_profiler
+
 _HF_ENGINE = "the HF generate engine does not use it"
 _ONE_STAGE = "the engine is woken up in one stage"
 
@@ -117,9 +119,11 @@ class RolloutConfig(EngineConfig):
     agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
     update_weights_bucket_megabytes: int = ignored(512, "the whole state dict goes to the engine in one call")
     trace: TraceConfig = field(default_factory=TraceConfig)
+    profiler: ProfilerConfig = field(default_factory=rollout_profiler)
 
     def __post_init__(self):
         key = "actor_rollout_ref.rollout"
+        check_profiler(f"{key}.profiler", self.profiler)
         at_least(f"{key}.n", self.n, 1)
         one_of(f"{key}.mode", self.mode, ("sync", "async"))
         # training samples and their log-probs divide the logits by the temperature; validation may be greedy
