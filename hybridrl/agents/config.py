@@ -75,7 +75,13 @@ class MultiTurnConfig:
     retriever: RetrieverConfig = "${retriever}"  # the top-level section, handed to the rollout worker
 
     def __post_init__(self):
-        one_of(f"{MULTI_TURN}.format", self.format, ("hermes",))
+        if self.format == "gpt-oss":
+            raise ConfigError(
+                f"{MULTI_TURN}.format=gpt-oss: the gpt-oss (harmony) tool-call format is not in hybridrl; the agent "
+                "loops parse <tool_call> JSON blocks (format=hermes, which Qwen's templates use)"
+            )
+        # qwen: verl's SGLang parser name for Qwen2.5/3's tool calls, which are the <tool_call> JSON blocks of hermes
+        one_of(f"{MULTI_TURN}.format", self.format, ("hermes", "qwen"))
         one_of(
             f"{MULTI_TURN}.tool_response_truncate_side", self.tool_response_truncate_side, ("left", "middle", "right")
         )

@@ -187,6 +187,13 @@ RULES: list[tuple[tuple[str, ...], Answer]] = [
         _ign("a vLLM/SGLang engine setting hybridrl's engines do not take (see rollout.engine_kwargs.vllm)"),
     ),
     (
+        ("*.rollout.sglang_rollout_mode", "*.rollout.server", "*.rollout.server.*"),
+        _ign(
+            "verl's SGLang server settings (and its retired server | spmd switch); there is no SGLang server here: "
+            "the engine is rollout.name, its mode rollout.mode"
+        ),
+    ),
+    (
         ("*.rollout.prometheus.*",),
         _ign("no Prometheus server is started; the rollout metrics go to trainer.logger"),
     ),
@@ -328,6 +335,17 @@ RULES: list[tuple[tuple[str, ...], Answer]] = [
     (("reward_model.model.override_config",), _ref("overriding the reward model's HF config is not in hybridrl")),
     # trainer, data, algorithm
     (("trainer.use_legacy_worker_impl",), _ign("hybridrl has one worker implementation")),
+    (
+        ("trainer.tensorboard_dir",),
+        _ign(
+            "verl does not read it either; the tensorboard logger writes to $TENSORBOARD_DIR, "
+            "else <trainer.default_local_dir>/tensorboard"
+        ),
+    ),
+    (
+        ("trainer.rl_logging_board_dir",),
+        _ign("a recipe's own key, which verl's trainer does not read; trainer.rollout_data_dir dumps the samples"),
+    ),
     (("trainer.checkpoint_callback_class",), _ref("a checkpoint callback class is not in hybridrl")),
     (
         ("trainer.v1.sync", "trainer.v1.sync.*", "trainer.v1.sampler.sampler_kwargs"),

@@ -29,6 +29,7 @@ __all__ = [
     "RewardInputError",
     "RewardManagerNameError",
     "REWARD_MANAGERS",
+    "VERL_ONLY_MANAGERS",
     "register_reward_manager",
     "get_reward_manager_cls",
     "NaiveRewardManager",
@@ -50,6 +51,18 @@ REWARD_MANAGERS = Registry(
     hint="pick one of them or register yours with @register_reward_manager",
     builtins={"dapo": "hybridrl.rewards.dapo:DAPORewardManager"},
 )
+
+# verl's reward managers that hybridrl does not register, each with the feature and what to use instead
+# (the start-up check refuses them with this line, unless a manager of that name was registered)
+VERL_ONLY_MANAGERS = {
+    "prime": "verl's PRIME reward manager (each batch scored in 64 processes, a failing or 300 s late score is 0) is "
+    "not in hybridrl; the naive manager scores in processes with reward.num_workers=64 reward_model.on_error=zero "
+    "reward_model.timeout_s=300",
+    "batch": "verl's batch reward manager (one compute_score call for the whole batch) is not in hybridrl; use "
+    "the naive manager with a per-sample compute_score (reward.num_workers scores in parallel)",
+    "remote": "verl's remote reward manager (scoring in Ray actors) is not in hybridrl; reward.num_workers scores "
+    "in processes of the driver's machine",
+}
 
 # What a failing or late scoring call does: stop the run; score 0; score 0 and train nothing on
 # the sample (the driver masks it); score 0 and drop its prompt group; try again, then stop.

@@ -83,13 +83,13 @@ def test_non_string_name_is_one_clean_error(base_cfg):
 
 
 def test_every_logger_entry_is_checked(base_cfg):
-    msg = error_of(with_keys(base_cfg, {"trainer.logger": ["console", "swanlab"]}))
-    assert "trainer.logger=['console', 'swanlab']" in msg and "'swanlab' is unknown" in msg
-    for name in ("console", "file", "tensorboard", "wandb", "mlflow"):
+    msg = error_of(with_keys(base_cfg, {"trainer.logger": ["console", "clearml"]}))
+    assert "trainer.logger=['console', 'clearml']" in msg and "'clearml' is unknown" in msg
+    for name in ("console", "file", "tensorboard", "wandb", "mlflow", "swanlab"):
         assert name in msg
-    msg = error_of(with_keys(base_cfg, {"trainer.logger": "swanlab"}))  # verl also takes one name
-    assert "trainer.logger='swanlab'" in msg
-    validate_ppo_config(with_keys(base_cfg, {"trainer.logger": ["console", "wandb"]}))
+    msg = error_of(with_keys(base_cfg, {"trainer.logger": "clearml"}))  # verl also takes one name
+    assert "trainer.logger='clearml'" in msg
+    validate_ppo_config(with_keys(base_cfg, {"trainer.logger": ["console", "wandb", "swanlab"]}))
     validate_ppo_config(with_keys(base_cfg, {"trainer.logger": "file"}))
 
 

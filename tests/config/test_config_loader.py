@@ -7,6 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from hybridrl.config import ConfigError, load_config
+from hybridrl.trainer.ppo.config import typed_ppo_config
 from hybridrl.trainer.ppo.config_check import validate_ppo_config
 
 # verl examples/grpo_trainer/run_qwen2-7b.sh, as the shell hands it to Python (quotes removed).
@@ -161,18 +162,19 @@ def test_verl_grpo_command_line_loads_and_validates():
     assert cfg.critic.model.tokenizer_path == "Qwen/Qwen2-7B-Instruct"
     assert cfg.trainer.default_local_dir == "checkpoints/verl_grpo_example_gsm8k/qwen2_7b_function_rm"
 
-    # vLLM with tensor parallelism inside the colocated engine is refused at start-up
-    with pytest.raises(
-        ConfigError, match=r"rollout.tensor_model_parallel_size=2 with actor_rollout_ref.rollout.name=vllm"
-    ):
-        validate_ppo_config(cfg, world_size=1)
+    # vLLM with tensor parallelism inside the engine: one engine per worker, with the whole model, noted
+    notes = validate_ppo_config(cfg, world_size=8)
+    assert any(n.startswith("actor_rollout_ref.rollout.tensor_model_parallel_size=2 is ignored") for n in notes)
     cfg.actor_rollout_ref.rollout.tensor_model_parallel_size = 1
+    # rollout.mode left unset, as verl's command does: verl's async on its 8 workers (one engine process each)
+    assert cfg.actor_rollout_ref.rollout.mode is None
+    assert typed_ppo_config(cfg).actor_rollout_ref.rollout.mode == "async"
+    validate_ppo_config(cfg, world_size=8)
+    cfg.actor_rollout_ref.rollout.mode = "sync"  # the colocated engine, asked for on 8 workers: refused
     with pytest.raises(
         ConfigError, match=r"rollout.name=vllm with 8 workers needs actor_rollout_ref.rollout.mode=async"
     ):
         validate_ppo_config(cfg, world_size=8)
-    cfg.actor_rollout_ref.rollout.mode = "async"  # one engine process per worker
-    validate_ppo_config(cfg, world_size=8)
     cfg.actor_rollout_ref.rollout.mode = "sync"
     notes = validate_ppo_config(cfg, world_size=1)
     text = "\n".join(notes)

@@ -48,6 +48,9 @@ def test_the_typed_config_holds_the_composed_values():
         resolve_auto_dtypes=False,
     )
     typed = typed_ppo_config(composed)
+    # the one value typing chooses: rollout.mode, left null (verl's async where it applies), is sync for hf
+    assert composed.actor_rollout_ref.rollout.mode is None and typed.actor_rollout_ref.rollout.mode == "sync"
+    composed.actor_rollout_ref.rollout.mode = "sync"
     assert OmegaConf.to_container(typed) == OmegaConf.to_container(composed)
     assert typed.actor_rollout_ref.rollout.prompt_length == 64  # the interpolation, resolved
     assert typed.critic.ppo_epochs == 3

@@ -11,6 +11,7 @@ sections and against the registries are :func:`hybridrl.trainer.ppo.config_check
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
@@ -23,6 +24,9 @@ from hybridrl.errors import ConfigError
 from hybridrl.rewards.config import CustomRewardFunctionConfig, RewardConfig
 from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelConfig
 from hybridrl.workers.config.profiler import GlobalProfilerConfig
+from hybridrl.workers.config.rollout import resolve_rollout_mode
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["PPOConfig", "PPOTrainerConfig", "ppo_config", "typed_ppo_config", "TRAINER_MODES"]
 
@@ -215,7 +219,19 @@ def ppo_config(config) -> PPOConfig:
         ConfigError: a key without a field, or a value of the wrong type (one line naming the key).
         AlgorithmConfigError, UnknownAlgorithmError: a rule of the ``algorithm`` section.
     """
-    return to_dataclass(PPOConfig, config, "", prepare=merge_verl_spellings)
+    return to_dataclass(PPOConfig, config, "", prepare=prepare_ppo_config)
+
+
+def prepare_ppo_config(config) -> None:
+    """What typing does to the merged config before the section rules run: verl's two spellings made
+    one (:func:`merge_verl_spellings`), and ``actor_rollout_ref.rollout.mode`` chosen where verl's
+    command leaves it to a default (:func:`~hybridrl.workers.config.rollout.resolve_rollout_mode`;
+    the choice is noted once in the log)."""
+    merge_verl_spellings(config)
+    trainer = config.trainer
+    note = resolve_rollout_mode(config.actor_rollout_ref.rollout, int(trainer.nnodes) * int(trainer.n_gpus_per_node))
+    if note is not None:
+        logger.warning("%s", note)
 
 
 def merge_verl_spellings(config) -> None:
@@ -262,4 +278,4 @@ def typed_ppo_config(config):
 
     if OmegaConf.is_config(config) and OmegaConf.get_type(config) is PPOConfig:
         return config  # typed already (the run types once, then checks)
-    return to_structured(PPOConfig, config, "", prepare=merge_verl_spellings)
+    return to_structured(PPOConfig, config, "", prepare=prepare_ppo_config)

@@ -31,7 +31,7 @@ from hybridrl.config.typed import IGNORED, REFUSED, marked_keys
 from hybridrl.errors import ConfigError
 from hybridrl.models.loader import EMBEDDED_MODEL_NAMES
 from hybridrl.rewards.custom import RewardConfigError
-from hybridrl.rewards.manager import REWARD_MANAGERS
+from hybridrl.rewards.manager import REWARD_MANAGERS, VERL_ONLY_MANAGERS
 from hybridrl.rewards.pool import check_num_workers
 from hybridrl.trainer.ppo.async_checks import check_async_modes
 from hybridrl.trainer.ppo.config import PPOConfig, typed_ppo_config
@@ -81,12 +81,12 @@ def validate_ppo_config(config, world_size: int = 1, algo: AlgoConfig | None = N
     _check_lora_package(config, uses_critic)
     _check_reward_model(config.reward_model)
     scoring_notes = _check_reward_scoring(config)
-    _check_rollout_engine(config.actor_rollout_ref.rollout, world_size)
+    engine_notes = _check_rollout_engine(config.actor_rollout_ref.rollout, world_size)
     async_notes = check_async_modes(config, algo.rollout_correction)
     _check_multi_turn(config)
     sp_notes = check_sequence_parallel(config, world_size, uses_critic)
     check_batch_sizes(config, world_size, uses_critic)
-    return scoring_notes + async_notes + sp_notes + ignored_key_notes(config, world_size)
+    return scoring_notes + engine_notes + async_notes + sp_notes + ignored_key_notes(config, world_size)
 
 
 def _typed(config):
@@ -217,8 +217,9 @@ def _check_lora_package(config, uses_critic: bool) -> None:
             )
 
 
-def _check_rollout_engine(rollout, world_size: int) -> None:
-    """Settings the chosen engine (``actor_rollout_ref.rollout``) cannot run, refused before any model loads."""
+def _check_rollout_engine(rollout, world_size: int) -> list[str]:
+    """Settings the chosen engine (``actor_rollout_ref.rollout``) cannot run, refused before any model loads;
+    returns a note for verl's tensor parallelism inside the vLLM engine, which runs as one engine per worker."""
     name, mode = rollout.name, rollout.mode
     if mode == "async" and name != "vllm":
         raise ConfigError(
@@ -233,11 +234,13 @@ def _check_rollout_engine(rollout, world_size: int) -> None:
         )
     tp = rollout.tensor_model_parallel_size
     if name == "vllm" and tp > 1:
-        raise ConfigError(
-            f"{ROLLOUT}.tensor_model_parallel_size={tp} with {ROLLOUT}.name=vllm: tensor parallelism inside the "
-            "colocated engine is not in this build (vLLM's CPU backend has none; the CUDA path is not written); "
-            "set it to 1: each worker runs its own engine on its share of the batch"
-        )
+        # the samples do not depend on how an engine splits the model; only its memory per device does
+        return [
+            f"{ROLLOUT}.tensor_model_parallel_size={tp} is ignored: tensor parallelism inside a vLLM engine is not in "
+            "this build; each worker runs its own engine, with the whole model, on its share of the batch (the "
+            "same samples; the engine holds tp times the weights per device; the start-up memory plan counts them)"
+        ]
+    return []
 
 
 def _check_multi_turn(config) -> None:
@@ -334,6 +337,8 @@ def _check_registered_names(config) -> None:
     loss_mode = actor.policy_loss.loss_mode
     _check_registered(f"{ACTOR}.policy_loss.loss_mode", loss_mode, POLICY_LOSS_REGISTRY, "register_policy_loss")
     manager = config.reward_model.reward_manager
+    if manager in VERL_ONLY_MANAGERS and manager not in REWARD_MANAGERS:
+        raise ConfigError(f"reward_model.reward_manager={manager}: {VERL_ONLY_MANAGERS[manager]}")
     _check_registered("reward_model.reward_manager", manager, REWARD_MANAGERS, "register_reward_manager")
     _check_reward_manager_keys(REWARD_MANAGERS.get(manager), config)
     loggers = plain(config.trainer.logger)

@@ -18,7 +18,12 @@ from .profiler import ProfilerConfig, check_profiler, rollout_profiler
 _HF_ENGINE = "the HF generate engine does not use it"
 _ONE_STAGE = "the engine is woken up in one stage"
 
-__all__ = ["EngineConfig", "SamplingConfig", "TraceConfig", "RolloutConfig"]
+__all__ = ["EngineConfig", "SamplingConfig", "TraceConfig", "RolloutConfig", "MODES", "resolve_rollout_mode"]
+
+MODES = ("sync", "async")
+# names that generate on the HF engine in this build (hybridrl.workers.rollout.OPTIONAL_ENGINES, which has
+# no async server mode): verl's async server mode of SGLang runs as the HF engine's batched generation
+_SGLANG = ("sglang", "sglang_async")
 
 ACTOR = "${actor_rollout_ref.actor."
 
@@ -90,6 +95,8 @@ class RolloutConfig(EngineConfig):
     """``actor_rollout_ref.rollout``: the policy's engine, the samples per prompt (``n``), its
     log-prob passes, agent loops (``multi_turn``, ``agent``) and validation sampling."""
 
+    # null: verl's async where it runs here, chosen when the whole config is typed (resolve_rollout_mode)
+    mode: Optional[str] = None  # type: ignore[assignment]
     prompt_length: int = ignored("${data.max_prompt_length}", "prompts are padded to data.max_prompt_length")
     response_length: int = "${data.max_response_length}"
     do_sample: bool = True
@@ -125,7 +132,8 @@ class RolloutConfig(EngineConfig):
         key = "actor_rollout_ref.rollout"
         check_profiler(f"{key}.profiler", self.profiler)
         at_least(f"{key}.n", self.n, 1)
-        one_of(f"{key}.mode", self.mode, ("sync", "async"))
+        if self.mode is not None:  # null: chosen when the whole config is typed (resolve_rollout_mode)
+            one_of(f"{key}.mode", self.mode, MODES)
         # training samples and their log-probs divide the logits by the temperature; validation may be greedy
         if not number_above(self.temperature, 0):
             raise ConfigError(
@@ -137,3 +145,45 @@ class RolloutConfig(EngineConfig):
                 f"{key}.val_kwargs.temperature={self.val_kwargs.temperature!r} must be a number >= 0 (0: greedy "
                 "validation)"
             )
+
+
+def resolve_rollout_mode(rollout, world_size: int) -> str | None:
+    """Sets ``rollout.mode`` (the typed ``actor_rollout_ref.rollout`` section, before its rules run)
+    when verl's command leaves it to a default or asks for a mode this build runs otherwise; returns
+    the start-up note saying which mode was chosen, or None when nothing was chosen.
+
+    verl's default is ``async`` (its rollout.yaml: ``mode: async``). Unset (null) here it is:
+
+    - ``async`` for ``name=vllm`` on more than one worker: one vLLM engine process per worker, the
+      only way vLLM runs beside the trainer's process group (the colocated engine cannot);
+    - ``sync`` for ``name=vllm`` on one worker: the colocated engine, as before (a note says how to
+      get verl's async engine); and for every other engine (``hf`` has only ``sync``).
+
+    ``name=sglang`` with ``mode=async`` (verl's SGLang server): this build has no SGLang engine and
+    generates with the HF engine, which has no async server mode, so it runs in ``sync`` (same
+    samples; agent loops batch their turns), with a note.
+    """
+    name, mode = rollout.name, rollout.mode
+    key = "actor_rollout_ref.rollout"
+    if name in _SGLANG and mode == "async":
+        rollout.mode = "sync"
+        return (
+            f"{key}.name={name} {key}.mode=async: this build has no SGLang server; the HF engine generates "
+            "the same samples in sync mode (agent loops batch their turns)"
+        )
+    if mode is not None:
+        return None
+    if name != "vllm":
+        rollout.mode = "sync"
+        return None
+    if world_size > 1:
+        rollout.mode = "async"
+        return (
+            f"{key}.mode unset: async, verl's default - {key}.name=vllm on {world_size} workers runs one vLLM "
+            "engine process per worker"
+        )
+    rollout.mode = "sync"
+    return (
+        f"{key}.mode unset: sync on one worker - the colocated vLLM engine in the worker's process; "
+        f"{key}.mode=async (verl's default) runs the engine in a process of its own"
+    )
