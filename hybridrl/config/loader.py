@@ -338,7 +338,9 @@ def name_similarity(name: str, other: str) -> float:
     ``_parallel_size`` made them look alike). Those differing words must be at least 0.6 alike,
     and such a typo (score 1.6-2.0) ranks above a name that only lacks or adds whole words
     (``micro_batch_size`` / ``ppo_micro_batch_size``), which is compared whole and needs 0.8
-    (score 0.8-1.0): ``clip_ratio_lo`` means ``clip_ratio_low``, not ``clip_ratio``.
+    (score 0.8-1.0): ``clip_ratio_lo`` means ``clip_ratio_low``, not ``clip_ratio``. Names that
+    share their leading words and differ in a short ending no word of which is alike (``pass_at``
+    / ``pass_k``) are compared whole too, and need 0.75.
     """
     words, owords = name.split("_"), other.split("_")
     start = 0
@@ -348,11 +350,16 @@ def name_similarity(name: str, other: str) -> float:
     while end < min(len(words), len(owords)) - start and words[-1 - end] == owords[-1 - end]:
         end += 1
     rest, orest = "_".join(words[start : len(words) - end]), "_".join(owords[start : len(owords) - end])
-    if not rest or not orest:
-        score = difflib.SequenceMatcher(None, name, other).ratio()
-        return score if score >= 0.8 - 1e-9 else 0.0
-    score = difflib.SequenceMatcher(None, rest, orest).ratio()
-    return 1.0 + score if score >= 0.6 - 1e-9 else 0.0
+    if rest and orest:
+        score = difflib.SequenceMatcher(None, rest, orest).ratio()
+        if score >= 0.6 - 1e-9:
+            return 1.0 + score
+        if not start:  # nothing shared up front: another feature's name
+            return 0.0
+    # the same leading words (the feature's name) and a short ending mistyped (pass_at / pass_k),
+    # or whole words added or dropped: compared whole
+    score = difflib.SequenceMatcher(None, name, other).ratio()
+    return score if score >= (0.8 if not rest or not orest else 0.75) - 1e-9 else 0.0
 
 
 def all_keys(cfg, prefix: str = "") -> Iterable[str]:
