@@ -184,7 +184,15 @@ def build_worker_groups(
     concurrency = 2 if config.trainer.one_step_off_policy else 1
     pool = rollout_pool_spec(config)
     roles = _roles(config, use_critic, use_reference, use_reward_model, total_training_steps, pool)
-    groups = launch_worker_groups(config, roles, concurrency, rollout_pool=pool, ray_init=ray_init_kwargs(config))
+    groups = launch_worker_groups(
+        config,
+        roles,
+        concurrency,
+        rollout_pool=pool,
+        ray_init=ray_init_kwargs(config),
+        pg_timeout_s=process_group_timeout(config),
+        ray_timeline=config.ray_kwargs.timeline_json_file,
+    )
     report_startup_memory(groups.groups["actor_rollout"], groups.world_size)
     return groups
 
@@ -205,6 +213,8 @@ def launch_worker_groups(
     max_concurrency: int = 1,
     rollout_pool: list[int] = (),
     ray_init: dict | None = None,
+    pg_timeout_s: float | None = None,
+    ray_timeline: str | None = None,
 ) -> WorkerGroups:
     """Builds one worker group per role, colocated in the same processes (``trainer.backend``,
     ``trainer.nnodes`` x ``trainer.n_gpus_per_node``), plus a rollout pool of its own when
@@ -217,6 +227,10 @@ def launch_worker_groups(
         rollout_pool: workers per node of a rollout pool of its own (:func:`rollout_pool_spec`; PPO
             only, its workers get ``config.actor_rollout_ref``); empty: none.
         ray_init: keyword arguments of ``ray.init`` (:func:`ray_init_kwargs`); None: none.
+        pg_timeout_s: the workers' process-group timeout (:func:`process_group_timeout`, PPO's
+            ``nccl_timeout``); None: ``trainer.dist_timeout_s``.
+        ray_timeline: a file for Ray's timeline of the run, written at its end (PPO's
+            ``ray_kwargs.timeline_json_file``); None: none.
 
     Raises:
         ConfigError: see :func:`resolve_backend` and :func:`init_ray`.
@@ -232,7 +246,15 @@ def launch_worker_groups(
         result = WorkerGroups(groups, world_size=1, backend="local")
     else:
         result = _build_ray_groups(
-            config, roles, world_size, device, max_concurrency, list(rollout_pool), ray_init or {}
+            config,
+            roles,
+            world_size,
+            device,
+            max_concurrency,
+            list(rollout_pool),
+            ray_init or {},
+            pg_timeout_s,
+            ray_timeline,
         )
     for name in roles:  # the actor first: its model load warms the cache the others read
         result.groups[name].init_model()
@@ -242,16 +264,23 @@ def launch_worker_groups(
 
 
 def _build_ray_groups(
-    config, roles: dict, world_size: int, device: str, max_concurrency: int, rollout_pool: list[int], ray_init: dict
+    config,
+    roles: dict,
+    world_size: int,
+    device: str,
+    max_concurrency: int,
+    rollout_pool: list[int],
+    ray_init: dict,
+    pg_timeout_s: float | None,
+    ray_timeline: str | None,
 ) -> WorkerGroups:
     import ray
 
     trainer_cfg = config.trainer
     threads = int(trainer_cfg.cpu_threads_per_worker)
     os.environ.setdefault("HYBRIDRL_DIST_TIMEOUT_S", str(trainer_cfg.dist_timeout_s))
-    pg_timeout = process_group_timeout(config)
-    if pg_timeout is not None:
-        os.environ["HYBRIDRL_PG_TIMEOUT_S"] = str(pg_timeout)
+    if pg_timeout_s is not None:
+        os.environ["HYBRIDRL_PG_TIMEOUT_S"] = str(pg_timeout_s)
     started_ray = init_ray(ray_init, (world_size + sum(rollout_pool)) * threads)
     use_gpu = device == "cuda" or (device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
     spec = {"global_pool": [int(trainer_cfg.n_gpus_per_node)] * int(trainer_cfg.nnodes)}
@@ -281,9 +310,8 @@ def _build_ray_groups(
         )
         result.groups["rollout"] = rollout
         result._cleanups.insert(0, rollout.shutdown)
-    timeline = config.ray_kwargs.timeline_json_file
-    if timeline:  # verl: Ray's timeline of the whole run, written at its end
-        result._cleanups.append(functools.partial(write_ray_timeline, str(timeline)))
+    if ray_timeline:  # verl: Ray's timeline of the whole run, written at its end
+        result._cleanups.append(functools.partial(write_ray_timeline, str(ray_timeline)))
     if started_ray:
         result._cleanups.append(ray.shutdown)
     return result
