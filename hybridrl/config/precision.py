@@ -84,6 +84,41 @@ def _device_name(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def runs_on_ray(config) -> bool:
+    """Whether the run's workers are Ray actors (processes of their own, maybe on other machines):
+    ``trainer.backend=ray``, or ``auto`` with more than one worker (``trainer.nnodes`` x
+    ``trainer.n_gpus_per_node``) or a rollout pool of its own (``actor_rollout_ref.rollout.nnodes``),
+    as :func:`hybridrl.trainer.run.worker_groups.resolve_backend` chooses. False for configs
+    without a backend (``hybridrl generate``: one process)."""
+    from omegaconf import OmegaConf
+
+    backend = OmegaConf.select(config, "trainer.backend", default=None)
+    if backend in (None, "local"):
+        return False
+    if backend == "ray":
+        return True
+    workers = int(OmegaConf.select(config, "trainer.nnodes", default=1) or 1) * int(
+        OmegaConf.select(config, "trainer.n_gpus_per_node", default=1) or 1
+    )
+    rollout_pool = int(OmegaConf.select(config, "actor_rollout_ref.rollout.nnodes", default=0) or 0)
+    return workers > 1 or rollout_pool > 0
+
+
+def resolved_in_workers(config) -> bool:
+    """True when each worker, not this process, decides what ``auto`` means (device and dtype):
+    the workers are Ray actors (:func:`runs_on_ray`), ``trainer.device`` is ``cuda`` or ``auto``
+    and this process sees no CUDA device (verl's layout: a CPU head node, GPU workers). The
+    head's CPU says nothing of the workers' GPUs (it would pick fp32 for them)."""
+    from omegaconf import OmegaConf
+
+    device = str(OmegaConf.select(config, "trainer.device", default="auto"))
+    if device not in ("cuda", AUTO) or not runs_on_ray(config):
+        return False
+    import torch
+
+    return not torch.cuda.is_available()
+
+
 def resolve_auto_dtype(
     device: str, flags: Iterable[str] | None = None, probe: Callable[[], bool] = bf16_matmul_is_fast
 ) -> tuple[str, str]:
@@ -126,7 +161,9 @@ def resolve_precision(
     """Replaces every ``auto`` dtype in ``config`` (in place) by what the device computes fast.
 
     Done once, before anything is built, so every role gets the same choice and the saved run
-    config holds the dtype that was used.
+    config holds the dtype that was used. Where the Ray workers decide (``device`` None and
+    :func:`resolved_in_workers`: a GPU-less head), ``auto`` is left for each worker
+    (:class:`hybridrl.controller.worker.Worker` resolves its section for its device).
 
     Args:
         config: a resolved DictConfig (``hybridrl.config.load_config``).
@@ -134,13 +171,16 @@ def resolve_precision(
             when it has none).
 
     Returns:
-        One line saying what ``auto`` became and why, or None when no key was ``auto``.
+        One line saying what ``auto`` became and why (or that the workers decide), or None when
+        no key was ``auto``.
     """
     from omegaconf import OmegaConf, open_dict
 
     keys = auto_dtype_keys(config)
     if not keys:
         return None
+    if device is None and resolved_in_workers(config):
+        return f"precision auto: each worker resolves it for its own device (no GPU here): {', '.join(keys)}"
     if device is None:
         device = str(OmegaConf.select(config, "trainer.device", default="auto"))
     device = _device_name(device)  # the printed line says where it runs, not "auto"

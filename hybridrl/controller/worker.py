@@ -24,6 +24,24 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def resolve_worker_precision(config, device: str, rank: int = 0) -> str | None:
+    """Replaces the ``auto`` dtypes left in a worker's ``config`` section by what ``device`` (this
+    worker's, resolved) computes fast: the driver leaves them where it cannot know the workers'
+    device (:func:`hybridrl.config.precision.resolved_in_workers`: a GPU-less head, Ray
+    workers). Rank 0 prints the line. A no-op on sections that hold no ``auto`` (the driver
+    resolved them) and on configs that are not DictConfigs. Returns the line, or None."""
+    from omegaconf import DictConfig
+
+    from hybridrl.config.precision import auto_dtype_keys, resolve_precision
+
+    if not isinstance(config, DictConfig) or not auto_dtype_keys(config):
+        return None
+    line = resolve_precision(config, device)
+    if line and rank == 0:
+        print(f"hybridrl: worker {line}", flush=True)
+    return line
+
+
 MALLOC_REUSE_ENV = "HYBRIDRL_CPU_MALLOC_REUSE"
 
 
@@ -108,6 +126,7 @@ class Worker:
         self.config = config
         if device is not None:
             self.device = resolve_device(device)
+            resolve_worker_precision(config, self.device, self.rank)
             self.init_distributed(self.device)
 
     def init_distributed(self, device: str) -> None:

@@ -26,6 +26,7 @@ from hybridrl.algorithms.rollout_corr import SECTION, RolloutCorrectionConfig
 from hybridrl.config.batch_sizes import check_batch_sizes
 from hybridrl.config.defaults import packaged_defaults
 from hybridrl.config.key_tables import ACTOR, ROLLOUT
+from hybridrl.config.precision import runs_on_ray
 from hybridrl.config.rules import one_of, plain, value_at
 from hybridrl.config.typed import IGNORED, REFUSED, marked_keys
 from hybridrl.errors import ConfigError
@@ -127,14 +128,23 @@ def _check_values(config, algo: AlgoConfig, uses_critic: bool) -> None:
     _check_rollout_correction(config, algo.rollout_correction)
     _check_dapo(config)
     _check_token_baseline(config)
-    if config.trainer.device == "cuda":
-        import torch
+    _check_cuda_here(config)
 
-        if not torch.cuda.is_available():
-            raise ConfigError(
-                "trainer.device=cuda but no CUDA device is available to torch "
-                f"{torch.__version__}; set trainer.device=cpu or trainer.device=auto"
-            )
+
+def _check_cuda_here(config) -> None:
+    """``trainer.device=cuda`` needs a GPU in this process only where the workers run here (the
+    local backend); Ray workers find theirs on their nodes (verl's CPU head node, GPU workers:
+    Ray's placement then needs GPUs in the cluster)."""
+    if config.trainer.device != "cuda" or runs_on_ray(config):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            "trainer.device=cuda but no CUDA device is available to torch "
+            f"{torch.__version__}; set trainer.device=cpu or trainer.device=auto (or trainer.backend=ray "
+            "to run the workers on GPU nodes of a Ray cluster)"
+        )
 
 
 def _check_policy_loss_knobs(config) -> None:

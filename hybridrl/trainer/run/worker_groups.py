@@ -237,7 +237,9 @@ def launch_worker_groups(
     """
     backend, world_size = resolve_backend(config.trainer, rollout_pool)
     device = config.trainer.device
-    if resolve_device(device) == "cpu":  # read by every worker process as it starts: keep or return freed memory
+    # read by every worker process as it starts: keep or return freed memory (cuda: the workers'
+    # GPUs, maybe on other nodes than this GPU-less driver's, so not resolved here)
+    if device != "cuda" and resolve_device(device) == "cpu":
         os.environ[MALLOC_REUSE_ENV] = "1" if config.trainer.cpu_malloc_reuse else "0"
     if backend == "local":
         groups = {
