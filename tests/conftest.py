@@ -24,6 +24,24 @@ SLOW_ENTRY_POINTS = {
 }
 
 
+# Device tests (README): `--device cuda` runs the tests marked `cuda` (the worker, rollout,
+# checkpoint and end-to-end tests that take their device from the `device` fixture) on the GPU;
+# the default `--device cpu` runs the same tests on the CPU, as before.
+def pytest_addoption(parser):
+    parser.addoption(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="device of the tests marked `cuda` (the `device` fixture): cpu (default) or cuda",
+    )
+
+
+@pytest.fixture(scope="session")
+def device(request) -> str:
+    """``--device``: where the tests marked ``cuda`` run their workers (``cpu`` or ``cuda``)."""
+    return request.config.getoption("--device")
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
@@ -31,6 +49,13 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_configure(config):
+    if config.getoption("--device", "cpu") == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise pytest.UsageError(
+                "--device cuda: torch sees no CUDA device here; run with --device cpu (the default)"
+            )
     if config.getoption("markexpr", "").replace(" ", "") == "notslow":
         _refuse_slow_entry_points()
 

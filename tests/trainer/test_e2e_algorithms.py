@@ -50,8 +50,9 @@ def test_the_runs_cover_every_registered_name():
 
 
 @pytest.mark.slow
+@pytest.mark.cuda
 @pytest.mark.parametrize("index, estimator, loss_mode", RUNS, ids=[f"{e}-{m}" for _, e, m in RUNS])
-def test_one_training_step(index, estimator, loss_mode, gsm8k_parquet, tiny_model_dir, tmp_path):
+def test_one_training_step(index, estimator, loss_mode, gsm8k_parquet, tiny_model_dir, tmp_path, device):
     reward = tmp_path / "reward.py"
     reward.write_text(REWARD_FILE)
     out = tmp_path / "run"
@@ -75,7 +76,7 @@ def test_one_training_step(index, estimator, loss_mode, gsm8k_parquet, tiny_mode
         f"{A}.policy_loss.loss_mode={loss_mode}",
         f"custom_reward_function.path={reward}",
         "custom_reward_function.name=length_reward",
-        "trainer.device=cpu",
+        f"trainer.device={device}",
         "trainer.logger=['file']",
         f"trainer.default_local_dir={out}",
         "trainer.total_training_steps=1",
@@ -118,8 +119,9 @@ def score_minus_half(token_level_rewards, response_mask, **kwargs):
 
 
 @pytest.mark.slow
+@pytest.mark.cuda
 def test_estimator_registered_by_external_lib_is_found_at_start_up(
-    gsm8k_parquet, tiny_model_dir, tmp_path, monkeypatch
+    gsm8k_parquet, tiny_model_dir, tmp_path, monkeypatch, device
 ):
     (tmp_path / "my_algos.py").write_text(USER_ESTIMATOR)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -140,7 +142,7 @@ def test_estimator_registered_by_external_lib_is_found_at_start_up(
                 "actor_rollout_ref.rollout.n=1",
                 "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
                 f"{ALGO}.adv_estimator=score_minus_half",
-                "trainer.device=cpu",
+                f"trainer.device={device}",
                 "trainer.logger=['file']",
                 f"trainer.default_local_dir={out}",
                 "trainer.total_training_steps=1",

@@ -68,7 +68,7 @@ class ScriptedJudge:
         return out
 
 
-def judge_config(model_path="m", **judge):
+def judge_config(model_path="m", device="cpu", **judge):
     rollout = {
         "name": "hf",
         "prompt_length": 1024,
@@ -80,7 +80,7 @@ def judge_config(model_path="m", **judge):
     rollout.update(judge.pop("rollout", {}))
     return {
         "reward_model": {"model": {"path": model_path}, "rollout": rollout, "judge": judge},
-        "trainer": {"device": "cpu"},
+        "trainer": {"device": device},
     }
 
 
@@ -214,12 +214,14 @@ def test_num_examine_prints_the_judges_answer(tokenizer, capsys):
 # ---------------------------------------------------------------- the tiny model behind the HF engine
 
 
-def test_tiny_model_end_to_end(tokenizer, tiny_model_dir):
+@pytest.mark.cuda
+def test_tiny_model_end_to_end(tokenizer, tiny_model_dir, device):
     """The tiny random model as the judge behind the HF engine, built from the config. It answers
     noise, so the response prefix writes the verdict ("Score: 7") and the model adds noise after
     it; one row lacks the ground truth the template reads and fails alone."""
     cfg = judge_config(
         tiny_model_dir,
+        device,
         response_prefix="Score: 7\n",
         rollout={"response_length": 6},
         prompt_template="Question: {question}\nReference: {ground_truth}\nAnswer:\n{response}\n",
@@ -246,8 +248,9 @@ def test_tiny_model_end_to_end(tokenizer, tiny_model_dir):
     assert [s for i, s in enumerate(scores.tolist()) if i != 4] == pytest.approx([0.7] * 5)
 
 
-def test_engine_refuses_a_call_while_a_late_one_runs(tiny_model_dir):
-    engine = JudgeEngine(tiny_model_dir, judge_config()["reward_model"]["rollout"], "cpu")
+@pytest.mark.cuda
+def test_engine_refuses_a_call_while_a_late_one_runs(tiny_model_dir, device):
+    engine = JudgeEngine(tiny_model_dir, judge_config()["reward_model"]["rollout"], device)
     release = threading.Event()
     nothing = SimpleNamespace(
         batch={"responses": torch.zeros(1, 0, dtype=torch.long), "response_mask": torch.zeros(1, 0, dtype=torch.long)}
@@ -333,11 +336,12 @@ PAIRS = [
 
 
 @pytest.mark.slow
-def test_smollm2_judges_hand_made_pairs(tokenizer, smollm2_dir):
+@pytest.mark.cuda
+def test_smollm2_judges_hand_made_pairs(tokenizer, smollm2_dir, device):
     """SmolLM2-135M-Instruct grades a good and a bad answer to three questions. It is a tiny model:
     the test checks the mechanics (every answer parsed, scores in [0, 1]) and prints how often the
     good answer won; quality is measured by benchmarks/judge_smollm2.py (docs/rewards.md)."""
-    cfg = judge_config(smollm2_dir, response_prefix="Score:", rollout={"dtype": "auto", "response_length": 8})
+    cfg = judge_config(smollm2_dir, device, response_prefix="Score:", rollout={"dtype": "auto", "response_length": 8})
     cfg["reward_model"].update(on_error="zero", reward_manager="judge")
     reward_fn = load_reward_manager(ppo_config_with(cfg), tokenizer)
     data = make_batch(

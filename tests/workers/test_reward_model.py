@@ -141,9 +141,10 @@ def test_scores_are_read_at_the_last_token_whatever_the_padding(rm_dir):
         torch.testing.assert_close(got, torch.tensor(expected), atol=1e-5, rtol=0)
 
 
-def test_same_tokenizer_reads_the_policy_ids(rm_dir, tiny_model_dir, tokenizer):
+@pytest.mark.cuda
+def test_same_tokenizer_reads_the_policy_ids(rm_dir, tiny_model_dir, tokenizer, device):
     # the policy's tokenizer is the reward model's: no re-tokenisation, the batch ids are scored
-    group = LocalWorkerGroup(RewardModelWorker, rm_config(rm_dir, input_tokenizer=tiny_model_dir), device="cpu")
+    group = LocalWorkerGroup(RewardModelWorker, rm_config(rm_dir, input_tokenizer=tiny_model_dir), device=device)
     group.init_model()
     assert group.workers[0].reward_model.input_tokenizer is None  # same tokenizer: nothing to re-tokenise
     data = policy_batch(tokenizer)
@@ -161,8 +162,9 @@ def test_same_tokenizer_reads_the_policy_ids(rm_dir, tiny_model_dir, tokenizer):
     assert ids == encode_rm_inputs(tokenizer, [CHATS[-1]], [RESPONSES[-1]])[0]
 
 
-def test_other_tokenizer_retokenises_with_its_own_template(other_rm_dir, tiny_model_dir, tokenizer):
-    group = LocalWorkerGroup(RewardModelWorker, rm_config(other_rm_dir, input_tokenizer=tiny_model_dir), device="cpu")
+@pytest.mark.cuda
+def test_other_tokenizer_retokenises_with_its_own_template(other_rm_dir, tiny_model_dir, tokenizer, device):
+    group = LocalWorkerGroup(RewardModelWorker, rm_config(other_rm_dir, input_tokenizer=tiny_model_dir), device=device)
     group.init_model()
     assert group.workers[0].reward_model.input_tokenizer is not None
     data = policy_batch(tokenizer)
@@ -174,7 +176,7 @@ def test_other_tokenizer_retokenises_with_its_own_template(other_rm_dir, tiny_mo
     for i, length in enumerate(data.batch["response_mask"].sum(-1).tolist()):
         assert rm_scores[i, length - 1].item() == pytest.approx(score_alone(model, expected_ids[i]), abs=1e-5)
     # max_length keeps the end of a long input, where the score is read
-    short = LocalWorkerGroup(RewardModelWorker, rm_config(other_rm_dir, tiny_model_dir, max_length=5), device="cpu")
+    short = LocalWorkerGroup(RewardModelWorker, rm_config(other_rm_dir, tiny_model_dir, max_length=5), device=device)
     short.init_model()
     cut = short.compute_rm_score(data).batch["rm_scores"]
     assert cut[0].sum().item() == pytest.approx(score_alone(model, expected_ids[0][-5:]), abs=1e-5)
@@ -193,8 +195,9 @@ def test_tokenizers_differ_by_vocabulary_or_chat_template_not_by_padding_side(to
     assert not same_tokenizer(policy, load_tokenizer(other_rm_dir))
 
 
-def test_a_plain_causal_lm_is_refused_as_reward_model(tiny_model_dir):
-    group = LocalWorkerGroup(RewardModelWorker, rm_config(tiny_model_dir), device="cpu")
+@pytest.mark.cuda
+def test_a_plain_causal_lm_is_refused_as_reward_model(tiny_model_dir, device):
+    group = LocalWorkerGroup(RewardModelWorker, rm_config(tiny_model_dir), device=device)
     with pytest.raises(ConfigError, match="no trained reward head"):
         group.init_model()
 
@@ -253,7 +256,8 @@ def hh_parquet(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_ppo_step_takes_its_reward_from_the_reward_model(hh_parquet, tiny_model_dir, rm_dir, tmp_path):
+@pytest.mark.cuda
+def test_ppo_step_takes_its_reward_from_the_reward_model(hh_parquet, tiny_model_dir, rm_dir, tmp_path, device):
     from hybridrl.trainer.main_ppo import main
 
     out = tmp_path / "run"
@@ -276,7 +280,7 @@ def test_ppo_step_takes_its_reward_from_the_reward_model(hh_parquet, tiny_model_
                 "reward_model.enable=True",
                 f"reward_model.model.path={rm_dir}",
                 "reward_model.micro_batch_size_per_gpu=4",
-                "trainer.device=cpu",
+                f"trainer.device={device}",
                 "trainer.logger=['file']",
                 f"trainer.default_local_dir={out}",
                 "trainer.total_training_steps=1",
