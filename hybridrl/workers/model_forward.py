@@ -131,13 +131,18 @@ def compute_dtype_of(fsdp_config) -> torch.dtype:
     return to_torch_dtype(fsdp_config.mixed_precision.param_dtype)
 
 
-def autocast(module: torch.nn.Module, compute_dtype: torch.dtype):
+def autocast(module: torch.nn.Module, compute_dtype: torch.dtype, device: torch.device | str | None = None):
     """Mixed precision for forward passes: fp32 master weights, matmuls in ``compute_dtype``.
 
     ``fsdp_config.mixed_precision.param_dtype=bf16`` turns it on; bf16 matmuls are several
     times faster on GPUs and on CPUs with AMX. With fp32 it is a no-op.
+
+    ``device``: where the forward computes (the worker's device; callers pass their inputs'
+    device). Parameters offloaded to the CPU (``param_offload``) live there between forwards,
+    so the first parameter's device, used only when ``device`` is None, would switch CUDA
+    autocast off.
     """
-    device_type = next(module.parameters()).device.type
+    device_type = torch.device(device).type if device is not None else next(module.parameters()).device.type
     return torch.autocast(device_type, dtype=compute_dtype, enabled=compute_dtype != torch.float32)
 
 
@@ -180,7 +185,7 @@ def forward_response(
         entropy = entropy if entropy is not None else torch.zeros_like(log_probs)
         return torch.stack([log_probs[None], entropy[None]], dim=-1)  # (1, n, 2), a new tensor
 
-    with autocast(module, compute_dtype):
+    with autocast(module, compute_dtype, labels.device):
         if chunk is not None:
             with output_head_on(module, positions, chunked_head) as box:
                 stats = unchanged_head_output(module, module(**inputs, use_cache=False).logits, box)
@@ -245,7 +250,7 @@ def forward_response_values(
     part = _SequenceSlice(inputs, positions, options.sequence_parallel) if options.sequence_parallel else None
     if part is not None:
         inputs, positions = part.inputs, part.positions
-    with autocast(module, compute_dtype):
+    with autocast(module, compute_dtype, positions.device):
         logits = module(**inputs, use_cache=False).logits
     values = logits.reshape(-1, logits.shape[-1]).index_select(0, positions)[:, 0].float()
     if part is not None:

@@ -48,7 +48,7 @@ def forward_sequence_scores(
         input_ids, attention_mask, position_ids: ``(bs, seqlen)``, any padding side.
         compute_dtype: autocast dtype of the forward pass (fp32: none).
     """
-    with autocast(module, compute_dtype):
+    with autocast(module, compute_dtype, input_ids.device):
         logits = module(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
         ).logits
