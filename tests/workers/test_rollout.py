@@ -56,10 +56,10 @@ def test_response_mask_stops_after_first_eos():
 
 
 @pytest.fixture(scope="module")
-def base_model(tiny_model_dir):
+def base_model(tiny_model_dir, device):
     from hybridrl.models import load_causal_lm
 
-    return load_causal_lm(tiny_model_dir)
+    return load_causal_lm(tiny_model_dir).to(device)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def scrambled_model(base_model):
     with torch.no_grad():
         for name, p in model.named_parameters():
             if ".layers." in name and p.dim() == 2:
-                p.add_(0.3 * torch.randn(p.shape, generator=gen))
+                p.add_(0.3 * torch.randn(p.shape, generator=gen).to(p.device))
     return model
 
 
@@ -108,10 +108,12 @@ def _rollout_config(dtype, do_sample=False, **extra):
 
 @torch.no_grad()
 def _greedy_loop(model, input_ids, attention_mask, steps=R):
-    """Plain argmax decoding with a KV cache (the same numerics as generate's decode loop)."""
+    """Plain argmax decoding with a KV cache (the same numerics as generate's decode loop), on
+    the model's device; the tokens come back on the CPU, as the rollout's do."""
     from transformers import DynamicCache
 
     model.eval()
+    input_ids, attention_mask = input_ids.to(model.device), attention_mask.to(model.device)
     cache, ids, mask, out = DynamicCache(), input_ids, attention_mask, []
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     for _ in range(steps):
@@ -122,7 +124,7 @@ def _greedy_loop(model, input_ids, attention_mask, steps=R):
         out.append(token)
         mask = torch.cat([mask, torch.ones_like(token)], dim=1)
         ids, positions = token, positions[:, -1:] + 1
-    return torch.cat(out, dim=1)
+    return torch.cat(out, dim=1).cpu()
 
 
 def _truncate_at_eos(tokens, eos_ids, pad):
@@ -169,11 +171,12 @@ def _check_layout(out, prompts, tokenizer):
     assert torch.equal(b["position_ids"][:, P:][valid], expected[valid])
 
 
+@pytest.mark.cuda
 def test_repetition_penalty_changes_greedy_output(base_model, prompts, greedy_reference):
     """Sensitivity of the next test: a repetition penalty of 1.5 changes greedy decoding here."""
     from transformers import GenerationConfig
 
-    ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
+    ids, mask = prompts.batch["input_ids"].to(base_model.device), prompts.batch["attention_mask"].to(base_model.device)
     penalised = base_model.generate(
         input_ids=ids,
         attention_mask=mask,
@@ -181,10 +184,11 @@ def test_repetition_penalty_changes_greedy_output(base_model, prompts, greedy_re
             max_new_tokens=R, do_sample=False, repetition_penalty=1.5, eos_token_id=None, pad_token_id=2
         ),
     )
-    assert not torch.equal(penalised[:, ids.shape[1] :], greedy_reference("float32"))
+    assert not torch.equal(penalised[:, ids.shape[1] :].cpu(), greedy_reference("float32"))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.cuda
 def test_greedy_equals_argmax_loop_despite_model_generation_defaults(
     base_model, prompts, tokenizer, greedy_reference, dtype
 ):
@@ -197,6 +201,7 @@ def test_greedy_equals_argmax_loop_despite_model_generation_defaults(
     assert torch.equal(out.batch["responses"], expected)
 
 
+@pytest.mark.cuda
 def test_sampling_with_top_k_1_is_greedy(base_model, prompts, tokenizer, greedy_reference):
     rollout = HFRollout(copy.deepcopy(base_model), _rollout_config("float32", do_sample=True), tokenizer)
     sampled = DataProto.from_dict(tensors=dict(prompts.batch.items()), meta_info={"top_k": 1, "temperature": 0.9})
@@ -206,18 +211,22 @@ def test_sampling_with_top_k_1_is_greedy(base_model, prompts, tokenizer, greedy_
     assert torch.equal(out.batch["responses"], expected)
 
 
+@pytest.mark.cuda
 def test_sampling_bf16_layout(scrambled_model, prompts, tokenizer):
     torch.manual_seed(0)
     rollout = HFRollout(copy.deepcopy(scrambled_model), _rollout_config("bfloat16", do_sample=True), tokenizer)
     _check_layout(rollout.generate_sequences(prompts), prompts, tokenizer)
 
 
+@pytest.mark.cuda
 def test_model_top_k_default_does_not_truncate_sampling(scrambled_model, prompts, tokenizer):
     """``model.generation_config.top_k = 1`` would make sampling greedy if it leaked in."""
     module = copy.deepcopy(scrambled_model)
     ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
     with torch.no_grad():
-        first = torch.softmax(module(input_ids=ids, attention_mask=mask).logits[:, -1].float(), -1)
+        first = torch.softmax(
+            module(input_ids=ids.to(module.device), attention_mask=mask.to(module.device)).logits[:, -1].float(), -1
+        )
     assert first.max() < 0.5  # not peaked: 3 rows x 8 samples all equal to the argmax is ~impossible
     greedy = _greedy_loop(module, ids, mask)
     module.generation_config.top_k = 1
@@ -238,6 +247,7 @@ def _mid_sequence_token(reference):
     )
 
 
+@pytest.mark.cuda
 def test_eos_ends_response_and_pads_after(scrambled_model, prompts, tokenizer):
     """Declare as EOS a token the greedy loop emits mid-sequence: the rollout must stop there."""
     base_model = scrambled_model
@@ -270,6 +280,7 @@ def test_eos_ends_response_and_pads_after(scrambled_model, prompts, tokenizer):
     assert out["response_mask"].tolist() == [[1] + [0] * (R - 1)] * len(first)
 
 
+@pytest.mark.cuda
 def test_sync_weights_copies_updated_actor_into_bf16_rollout(base_model, tokenizer):
     actor = copy.deepcopy(base_model)
     rollout = HFRollout(actor, _rollout_config("bfloat16"), tokenizer)
@@ -279,7 +290,7 @@ def test_sync_weights_copies_updated_actor_into_bf16_rollout(base_model, tokeniz
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():  # stands in for an optimizer step on the fp32 actor
         for p in actor.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+            p.add_(0.05 * torch.randn(p.shape, generator=gen).to(p.device))
     stale = dict(rollout.module.named_parameters())
     assert any(not torch.equal(stale[n], p.to(torch.bfloat16)) for n, p in actor.named_parameters())
 
@@ -293,6 +304,7 @@ def test_sync_weights_copies_updated_actor_into_bf16_rollout(base_model, tokeniz
         assert p.dtype == torch.float32 and torch.equal(p, before[name]), name
 
 
+@pytest.mark.cuda
 def test_ignore_eos_generates_full_length(scrambled_model, prompts, tokenizer):
     reference = _greedy_loop(scrambled_model, prompts.batch["input_ids"], prompts.batch["attention_mask"])
     row, step = _mid_sequence_token(reference)
