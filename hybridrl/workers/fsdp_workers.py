@@ -25,7 +25,7 @@ from hybridrl.workers.checkpoint_io import load_worker_state, save_worker_state
 from hybridrl.workers.config.fsdp import cpu_offload
 from hybridrl.workers.critic import PPOCritic
 from hybridrl.workers.engine_lock import EngineLock
-from hybridrl.workers.memory import memory_metrics
+from hybridrl.workers.memory import memory_metrics, release_cached_memory
 from hybridrl.workers.optim import build_lr_scheduler, build_optimizer
 from hybridrl.workers.pass_specs import critic_specs, policy_specs
 from hybridrl.workers.profiler import ProfiledWorker, role_profiler
@@ -186,6 +186,7 @@ class ActorRolloutRefWorker(StreamingMethods, ProfiledWorker, Worker):
     def _sync_engine(self) -> None:
         """Pushes the actor's weights into the engine, never during a generation (:class:`EngineLock`)."""
         with self.engine_lock.hold("a weight sync"):
+            release_cached_memory(self.device)  # the trainer's cached blocks, for the engine that wakes
             self.rollout.sync_weights(self.actor.actor_module)
             self.rollout_param_version = self.param_version
 
@@ -206,6 +207,7 @@ class ActorRolloutRefWorker(StreamingMethods, ProfiledWorker, Worker):
         """
         prompts = prompts.to(self.device)
         with self.engine_lock.hold("a generation"):
+            release_cached_memory(self.device)  # the trainer's cached blocks, for the engine that wakes
             version = self.rollout_param_version
             output = (self._agent_loops(prompts) or self.rollout).generate_sequences(prompts).to("cpu")
         output.non_tensor_batch["param_version"] = np.full(len(output), version, dtype=object)

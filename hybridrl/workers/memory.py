@@ -47,6 +47,21 @@ def current_rss_bytes() -> int:
     return resident_pages * os.sysconf("SC_PAGE_SIZE")
 
 
+def release_cached_memory(device) -> bool:
+    """Hands the blocks PyTorch's CUDA caching allocator keeps (freed by the trainer: activations,
+    gradients, offloaded optimizer state) back to the driver, so that a rollout engine waking in
+    this process (vLLM's ``wake_up``, its KV cache) can have them, as verl's sharding managers do
+    before a generation. Returns True when it did; a no-op on the CPU (``device`` ``"cpu"``, or
+    torch without CUDA)."""
+    device_type = getattr(device, "type", None) or str(device).split(":")[0]
+    import torch
+
+    if device_type != "cuda" or not torch.cuda.is_available():
+        return False
+    torch.cuda.empty_cache()
+    return True
+
+
 def memory_metrics(device) -> dict[str, float]:
     """This process's memory on ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a ``torch.device``),
     in GiB (1024**3 bytes), under verl's names:

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from hybridrl.models import to_torch_dtype
+from hybridrl.workers.memory import release_cached_memory
 
 
 def is_sharded(module: torch.nn.Module) -> bool:
@@ -166,7 +167,8 @@ def loss_normalizers(mini_batch_response_mask: torch.Tensor, loss_scale_factor=N
 @contextlib.contextmanager
 def optimizer_on_device(optimizer: torch.optim.Optimizer, device: str, offload: bool):
     """With ``offload`` (``fsdp_config.optimizer_offload``) on CUDA: the optimizer state lives on
-    the CPU except during the update. A no-op on CPU, where it already lives."""
+    the CPU except during the update, and the blocks it held go back to the driver after it
+    (:func:`~hybridrl.workers.memory.release_cached_memory`). A no-op on CPU, where it already lives."""
     if not offload or device == "cpu":
         yield
         return
@@ -175,3 +177,4 @@ def optimizer_on_device(optimizer: torch.optim.Optimizer, device: str, offload: 
         yield
     finally:
         offload_optimizer(optimizer, "cpu")
+        release_cached_memory(device)

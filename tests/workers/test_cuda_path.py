@@ -2,8 +2,11 @@
 
 import warnings
 
+import pytest
 import torch
 
+from hybridrl.workers import sharding
+from hybridrl.workers.memory import release_cached_memory
 from hybridrl.workers.model_forward import autocast
 
 
@@ -22,3 +25,36 @@ def test_autocast_follows_the_given_device_not_the_parameters():
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
     with autocast(on_meta, torch.float32, "cpu"):
         assert not torch.is_autocast_enabled("cpu")
+
+
+@pytest.fixture
+def empty_cache_calls(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append(1))
+    return calls
+
+
+def test_cached_cuda_blocks_go_back_only_on_cuda(empty_cache_calls):
+    assert not release_cached_memory("cpu") and not release_cached_memory(torch.device("cpu"))
+    assert empty_cache_calls == []
+    assert release_cached_memory("cuda") and release_cached_memory(torch.device("cuda", 0))
+    assert len(empty_cache_calls) == 2
+
+
+def test_no_cuda_no_empty_cache(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: pytest.fail("empty_cache without CUDA"))
+    assert not release_cached_memory("cuda")
+
+
+def test_the_optimizer_offload_releases_the_cache_after_the_update(monkeypatch, empty_cache_calls):
+    moves = []
+    monkeypatch.setattr(sharding, "offload_optimizer", lambda optimizer, device: moves.append(device))
+    optimizer = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())
+    with sharding.optimizer_on_device(optimizer, "cuda", offload=True):
+        assert moves == ["cuda"] and empty_cache_calls == []
+    assert moves == ["cuda", "cpu"] and len(empty_cache_calls) == 1
+    with sharding.optimizer_on_device(optimizer, "cpu", offload=True):
+        pass
+    assert len(empty_cache_calls) == 1  # CPU: nothing moved, nothing released
