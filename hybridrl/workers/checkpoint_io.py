@@ -81,6 +81,16 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def wait_for_device_copies() -> bool:
+    """``torch.cuda.synchronize()`` where there is CUDA: asynchronous copies (the optimizer
+    offload's ``non_blocking`` moves) are done before a save reads the state. True when it waited;
+    a no-op on CPU."""
+    if not torch.cuda.is_available():
+        return False
+    torch.cuda.synchronize()
+    return True
+
+
 def _state_dict_options(module):
     """LoRA: the frozen base weights stay out of the checkpoint (they are the base model's)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
@@ -119,6 +129,7 @@ def save_worker_state(
     import torch.distributed.checkpoint as dcp
 
     os.makedirs(local_path, exist_ok=True)
+    wait_for_device_copies()
     model_state, optim_state = _model_and_optim_state(module, optimizer, _state_dict_options(module))
     with quiet_single_process_dcp():
         dcp.save(

@@ -125,11 +125,17 @@ def data_parallel_sum(value: float, device: str) -> float:
 
 def offload_optimizer(optimizer: torch.optim.Optimizer, device: str) -> None:
     """Moves the optimizer state (Adam moments) to ``device`` ("cpu" to free accelerator memory
-    between updates, the worker's device before the next step); ``fsdp_config.optimizer_offload``."""
+    between updates, the worker's device before the next step); ``fsdp_config.optimizer_offload``.
+
+    The copies are asynchronous (``non_blocking``); a copy to the CPU ends with a
+    ``torch.cuda.synchronize()``, so nothing (a checkpoint, the next step) reads a CPU tensor
+    whose bytes are still on their way."""
     for state in optimizer.state.values():
         for key, value in state.items():
             if isinstance(value, torch.Tensor) and key != "step":
                 state[key] = value.to(device, non_blocking=True)
+    if str(device) == "cpu" and torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def loss_normalizers(mini_batch_response_mask: torch.Tensor, loss_scale_factor=None, sp_size: int = 1) -> dict:

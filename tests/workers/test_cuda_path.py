@@ -5,7 +5,7 @@ import warnings
 import pytest
 import torch
 
-from hybridrl.workers import sharding
+from hybridrl.workers import checkpoint_io, sharding
 from hybridrl.workers.memory import release_cached_memory
 from hybridrl.workers.model_forward import autocast
 
@@ -58,3 +58,39 @@ def test_the_optimizer_offload_releases_the_cache_after_the_update(monkeypatch, 
     with sharding.optimizer_on_device(optimizer, "cpu", offload=True):
         pass
     assert len(empty_cache_calls) == 1  # CPU: nothing moved, nothing released
+
+
+@pytest.fixture
+def synchronize_calls(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append("sync"))
+    return calls
+
+
+def test_an_offload_to_the_cpu_waits_for_its_copies(synchronize_calls):
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    sharding.offload_optimizer(optimizer, "cpu")
+    assert synchronize_calls == ["sync"]
+    assert all(v.device.type == "cpu" for s in optimizer.state.values() for v in s.values())
+
+
+def test_a_save_waits_for_device_copies_before_reading_the_state(monkeypatch, tmp_path, synchronize_calls):
+    def read_state(*args):
+        synchronize_calls.append("read")
+        raise StopIteration  # the order is all this test needs
+
+    monkeypatch.setattr(checkpoint_io, "_model_and_optim_state", read_state)
+    with pytest.raises(StopIteration):
+        checkpoint_io.save_worker_state(str(tmp_path), torch.nn.Linear(2, 2), None, None, 0, 1)
+    assert synchronize_calls == ["sync", "read"]
+
+
+def test_no_cuda_no_synchronize(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: pytest.fail("synchronize without CUDA"))
+    assert not checkpoint_io.wait_for_device_copies()
+    sharding.offload_optimizer(torch.optim.AdamW(torch.nn.Linear(2, 2).parameters()), "cpu")
