@@ -15,15 +15,24 @@ from hybridrl.workers.sharding import clip_grad_norm
 logger = logging.getLogger(__name__)
 
 
+FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  # torch's fused AdamW kernels
+
+
+def fused_adamw_allowed(params) -> bool:
+    """Whether torch's fused AdamW (one kernel for the whole step) takes ``params``: every one a
+    floating-point tensor on a CUDA device. Parameters that FSDP2's CPU offload (``param_offload``)
+    keeps on the CPU, and every CPU run, keep the default (foreach) implementation."""
+    params = list(params)
+    return bool(params) and all(p.device.type == "cuda" and p.dtype in FUSED_DTYPES for p in params)
+
+
 def build_optimizer(module: torch.nn.Module, optim_cfg) -> torch.optim.Optimizer:
-    """AdamW with ``lr``, ``betas``, ``weight_decay`` from ``optim_cfg`` (an ``optim`` section)."""
+    """AdamW with ``lr``, ``betas``, ``weight_decay`` from ``optim_cfg`` (an ``optim`` section);
+    fused on CUDA (:func:`fused_adamw_allowed`), as torchtitan's FSDP2 training does."""
     betas = tuple(optim_cfg.betas)
-    return torch.optim.AdamW(
-        [p for p in module.parameters() if p.requires_grad],
-        lr=optim_cfg.lr,
-        betas=betas,
-        weight_decay=optim_cfg.weight_decay,
-    )
+    params = [p for p in module.parameters() if p.requires_grad]
+    fused = {"fused": True} if fused_adamw_allowed(params) else {}
+    return torch.optim.AdamW(params, lr=optim_cfg.lr, betas=betas, weight_decay=optim_cfg.weight_decay, **fused)
 
 
 def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg, total_training_steps: int):

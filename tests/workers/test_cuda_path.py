@@ -1,11 +1,12 @@
 """The CUDA path's device logic, shown on CPU (issue 31, item 1)."""
 
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from hybridrl.workers import checkpoint_io, sharding
+from hybridrl.workers import checkpoint_io, optim, sharding
 from hybridrl.workers.memory import release_cached_memory
 from hybridrl.workers.model_forward import autocast
 
@@ -94,3 +95,22 @@ def test_no_cuda_no_synchronize(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: pytest.fail("synchronize without CUDA"))
     assert not checkpoint_io.wait_for_device_copies()
     sharding.offload_optimizer(torch.optim.AdamW(torch.nn.Linear(2, 2).parameters()), "cpu")
+
+
+def test_adamw_is_fused_only_when_every_param_is_a_float_on_cuda(monkeypatch):
+    def param(device, dtype=torch.float32):
+        return SimpleNamespace(device=torch.device(device), dtype=dtype)
+
+    assert optim.fused_adamw_allowed([param("cuda"), param("cuda:1", torch.bfloat16)])
+    assert not optim.fused_adamw_allowed([param("cuda"), param("cpu")])  # CPU offload: the default
+    assert not optim.fused_adamw_allowed([param("cuda", torch.int64)])
+    assert not optim.fused_adamw_allowed([])
+
+    cfg = SimpleNamespace(lr=1e-3, betas=[0.9, 0.999], weight_decay=0.01)
+    on_cpu = optim.build_optimizer(torch.nn.Linear(2, 2), cfg)
+    assert not on_cpu.defaults["fused"]  # unchanged on CPU
+    built = {}
+    monkeypatch.setattr(optim, "fused_adamw_allowed", lambda params: True)
+    monkeypatch.setattr(torch.optim, "AdamW", lambda params, **kwargs: built.update(kwargs))
+    optim.build_optimizer(torch.nn.Linear(2, 2), cfg)
+    assert built["fused"] is True and built["lr"] == 1e-3
