@@ -9,18 +9,30 @@ else (prefill, training forwards) goes to transformers' ``sdpa_attention_forward
 sequence-parallel forward (keyword argument ``ulysses``, :mod:`hybridrl.models.ulysses`) goes to
 :func:`~hybridrl.models.ulysses.ulysses_attention`.
 
-Tried and not kept: one causal SDPA call per packed sequence (transformers' varlen keywords)
-instead of SDPA with the block-diagonal mask. The attention kernel alone was ~15% faster, but
-the copies around it made an update 8-13% slower on SmolLM2.
+Packed rows on CUDA (:func:`use_varlen_attention`) run through a varlen kernel
+(:mod:`hybridrl.models.varlen`): the forward passes transformers' varlen keywords
+(``cu_seq_lens_q``, ``max_length_q``, ...) and runs inside :func:`varlen_masks`, where the mask
+function builds no ``O(row_len**2)`` block-diagonal mask. On CPU packed rows keep SDPA with that
+mask: one SDPA call per sequence made the attention ~15% faster there, but the copies around it
+made an update 8-13% slower on SmolLM2.
+
+A model loaded with ``model.override_config.attn_implementation`` is pinned to it
+(:func:`attention_pinned`): hybridrl never switches it to its own function.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import torch
 
 from hybridrl.models.ulysses import ULYSSES_KWARG, SequenceParallelError, heads_problem, hf_model_of, ulysses_attention
+from hybridrl.models.varlen import varlen_attention, varlen_kernel
 
 ATTENTION_NAME = "hybridrl"
+PINNED_ATTR = "_hybridrl_attention_pinned"  # set on the HF model by the loader (not saved with its config)
+_MASKS = threading.local()
 
 
 def hybridrl_attention(
@@ -41,7 +53,10 @@ def hybridrl_attention(
             ``h // (heads // kv_heads)`` (as transformers' ``repeat_kv``).
         attention_mask: None, or ``(bs, 1, q_len, >= kv_len)`` bool (True: attend) or additive float.
         kwargs: transformers' (``softcap``, ``sliding_window``, ...); ``ulysses``: a
-            :class:`~hybridrl.models.ulysses.UlyssesAttention` for a sequence-parallel forward.
+            :class:`~hybridrl.models.ulysses.UlyssesAttention` for a sequence-parallel forward;
+            ``cu_seq_lens_q`` ``(n_seq + 1,)`` int32 boundaries in the flattened ``bs * q_len``
+            tokens and ``max_length_q``: with ``attention_mask`` None, causal attention within
+            each sequence through a varlen kernel (:func:`~hybridrl.models.varlen.varlen_attention`).
 
     Returns:
         ``(bs, q_len, heads, head_dim)`` and None (no attention weights), like SDPA's.
@@ -50,6 +65,9 @@ def hybridrl_attention(
 
     if kwargs.get(ULYSSES_KWARG) is not None:
         return ulysses_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    cu_seqlens = kwargs.get("cu_seq_lens_q")
+    if cu_seqlens is not None and attention_mask is None and key.shape[2] == query.shape[2]:
+        return packed_attention(query, key, value, cu_seqlens, kwargs.get("max_length_q"), dropout, scaling), None
     if query.shape[2] == 1 and not dropout and kwargs.get("softcap") is None and not kwargs.get("sliding_window"):
         return _one_token_attention(query, key, value, attention_mask, scaling), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
@@ -68,27 +86,113 @@ def _one_token_attention(query, key, value, attention_mask, scaling: float | Non
     return out.reshape(bs, heads, 1, dim).transpose(1, 2)
 
 
+def packed_attention(query, key, value, cu_seqlens, max_seqlen, dropout=0.0, scaling=None, kernel=None):
+    """Causal attention within each packed sequence of ``bs`` rows (no mask).
+
+    Args:
+        query: ``(bs, heads, q_len, head_dim)``; key, value: ``(bs, kv_heads, q_len, head_dim)``.
+        cu_seqlens: ``(n_seq + 1,)`` int32 boundaries in the flattened ``bs * q_len`` tokens
+            (:attr:`~hybridrl.models.padding.PackedBatch.cu_seqlens`).
+        max_seqlen: the longest sequence (int or 0-d tensor); None: computed from ``cu_seqlens``.
+        kernel: force one of :mod:`hybridrl.models.varlen`'s kernels (tests); None: the device's best.
+
+    Returns:
+        ``(bs, q_len, heads, head_dim)``, as SDPA's path returns.
+    """
+    bs, heads, q_len, dim = query.shape
+    if max_seqlen is None:
+        max_seqlen = cu_seqlens.diff().max()
+    q, k, v = (t.transpose(1, 2).reshape(bs * q_len, t.shape[1], dim) for t in (query, key, value))
+    out = varlen_attention(q, k, v, cu_seqlens.to(torch.int32), int(max_seqlen), scaling, dropout, kernel)
+    return out.view(bs, q_len, heads, dim)
+
+
+@contextlib.contextmanager
+def varlen_masks(active: bool = True):
+    """While active (on this thread), the mask function of :func:`hybridrl_attention` returns
+    None where the forward has no 2-D attention mask and no sliding window, instead of the
+    block-diagonal mask of packed rows: the forward passes ``cu_seq_lens_q`` instead."""
+    previous = getattr(_MASKS, "active", False)
+    _MASKS.active = active
+    try:
+        yield
+    finally:
+        _MASKS.active = previous
+
+
+def hybridrl_mask(*args, **kwargs):
+    """transformers' ``sdpa_mask``, or None inside :func:`varlen_masks` (see there)."""
+    from transformers.masking_utils import sdpa_mask
+
+    if getattr(_MASKS, "active", False) and kwargs.get("attention_mask") is None and kwargs.get("local_size") is None:
+        return None
+    return sdpa_mask(*args, **kwargs)
+
+
 def register_attention() -> str:
-    """Registers :func:`hybridrl_attention` (masks built as for SDPA) and returns its name, for
-    ``model.set_attn_implementation(name)``. Idempotent."""
+    """Registers :func:`hybridrl_attention` (masks built as for SDPA, :func:`hybridrl_mask`) and
+    returns its name, for ``model.set_attn_implementation(name)``. Idempotent."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(ATTENTION_NAME, hybridrl_attention)
-    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+    AttentionMaskInterface.register(ATTENTION_NAME, hybridrl_mask)
     return ATTENTION_NAME
+
+
+def attention_pinned(module: torch.nn.Module) -> bool:
+    """Whether the model in ``module`` was loaded with ``override_config.attn_implementation``
+    (the loader marks it), so hybridrl keeps that implementation."""
+    model = hf_model_of(module)
+    return bool(getattr(model if model is not None else module, PINNED_ATTR, False))
 
 
 def use_hybridrl_attention(module: torch.nn.Module) -> bool:
     """Switches an SDPA model (or a peft/FSDP wrapper of one) to :func:`hybridrl_attention`;
     returns whether the module now uses it. Models on another implementation (eager,
-    FlashAttention) keep it. The choice is not saved with the model's config."""
+    FlashAttention) or pinned by ``override_config.attn_implementation`` keep theirs. The choice
+    is not saved with the model's config."""
     config = getattr(module, "config", None)
     current = getattr(config, "_attn_implementation", None)
-    if current == "sdpa":
+    if current == "sdpa" and not attention_pinned(module):
         module.set_attn_implementation(register_attention())
         return True
     return current == ATTENTION_NAME
+
+
+def use_varlen_attention(module: torch.nn.Module) -> bool:
+    """Whether packed forwards of ``module`` should pass their sequence boundaries to a varlen
+    kernel (and run inside :func:`varlen_masks`): its parameters are on CUDA and it uses (or, as an
+    SDPA model not pinned, is switched to) :func:`hybridrl_attention`. On CPU: False, no switch."""
+    param = next(module.parameters(), None)
+    if param is None or param.device.type != "cuda":
+        return False
+    return use_hybridrl_attention(module)
+
+
+def attention_kernel(module: torch.nn.Module, device: str, packed: bool, dtype: torch.dtype = torch.bfloat16) -> str:
+    """The attention kernel forwards of ``module`` use, for benchmarks' reports.
+
+    Args:
+        module: a transformers model, or a peft/FSDP wrapper of one.
+        device: where the forward runs ("cpu", "cuda", "cuda:1", ...).
+        packed: packed rows (``use_remove_padding``) or the padded batch.
+        dtype: the forward's compute dtype (varlen kernels need fp16/bf16).
+
+    Returns:
+        ``"flash_attn_varlen"``, ``"torch_varlen"`` or ``"sdpa_per_sequence"`` (packed rows on
+        CUDA with hybridrl's attention), ``"sdpa"`` (hybridrl's attention otherwise), or the
+        model's own implementation (``"eager"``, ``"sdpa"``, ``"flash_attention_2"``, ...).
+    """
+    model = hf_model_of(module)
+    model = model if model is not None else module
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None) or "eager"
+    cuda = torch.device(device).type == "cuda"
+    if impl == "sdpa" and cuda and packed and not attention_pinned(model):
+        impl = ATTENTION_NAME  # model_forward switches it (use_varlen_attention)
+    if impl != ATTENTION_NAME:
+        return impl
+    return varlen_kernel(device, dtype) if cuda and packed else "sdpa"
 
 
 def use_ulysses_attention(module: torch.nn.Module, size: int, key: str) -> None:

@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 
 from hybridrl.errors import UserError
+from hybridrl.models.attention import PINNED_ATTR
 from hybridrl.models.materialize import (
     CheckpointWeightsError,
     checkpoint_name,
@@ -30,6 +31,7 @@ from hybridrl.models.materialize import (
     materialize,
     write_full_tensor,
 )
+from hybridrl.models.varlen import flash_attn_varlen
 
 logger = logging.getLogger(__name__)
 
@@ -354,8 +356,11 @@ def _build(auto_cls, path: str, options: ModelOptions, **config_fields):
     from transformers import GenerationConfig
 
     folder = resolve_model_path(path)
+    overrides = dict(options.override_config or {})
+    pinned = overrides.pop("attn_implementation", None)
+    check_attn_implementation(pinned)
     with unreadable_model_files(folder):
-        config = _load_config(folder, options.trust_remote_code, options.override_config)
+        config = _load_config(folder, options.trust_remote_code, overrides)
         for key, value in config_fields.items():
             setattr(config, key, value)
         dtype = to_torch_dtype(options.dtype)
@@ -364,9 +369,11 @@ def _build(auto_cls, path: str, options: ModelOptions, **config_fields):
                 config,
                 dtype=dtype,
                 trust_remote_code=options.trust_remote_code,
-                attn_implementation=options.attn_implementation,
+                attn_implementation=pinned or options.attn_implementation,
             )
         )
+        if pinned:
+            setattr(model, PINNED_ATTR, True)
         if os.path.isfile(os.path.join(folder, "generation_config.json")):
             model.generation_config = GenerationConfig.from_pretrained(folder)
         if options.enable_gradient_checkpointing:
@@ -376,6 +383,27 @@ def _build(auto_cls, path: str, options: ModelOptions, **config_fields):
         missing = load_weights(module, folder, model.base_model_prefix)
     missing = init_adapter_params(module, missing, seed=options.adapter_seed)
     return module.eval(), missing
+
+
+def check_attn_implementation(name: str | None) -> None:
+    """``override_config.attn_implementation`` (verl's key; None: hybridrl chooses): the model is
+    loaded with it and hybridrl keeps it (:func:`hybridrl.models.attention.attention_pinned`).
+
+    Raises:
+        ModelConfigError: ``flash_attention_2`` (or ``_3``) without an importable ``flash_attn``.
+    """
+    if name is None:
+        return
+    if not isinstance(name, str) or not name:
+        raise ModelConfigError(
+            f"override_config.attn_implementation: got {name!r}; use e.g. sdpa, eager, flash_attention_2"
+        )
+    if name.startswith("flash_attention") and flash_attn_varlen() is None:
+        raise ModelConfigError(
+            f"override_config.attn_implementation={name}: the flash_attn package does not import here; "
+            "install flash-attn built for this torch and CUDA, or remove the key (hybridrl then picks "
+            "a varlen kernel itself) or set it to sdpa"
+        )
 
 
 def empty_copy(model: torch.nn.Module, dtype, device) -> torch.nn.Module:
@@ -388,6 +416,8 @@ def empty_copy(model: torch.nn.Module, dtype, device) -> torch.nn.Module:
     dtype = to_torch_dtype(dtype)
     copy_model = empty_model(lambda: type(model)._from_config(config, dtype=dtype))
     copy_model.generation_config = copy.deepcopy(getattr(model, "generation_config", None))
+    if getattr(model, PINNED_ATTR, False):
+        setattr(copy_model, PINNED_ATTR, True)
     return materialize(copy_model, device).eval()
 
 
@@ -398,7 +428,9 @@ class ModelOptions:
     Attributes:
         dtype: dtype of the parameters (a torch dtype or a name: "fp32", "bf16", ...).
         trust_remote_code, attn_implementation: as transformers takes them.
-        override_config: config fields to replace, e.g. ``{"attention_dropout": 0.0}``.
+        override_config: config fields to replace, e.g. ``{"attention_dropout": 0.0}``; its
+            ``attn_implementation`` (verl's key) replaces ``attn_implementation`` and pins it
+            (:func:`check_attn_implementation`).
         enable_gradient_checkpointing: non-reentrant activation checkpointing (as verl).
         device: where the parameters live ("cpu", "cuda", ...).
         wrap: called on the empty model before it is sharded; returns the module to keep (e.g.

@@ -82,21 +82,36 @@ class PackedBatch:
         position_ids: ``(rows, row_len)`` 0, 1, ... within each sequence (and the filler).
         token_index: ``(bs, seqlen)`` int64: flat position in ``rows * row_len`` of each padded
             token, -1 where ``attention_mask`` is 0.
+        cu_seqlens: ``(n_seq + 1,)`` int32 sequence boundaries in the flattened ``rows * row_len``
+            tokens, from 0 to ``rows * row_len``; the filler tail of a row is a sequence of its own.
+        max_seqlen: the longest of those sequences.
     """
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
     token_index: torch.Tensor
+    cu_seqlens: torch.Tensor | None = None
+    max_seqlen: int = 0
 
     @property
     def num_tokens(self) -> int:
         """Tokens the model processes (``rows * row_len``, filler included)."""
         return self.input_ids.numel()
 
-    def model_inputs(self) -> dict:
+    def model_inputs(self, varlen: bool = False) -> dict:
         """Keyword arguments of an HF model's forward: no attention mask, so the restarting
-        position ids give the block-diagonal causal mask."""
-        return {"input_ids": self.input_ids, "position_ids": self.position_ids, "attention_mask": None}
+        position ids give the block-diagonal causal mask; ``varlen``: also the sequence
+        boundaries as transformers' varlen keywords (``cu_seq_lens_q``, ``max_length_q``, ...),
+        for :func:`hybridrl.models.attention.hybridrl_attention`'s varlen path."""
+        inputs = {"input_ids": self.input_ids, "position_ids": self.position_ids, "attention_mask": None}
+        if varlen:
+            inputs.update(
+                cu_seq_lens_q=self.cu_seqlens,
+                cu_seq_lens_k=self.cu_seqlens,
+                max_length_q=self.max_seqlen,
+                max_length_k=self.max_seqlen,
+            )
+        return inputs
 
 
 def pack_sequences(
@@ -138,13 +153,18 @@ def pack_sequences(
     bins = first_fit_decreasing(lengths, capacity)
     row_len = max(sum(lengths[i] for i in b) for b in bins) if bins else 1
     row_len = -(-max(row_len, 1) // row_multiple) * row_multiple
-    # Start offset (flat, in rows * row_len) of every sequence.
+    # Start offset (flat, in rows * row_len) of every sequence; boundaries incl. each row's filler.
     start = [0] * bs
+    bounds = [0]
     for r, b in enumerate(bins):
         offset = r * row_len
         for i in b:
             start[i] = offset
             offset += lengths[i]
+            if lengths[i]:
+                bounds.append(offset)
+        if offset < (r + 1) * row_len:
+            bounds.append((r + 1) * row_len)
     starts = torch.tensor(start, dtype=torch.long, device=mask.device)
     token_index = torch.where(mask, starts[:, None] + rank, torch.full_like(rank, -1))
     flat = token_index[mask]
@@ -154,4 +174,10 @@ def pack_sequences(
     # Filler positions continue 0.. from the row start; the valid tokens overwrite theirs.
     packed_pos = torch.arange(row_len, device=mask.device, dtype=position_ids.dtype).repeat(rows)
     packed_pos[flat] = rank[mask].to(position_ids.dtype)
-    return PackedBatch(packed_ids.view(rows, row_len), packed_pos.view(rows, row_len), token_index)
+    if not bins:  # no sequences: one row of filler
+        bounds = [0, rows * row_len]
+    cu_seqlens = torch.tensor(bounds, dtype=torch.int32, device=mask.device)
+    max_seqlen = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
+    return PackedBatch(
+        packed_ids.view(rows, row_len), packed_pos.view(rows, row_len), token_index, cu_seqlens, max_seqlen
+    )

@@ -6,7 +6,9 @@ it; the packed path (``model.use_remove_padding``) first removes the padding
 predicted (position ``t - 1`` for the token at ``t``). The padded path reads every response
 slot, padding included (as verl does); the packed path only the response tokens that exist
 (``attention_mask == 1``) and leaves 0 in the other slots. Losses mask those slots
-(``response_mask``), so the loss code downstream is the same for both paths.
+(``response_mask``), so the loss code downstream is the same for both paths. On CUDA the packed
+rows' sequence boundaries go to a varlen attention kernel instead of a block-diagonal mask
+(:func:`hybridrl.models.attention.use_varlen_attention`); on CPU the mask stays.
 
 With sequence parallelism (``ForwardOptions.sequence_parallel``, packed path only) each rank of
 the SP group runs the model on its slice of every packed row (:mod:`hybridrl.models.ulysses`),
@@ -22,6 +24,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from hybridrl.algorithms.functional import entropy_from_logits, logprobs_from_logits
+from hybridrl.models.attention import use_varlen_attention
 from hybridrl.models.loader import to_torch_dtype
 from hybridrl.models.output_head import (
     chunk_tokens_for,
@@ -84,12 +87,13 @@ class ResponseOutput:
     slots: torch.Tensor
 
 
-def response_layout(batch, options: ForwardOptions) -> tuple[dict, torch.Tensor, torch.Tensor]:
+def response_layout(batch, options: ForwardOptions, varlen: bool = False) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """Model inputs and where to read the predictions of the response tokens.
 
     Args:
         batch: TensorDict with ``input_ids``, ``attention_mask``, ``position_ids`` ``(bs, seqlen)``
             and ``responses`` ``(bs, response_length)`` (the last columns of ``input_ids``).
+        varlen: packed inputs also carry the sequence boundaries (``cu_seq_lens_q``, ...).
 
     Returns:
         ``(model_inputs, positions, slots)``: keyword arguments of the model's forward;
@@ -113,7 +117,7 @@ def response_layout(batch, options: ForwardOptions) -> tuple[dict, torch.Tensor,
             row_multiple=sp.size if sp is not None else 1,
         )
         positions = packed.token_index[:, -response_length:][slots] - 1  # the previous token of the sequence
-        return packed.model_inputs(), positions, slots
+        return packed.model_inputs(varlen=varlen), positions, slots
     columns = torch.arange(seqlen - response_length - 1, seqlen - 1, device=attention_mask.device)
     positions = (torch.arange(bs, device=attention_mask.device)[:, None] * seqlen + columns).flatten()
     inputs = {key: batch[key] for key in ("input_ids", "attention_mask", "position_ids")}
@@ -173,7 +177,8 @@ def forward_response(
         ResponseOutput with gradients attached when grad mode is on.
     """
     batch = micro_batch.batch
-    inputs, positions, slots = response_layout(batch, options)
+    varlen = _varlen(module, options)
+    inputs, positions, slots = response_layout(batch, options, varlen)
     labels = batch["responses"][slots]
     part = _SequenceSlice(inputs, positions, options.sequence_parallel) if options.sequence_parallel else None
     if part is not None:  # this rank's slice of the rows, and the response positions in it
@@ -210,6 +215,11 @@ def forward_response(
         logits=logits if return_logits else None,
         slots=slots,
     )
+
+
+def _varlen(module, options: ForwardOptions) -> bool:
+    """Packed rows (no sequence parallelism) of a model on CUDA: varlen attention, no mask."""
+    return options.use_remove_padding and options.sequence_parallel is None and use_varlen_attention(module)
 
 
 def _stats_from_logits(
