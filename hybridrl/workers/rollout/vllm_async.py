@@ -49,9 +49,32 @@ WEIGHTS_FILE = "model.safetensors"
 FOLDER_PREFIX = "hybridrl-vllm-async-"
 
 
+WEIGHTS_DIR_ENV = "HYBRIDRL_ASYNC_WEIGHTS_DIR"  # a folder of the user's choice for the weights file
+
+
 def _ram_dir() -> str | None:
-    """A RAM-backed folder for the weights handed to the engine (None: the default temp dir)."""
+    """The folder for the weights handed to the engine: ``$HYBRIDRL_ASYNC_WEIGHTS_DIR`` when set,
+    else ``/dev/shm`` (in RAM) where there is one, else None (the default temp dir)."""
+    if os.environ.get(WEIGHTS_DIR_ENV):
+        return os.environ[WEIGHTS_DIR_ENV]
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+def check_room_for_weights(folder: str, needed_bytes: int) -> None:
+    """Raises a one-line :class:`RolloutEngineError` when ``folder`` has less than ``needed_bytes``
+    free: Docker gives a container a 64 MB ``/dev/shm`` unless told otherwise, and a weights file
+    that does not fit would die half-written (a bus error or ENOSPC deep in safetensors)."""
+    import shutil
+
+    free = shutil.disk_usage(folder).free
+    if needed_bytes <= free:
+        return
+    mib = 2**20
+    raise RolloutEngineError(
+        f"rollout.mode=async hands the weights to the vLLM engine as a file in {folder}: it needs "
+        f"{needed_bytes / mib:.0f} MiB there and {free / mib:.0f} MiB is free; give it more room (in Docker: "
+        f"docker run --shm-size=<weights x 2, e.g. 16g>), or set {WEIGHTS_DIR_ENV} to a folder with room"
+    )
 
 
 def _pid_alive(pid: int) -> bool:
@@ -213,6 +236,8 @@ class AsyncVLLMRollout(VLLMRollout):
         (measured: without ``lm_head.weight`` the output layer kept its old weights)."""
         from safetensors.torch import save_file
 
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        check_room_for_weights(self._folder.name, sum(t.numel() for t in state.values()) * itemsize + 2**20)
         seen, tensors = set(), {}
         for name, tensor in state.items():
             tensor = tensor.detach().to(device="cpu", dtype=self.dtype).contiguous()
