@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from hybridrl.controller.decorator import Dispatch, register
-from hybridrl.controller.worker import Worker, resolve_device
+from hybridrl.controller.worker import Worker, resolve_device, resolve_worker_precision
 from hybridrl.models import load_causal_lm, load_tokenizer, resolve_model_path
 from hybridrl.protocol import DataProto
 from hybridrl.workers.memory import memory_metrics
@@ -29,6 +29,7 @@ class RolloutWorker(StreamingMethods, Worker):
     def __init__(self, config, device: str = "auto") -> None:
         super().__init__(config)
         self.device = resolve_device(device)  # no process group: each engine serves its own requests
+        resolve_worker_precision(config, self.device, self.rank)  # auto dtypes the driver left (a GPU-less head)
         self.rollout_param_version = 0
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -98,3 +98,11 @@ def test_resolved_on_cuda_a_worker_takes_bf16_where_the_gpu_has_it(monkeypatch):
     section = OmegaConf.create({"fsdp_config": {"mixed_precision": {"param_dtype": "auto"}}})
     assert "bf16 on cuda" in resolve_worker_precision(section, "cuda", rank=1)
     assert section.fsdp_config.mixed_precision.param_dtype == "bf16"
+
+
+def test_a_rollout_pool_worker_resolves_its_auto_dtypes_too(base_cfg):
+    from hybridrl.workers.rollout_worker import RolloutWorker
+
+    section = copy.deepcopy(base_cfg.actor_rollout_ref)
+    RolloutWorker(section, device="cpu")
+    assert section.rollout.dtype in ("bf16", "fp32")
