@@ -137,3 +137,16 @@ def test_the_async_weights_folder_can_be_chosen(monkeypatch, tmp_path):
 
     monkeypatch.setenv(vllm_async.WEIGHTS_DIR_ENV, str(tmp_path))
     assert vllm_async._ram_dir() == str(tmp_path)
+
+
+def test_actor_loss_sums_on_the_device_equal_the_item_sums():
+    from hybridrl.workers.actor import _accumulate
+
+    values = [torch.randn((), dtype=torch.float32) * 10 ** torch.randint(-6, 6, ()).item() for _ in range(50)]
+    sums: dict = {}
+    expected = 0.0
+    for value in values:
+        _accumulate(sums, "actor/pg_loss", value)
+        expected += value.item()
+    assert sums["actor/pg_loss"].dtype == torch.float64
+    assert sums["actor/pg_loss"].item() == expected  # bit for bit
