@@ -106,3 +106,11 @@ def test_a_rollout_pool_worker_resolves_its_auto_dtypes_too(base_cfg):
     section = copy.deepcopy(base_cfg.actor_rollout_ref)
     RolloutWorker(section, device="cpu")
     assert section.rollout.dtype in ("bf16", "fp32")
+
+
+def test_a_memory_plan_still_resolves_auto_on_a_gpu_less_host(no_gpu):
+    from hybridrl.trainer.jobs.plan_cli import load_plan_config
+
+    config, note = load_plan_config(["trainer.n_gpus_per_node=2", "trainer.device=auto"])
+    assert config.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype in ("bf16", "fp32")
+    assert "auto ->" in note

@@ -42,8 +42,8 @@ def load_plan_config(overrides: list[str]):
             for key in keys:
                 OmegaConf.update(config, key, "bf16", merge=False)
         note = f"precision auto -> bf16 assumed for cuda (no GPU visible here): {', '.join(keys)}" if keys else None
-    else:
-        note = resolve_precision(config)
+    else:  # device given: resolved here even for Ray workers (a plan needs a dtype)
+        note = resolve_precision(config, str(config.trainer.device))
     return typed_ppo_config(config), note
 
 
