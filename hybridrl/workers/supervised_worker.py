@@ -62,7 +62,7 @@ def sft_row_losses(model, batch: dict, compute_dtype: torch.dtype = torch.float3
     Returns:
         ``(loss_sum, n_tokens)``: fp32 ``(bs,)``; ``loss_sum`` in nats.
     """
-    with autocast(model, compute_dtype):
+    with autocast(model, compute_dtype, batch["input_ids"].device):  # not the (maybe offloaded) weights'
         logits = model(
             input_ids=batch["input_ids"],
             attention_mask=batch["attention_mask"],
