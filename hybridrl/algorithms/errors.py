@@ -4,6 +4,7 @@ Every error is a ``ValueError`` subclass whose message stands alone: what is wro
 or argument, and what to do.
 """
 
+import math
 from typing import Optional
 
 from hybridrl.errors import UserError
@@ -30,7 +31,7 @@ class NonFiniteError(UserError, ArithmeticError):
 def check_finite(tensor, name: str, data_step: Optional[int] = None, mask=None) -> None:
     """Raise :class:`NonFiniteError` naming ``name`` (and the training step) if ``tensor`` has
     NaN/inf; with ``mask``, only positions where ``mask`` is non-zero count (padding may hold
-    anything)."""
+    anything). Reads the count on the host: one device sync for a CUDA tensor."""
     import torch
 
     bad = ~torch.isfinite(tensor.detach())
@@ -38,9 +39,21 @@ def check_finite(tensor, name: str, data_step: Optional[int] = None, mask=None) 
         bad = bad & mask.to(torch.bool)
     count = int(bad.sum())
     if count:
-        where = f"step {data_step}: " if data_step is not None else ""
-        raise NonFiniteError(
-            f"{where}{name} has {count} NaN/inf value(s) of {bad.numel()}; the step is stopped. Usual causes: "
-            "a reward function returning NaN, a learning rate too high, or fp16 overflow; run with "
-            "HYBRIDRL_DEBUG=1 for the traceback"
-        )
+        raise non_finite_error(name, count, bad.numel(), data_step)
+
+
+def check_finite_value(value: float, name: str, data_step: Optional[int] = None) -> None:
+    """:func:`check_finite` of one number already on the host (no device sync): the same
+    :class:`NonFiniteError` and message as for a one-element tensor."""
+    if not math.isfinite(value):
+        raise non_finite_error(name, 1, 1, data_step)
+
+
+def non_finite_error(name: str, count: int, numel: int, data_step: Optional[int] = None) -> NonFiniteError:
+    """The error of ``count`` NaN/inf values among ``numel`` in ``name``."""
+    where = f"step {data_step}: " if data_step is not None else ""
+    return NonFiniteError(
+        f"{where}{name} has {count} NaN/inf value(s) of {numel}; the step is stopped. Usual causes: "
+        "a reward function returning NaN, a learning rate too high, or fp16 overflow; run with "
+        "HYBRIDRL_DEBUG=1 for the traceback"
+    )

@@ -15,7 +15,7 @@ from collections import defaultdict
 
 import torch
 
-from hybridrl.algorithms.errors import AlgorithmConfigError, AlgorithmInputError, check_finite
+from hybridrl.algorithms.errors import AlgorithmConfigError, AlgorithmInputError, check_finite_value
 from hybridrl.algorithms.functional import sum_pi_squared_from_logits
 from hybridrl.algorithms.kl import FULL_KL, kl_full_from_logits, kl_penalty
 from hybridrl.algorithms.policy_loss import (
@@ -43,6 +43,7 @@ from hybridrl.workers.sequence_parallel import gather_rows, own_rows, sequence_p
 from hybridrl.workers.sharding import loss_normalizers
 
 SP_KEY = "ulysses_sequence_parallel_size"
+LOSS_TOTAL = "_loss"  # the micro losses' sum: read with the metrics for the finiteness check, not reported
 
 
 def build_policy_loss_config(section) -> PolicyLossParams:
@@ -71,6 +72,31 @@ def _accumulate(sums: dict[str, torch.Tensor], key: str, value: torch.Tensor) ->
     same sum as adding ``value.item()`` to a python float: fp32 -> fp64 is exact, fp64 adds alike)."""
     value = value.detach().reshape(()).to(torch.float64)
     sums[key] = sums[key] + value if key in sums else value
+
+
+def read_at_once(values: list) -> list[float]:
+    """The python floats of 0-dim tensors (or numbers), with one host read per device: the
+    tensors become fp64 (exact from fp32/bf16/ints/bools), are stacked and read by one
+    ``.tolist()``; ``float(value.item())`` of each, bit for bit, without a sync per value."""
+    out: list = list(values)
+    by_device: dict[torch.device, list[int]] = defaultdict(list)
+    for i, value in enumerate(out):
+        if torch.is_tensor(value):
+            by_device[value.device].append(i)
+        else:
+            out[i] = float(value)
+    for indices in by_device.values():
+        stacked = torch.stack([out[i].detach().reshape(()).to(torch.float64) for i in indices])
+        for i, number in zip(indices, stacked.tolist()):
+            out[i] = number
+    return out
+
+
+def read_metrics(pending: dict[str, list], sums: dict[str, torch.Tensor]) -> list[tuple[str, float]]:
+    """``(name, value)`` of each per-micro-batch value of ``pending`` (in order), then of each sum,
+    read by :func:`read_at_once`: one host sync for a whole mini batch."""
+    keys = [key for key, values in pending.items() for _ in values] + list(sums)
+    return list(zip(keys, read_at_once([v for values in pending.values() for v in values] + list(sums.values()))))
 
 
 class PPOActor:
@@ -254,8 +280,11 @@ class PPOActor:
         # Micro losses are already scaled by the mini-batch size: their sums are the mini-batch
         # values, however the rows fall into micro batches (fixed row counts or token budgets).
         # Summed as fp64 tensors on the device (what adding the fp32 values' .item() gave) and read
-        # once per mini batch: no host sync per micro batch for them on CUDA.
+        # once per mini batch: no host sync per micro batch for them on CUDA. So are the policy
+        # loss's per-micro-batch metrics (0-dim tensors) and the total loss, whose finiteness is
+        # checked from that one read, before the optimizer steps.
         loss_sums: dict[str, torch.Tensor] = {}
+        pending: dict[str, list[torch.Tensor]] = defaultdict(list)  # per micro batch, in order
         # token budget per rank: S times more over an SP group's rows
         micros, order = spec.micro_batches(mini_batch, self.sp_size)
         full_kl = cfg.use_kl_loss and cfg.kl_loss_type == FULL_KL
@@ -299,23 +328,36 @@ class PPOActor:
                 kl_loss = agg_loss(kld, response_mask, cfg.loss_agg_mode, **norm)
                 loss = loss + cfg.kl_loss_coef * kl_loss
                 _accumulate(loss_sums, "actor/kl_loss", kl_loss)
-            check_finite(
-                loss,
-                "actor loss (pg_loss - entropy_coeff * entropy + kl_loss_coef * kl_loss)",
-                data_step=micro.meta_info.get("global_steps"),
-            )
             loss.backward()
             _accumulate(loss_sums, "actor/pg_loss", pg_loss)
+            _accumulate(loss_sums, LOSS_TOTAL, loss)  # NaN/inf in any micro loss -> NaN/inf here
             for key, value in pg_metrics.items():
-                metrics[key].append(value)
-        for key, value in zip(loss_sums, torch.stack(list(loss_sums.values())).tolist() if loss_sums else []):
-            metrics[key].append(value)  # one sync for all the sums
+                pending[key].append(value)
+        self._append_read_metrics(metrics, pending, loss_sums, mini_batch.meta_info.get("global_steps"))
         if cfg.use_kl_loss:
             metrics["actor/kl_coef"].append(cfg.kl_loss_coef)
         metrics["actor/grad_norm"].append(
             optimizer_step(self.actor_module, self.actor_optimizer, cfg.grad_clip, "actor")
         )
         return restore_order(torch.cat(own_log_probs), order) if on_policy else None
+
+    @staticmethod
+    def _append_read_metrics(metrics, pending: dict, loss_sums: dict, data_step) -> None:
+        """Reads the mini batch's pending metrics and loss sums at once (one host sync) and
+        appends them: the policy loss's metrics one value per micro batch, the sums one each.
+
+        Raises:
+            NonFiniteError: the loss of a micro batch was NaN/inf (before the optimizer steps).
+        """
+        read = read_metrics(pending, loss_sums)
+        for key, value in read:
+            if key == LOSS_TOTAL:
+                check_finite_value(
+                    value, "actor loss (pg_loss - entropy_coeff * entropy + kl_loss_coef * kl_loss)", data_step
+                )
+        for key, value in read:
+            if key != LOSS_TOTAL:
+                metrics[key].append(value)
 
     def _kl_to_reference(
         self, micro: DataProto, out: ResponseOutput, temperature: float, options: ForwardOptions

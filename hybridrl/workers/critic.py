@@ -16,6 +16,7 @@ from hybridrl.algorithms.value_loss import compute_value_loss
 from hybridrl.models.attention import use_ulysses_attention
 from hybridrl.models.ulysses import UlyssesGroup
 from hybridrl.protocol import DataProto
+from hybridrl.workers.actor import _accumulate, read_metrics
 from hybridrl.workers.micro_batches import restore_order
 from hybridrl.workers.model_forward import ForwardOptions, compute_dtype_of, forward_response_values
 from hybridrl.workers.optim import optimizer_step
@@ -97,7 +98,9 @@ class PPOCritic:
         cfg = self.config
         norm = loss_normalizers(mini_batch.batch["response_mask"], cfg.loss_scale_factor, self.sp_size)
         self.critic_optimizer.zero_grad(set_to_none=True)
-        vf_loss_sum = 0.0
+        # read once per mini batch (one host sync, not three per micro batch), the same values
+        sums: dict[str, torch.Tensor] = {}
+        pending: dict[str, list[torch.Tensor]] = defaultdict(list)
         micros, _ = spec.micro_batches(mini_batch, self.sp_size)
         options = self.forward_options(spec)
         for micro in micros:
@@ -113,10 +116,11 @@ class PPOCritic:
                 **norm,
             )
             vf_loss.backward()
-            vf_loss_sum += vf_loss.item()
-            metrics["critic/vf_clipfrac"].append(float(vf_clipfrac))
-            metrics["critic/vpred_mean"].append(masked_mean(vpreds, mb["response_mask"]).item())
-        metrics["critic/vf_loss"].append(vf_loss_sum)
+            _accumulate(sums, "critic/vf_loss", vf_loss)
+            pending["critic/vf_clipfrac"].append(vf_clipfrac)
+            pending["critic/vpred_mean"].append(masked_mean(vpreds.detach(), mb["response_mask"]))
+        for key, value in read_metrics(pending, sums):
+            metrics[key].append(value)
         metrics["critic/grad_norm"].append(
             optimizer_step(self.critic_module, self.critic_optimizer, cfg.grad_clip, "critic")
         )

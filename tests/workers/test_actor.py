@@ -292,3 +292,42 @@ def test_an_off_policy_update_without_old_log_probs_is_one_line(base_model, make
     actor = PPOActor(cfg, copy.deepcopy(base_model))
     with pytest.raises(AlgorithmInputError, match="the batch has no old_log_probs; compute them first"):
         actor.update_policy(DataProto.from_dict(tensors=b), update_spec_of(cfg))
+
+
+def test_policy_loss_metrics_read_once_equal_their_item_values(base_model, make_batch):
+    """The policy loss's per-micro-batch metrics, now read once per mini batch, are bit for bit
+    the ``float(v.item())`` of each micro batch's values (what the update reported before)."""
+    b = _ppo_batch(base_model, make_batch, seed=3)
+    cfg = _actor_config(2, entropy_coeff=0.01, use_kl_loss=True)
+    module = copy.deepcopy(base_model)
+    actor = PPOActor(cfg, module, torch.optim.SGD(module.parameters(), lr=1.0))
+    seen = []
+    loss_fn = actor.policy_loss_fn
+
+    def recording(*args, **kwargs):
+        loss, metrics = loss_fn(*args, **kwargs)
+        seen.append({k: float(v.item()) for k, v in metrics.items()})
+        return loss, metrics
+
+    actor.policy_loss_fn = recording
+    metrics, _ = actor.update_policy(DataProto.from_dict(tensors=b), update_spec_of(cfg))
+    assert len(seen) == 2
+    for key in seen[0]:
+        assert metrics[key] == [m[key] for m in seen]
+        assert all(type(v) is float for v in metrics[key])
+    assert "_loss" not in metrics
+
+
+def test_read_at_once_is_float_of_item():
+    from hybridrl.workers.actor import read_at_once
+
+    values = [
+        torch.tensor(0.1, dtype=torch.float32),
+        0.25,
+        torch.tensor(1.7, dtype=torch.bfloat16),
+        torch.tensor([3]),
+        torch.tensor(True),
+        torch.tensor(1e-40, dtype=torch.float64),
+    ]
+    assert read_at_once(values) == [float(v.item()) if torch.is_tensor(v) else float(v) for v in values]
+    assert read_at_once([]) == []

@@ -101,10 +101,21 @@ def apply_rollout_is_weights(pg_losses: torch.Tensor, rollout_is_weights: Option
     return pg_losses * rollout_is_weights.detach().to(pg_losses.dtype)
 
 
-def pg_metrics(clipfrac: Number, clipfrac_lower: Number, ppo_kl: Number, **extra: Number) -> Dict[str, float]:
-    """The metrics dict every policy loss returns: python floats under ``actor/<name>``."""
+def pg_metrics(clipfrac: Number, clipfrac_lower: Number, ppo_kl: Number, **extra: Number) -> Dict[str, torch.Tensor]:
+    """The metrics dict every policy loss returns: detached 0-dim tensors under ``actor/<name>``,
+    left on their device so that a caller reads them when it wants (the actor: once per mini
+    batch, not one host sync per micro batch); ``float(value)`` is the metric. A python number
+    becomes an fp64 tensor (exact) on the device of the first tensor given, the CPU if none."""
     values = {"pg_clipfrac": clipfrac, "pg_clipfrac_lower": clipfrac_lower, "ppo_kl": ppo_kl, **extra}
-    return {f"actor/{k}": float(v.detach().item() if torch.is_tensor(v) else v) for k, v in values.items()}
+    device = next((v.device for v in values.values() if torch.is_tensor(v)), torch.device("cpu"))
+    return {
+        f"actor/{k}": v.detach().reshape(()) if torch.is_tensor(v) else _number(v, device) for k, v in values.items()
+    }
+
+
+def _number(value, device: torch.device) -> torch.Tensor:
+    """``value`` as a 0-dim fp64 tensor on ``device``: a fill kernel, no host-to-device copy."""
+    return torch.full((), float(value), dtype=torch.float64, device=device)
 
 
 _LOGGED_FIXED_AGG = set()
