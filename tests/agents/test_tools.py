@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+pytest.importorskip("pydantic")  # tool schemas are pydantic models (the agents extra)
+
 from hybridrl.agents.errors import AgentConfigError
 from hybridrl.agents.interactions import load_interactions
 from hybridrl.agents.interactions.gsm8k import CORRECT, INCORRECT

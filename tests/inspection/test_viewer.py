@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+pytest.importorskip("textual")  # hybridrl view's terminal UI (the view extra)
+
 from hybridrl.cli import main as cli_main
 from hybridrl.inspection.viewer import SampleDump, ViewerError, parse_filter, select
 from hybridrl.inspection.viewer_app import SampleScreen, SampleTable, SampleViewer
