@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from hybridrl.models.flops import forward_flops  # noqa: F401  (the one implementation; the scripts import it from here)
+
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GSM8K_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gsm8k"))
 
@@ -231,25 +233,3 @@ def build_hybridrl_grpo(settings: GRPOSettings, parquet_dir: str, steps: int, ex
         n_workers=1,
     )
     return trainer, iter(loader), groups
-
-
-def forward_flops(config, attention_mask: torch.Tensor, response_mask: torch.Tensor) -> float:
-    """Useful forward FLOPs of the actor's log-prob forward on a batch (padding not counted).
-
-    Every valid token passes the decoder's matmuls (``2 x`` their parameters); causal attention
-    costs ``2 x 2 d`` per (query, key) pair per layer; the LM head (``2 d V``) runs on response
-    tokens only, as the actor projects only the positions that predict them.
-
-    Args:
-        config: the HF config of a Llama-style model (SmolLM2).
-        attention_mask: ``(bs, prompt + response)`` 1 on valid tokens.
-        response_mask: ``(bs, response)`` 1 on generated tokens.
-    """
-    d, layers = config.hidden_size, config.num_hidden_layers
-    kv = config.num_key_value_heads * (d // config.num_attention_heads)
-    per_layer = 2 * d * d + 2 * d * kv + 3 * d * config.intermediate_size
-    lengths = attention_mask.sum(-1).double()
-    body = 2.0 * layers * per_layer * lengths.sum()
-    attention = 2.0 * 2 * d * layers * (lengths * (lengths + 1) / 2).sum()
-    head = 2.0 * d * config.vocab_size * response_mask.sum().double()
-    return float(body + attention + head)

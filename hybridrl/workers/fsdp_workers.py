@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 
 import numpy as np
+import torch
 
 from hybridrl.agents.manager import AgentLoopManager
 from hybridrl.config.batch_sizes import WorkerBatchSizes
@@ -18,6 +20,7 @@ from hybridrl.controller.decorator import Dispatch, register
 from hybridrl.controller.worker import Worker
 from hybridrl.models import load_causal_lm, load_tokenizer, load_value_model, resolve_model_path
 from hybridrl.models.external import import_external_lib
+from hybridrl.models.flops import device_peak_flops, update_mfu
 from hybridrl.models.lora import AdapterDisabled, apply_lora, lora_settings
 from hybridrl.protocol import DataProto
 from hybridrl.workers.actor import PPOActor
@@ -35,6 +38,21 @@ from hybridrl.workers.sharding import apply_fsdp2, optimizer_on_device
 from hybridrl.workers.stream_methods import StreamingMethods
 
 logger = logging.getLogger(__name__)
+
+
+def mfu_metrics(role: str, module, batch, start: float, device: str, epochs: int, lm_head: bool = True) -> dict:
+    """verl's ``perf/mfu/<role>``: this worker's update MFU (:func:`hybridrl.models.flops.update_mfu`)
+    over ``batch`` (its shard) since ``start`` (``time.perf_counter()``; CUDA synchronised first),
+    as a one-entry list so that the driver averages the workers; {} where the device has no
+    promised peak (a CPU without ``HYBRIDRL_DEVICE_PEAK_TFLOPS``, an unknown GPU)."""
+    peak = device_peak_flops(device)
+    if peak is None:
+        return {}
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - start
+    mfu = update_mfu(getattr(module, "config", None), batch, seconds, peak, epochs, lm_head)
+    return {f"perf/mfu/{role}": [mfu]} if mfu is not None else {}
 
 
 def needs_fsdp(world_size: int, device: str, fsdp_config) -> bool:
@@ -282,12 +300,18 @@ class ActorRolloutRefWorker(StreamingMethods, ProfiledWorker, Worker):
 
         Returns the metrics in ``meta_info``; ``on_policy``: also ``old_log_probs``
         ``(bs, response_length)``, the update's own. The metrics include this process's memory
-        (``perf/max_memory_allocated_gb`` ..., GiB: :func:`~hybridrl.workers.memory.memory_metrics`)."""
+        (``perf/max_memory_allocated_gb`` ..., GiB: :func:`~hybridrl.workers.memory.memory_metrics`)
+        and, where the device has a promised peak, ``perf/mfu/actor`` (:func:`mfu_metrics`)."""
         data = data.to(self.device)
         offload = self.config.actor.fsdp_config.optimizer_offload
         with optimizer_on_device(self.actor_optimizer, self.device, offload):
+            start = time.perf_counter()
             policy_metrics, own_log_probs = self.actor.update_policy(data, self.specs.update, on_policy=on_policy)
+            mfu = mfu_metrics(
+                "actor", self.actor.actor_module, data.batch, start, self.device, self.specs.update.ppo_epochs
+            )
         metrics: dict[str, list[float] | float] = dict(policy_metrics)  # + the memory's floats
+        metrics.update(mfu)  # verl's perf/mfu/actor, where the device has a promised peak
         metrics["actor/lr"] = [self.actor_lr_scheduler.get_last_lr()[0]]
         self.actor_lr_scheduler.step()
         self.param_version += 1
@@ -382,8 +406,12 @@ class CriticWorker(ProfiledWorker, Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_critic(self, data: DataProto) -> DataProto:
         offload = self.config.model.fsdp_config.optimizer_offload
+        data = data.to(self.device)
         with optimizer_on_device(self.critic_optimizer, self.device, offload):
-            metrics = self.critic.update_critic(data.to(self.device), self.specs.update)
+            start = time.perf_counter()
+            metrics = self.critic.update_critic(data, self.specs.update)
+            module, epochs = self.critic.critic_module, self.specs.update.ppo_epochs
+            metrics.update(mfu_metrics("critic", module, data.batch, start, self.device, epochs, lm_head=False))
         metrics["critic/lr"] = [self.critic_lr_scheduler.get_last_lr()[0]]
         metrics.update(memory_metrics(self.device))  # verl's perf/max_memory_*_gb (driver: max)
         self.critic_lr_scheduler.step()
