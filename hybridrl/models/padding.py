@@ -103,7 +103,7 @@ class PackedBatch:
         position ids give the block-diagonal causal mask; ``varlen``: also the sequence
         boundaries as transformers' varlen keywords (``cu_seq_lens_q``, ``max_length_q``, ...),
         for :func:`hybridrl.models.attention.hybridrl_attention`'s varlen path."""
-        inputs = {"input_ids": self.input_ids, "position_ids": self.position_ids, "attention_mask": None}
+        inputs: dict = {"input_ids": self.input_ids, "position_ids": self.position_ids, "attention_mask": None}
         if varlen:
             inputs.update(
                 cu_seq_lens_q=self.cu_seqlens,

@@ -100,7 +100,7 @@ def torch_varlen_call(fn, query, key, value, cu_seqlens, max_seqlen: int, scalin
     ``is_causal=True`` (older) for causality, ``scale`` or a pre-scaled query, ``enable_gqa`` or
     repeated kv heads. Shapes as :func:`varlen_attention`; None when ``fn`` cannot be made causal."""
     params = inspect.signature(fn).parameters
-    kwargs = {}
+    kwargs: dict[str, object] = {}
     if "window_size" in params:
         kwargs["window_size"] = (-1, 0)
     elif "is_causal" in params:
