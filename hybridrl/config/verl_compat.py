@@ -250,7 +250,10 @@ RULES: list[tuple[tuple[str, ...], Answer]] = [
         ("*.fsdp_config.use_no_sync_for_gradient_accumulation",),
         _ign("FSDP2 reduces the gradient of each micro batch; there is no FSDP1 no_sync context"),
     ),
-    (("*.fsdp_config.use_torch_compile",), _ign("models run in eager mode")),
+    (
+        ("*.fsdp_config.use_torch_compile",),
+        _ign("models run in eager mode (actor.use_torch_compile compiles the log-prob/entropy on CUDA)"),
+    ),
     (("*.fsdp_config.strategy",), _ign(_ENGINE_COPY)),
     (("*.fsdp_config.entropy_from_logits_with_chunking",), _ign(_ENGINE_COPY)),
     (("actor_rollout_ref.ref.fsdp_config.optimizer_offload",), _ign("the reference model has no optimizer")),

@@ -141,12 +141,14 @@ class PPOActor:
     def forward_options(self, spec: LogProbSpec | UpdateSpec) -> ForwardOptions:
         """Padded or packed (the pass's ``spec.use_remove_padding``, the worker's
         ``model.use_remove_padding``); chunked logits from this section's
-        ``entropy_from_logits_with_chunking`` / ``entropy_checkpointing``."""
+        ``entropy_from_logits_with_chunking`` / ``entropy_checkpointing``; the logits' log-prob and
+        entropy compiled on CUDA with ``use_torch_compile`` (verl's default: true)."""
         return ForwardOptions(
             use_remove_padding=spec.use_remove_padding,
             logits_chunking=bool(self.config.entropy_from_logits_with_chunking),
             entropy_checkpointing=bool(self.config.entropy_checkpointing),
             sequence_parallel=self.sequence_parallel,
+            use_torch_compile=bool(getattr(self.config, "use_torch_compile", False)),
         )
 
     def _forward_micro_batches(self, data: DataProto, spec: LogProbSpec) -> tuple[list[DataProto], list[int] | None]:

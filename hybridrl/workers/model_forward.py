@@ -18,12 +18,15 @@ every rank of the group returns the whole micro batch's results.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from hybridrl.algorithms.functional import entropy_from_logits, logprobs_from_logits
+from hybridrl.algorithms.errors import AlgorithmInputError
+from hybridrl.algorithms.functional import _entropy_rows, _rowwise, entropy_from_logits, logprobs_from_logits
 from hybridrl.models.attention import use_varlen_attention
 from hybridrl.models.loader import to_torch_dtype
 from hybridrl.models.output_head import (
@@ -57,6 +60,9 @@ class ForwardOptions:
         max_row_tokens: capacity of a packed row; None: the micro batch's longest sequence.
         sequence_parallel: this rank's Ulysses SP group (``ulysses_sequence_parallel_size`` > 1,
             packed path only); None: whole rows on every rank.
+        use_torch_compile: on CUDA, the log-prob and entropy of the logits run as
+            ``torch.compile(dynamic=True)`` functions (verl's ``use_torch_compile``; the model
+            itself stays eager); eager on the CPU (:func:`logit_stat_fns`).
 
     Raises:
         ValueError: ``sequence_parallel`` without ``use_remove_padding``.
@@ -67,6 +73,7 @@ class ForwardOptions:
     entropy_checkpointing: bool = False
     max_row_tokens: int | None = None
     sequence_parallel: UlyssesGroup | None = None
+    use_torch_compile: bool = False
 
     def __post_init__(self):
         if self.sequence_parallel is not None and not self.use_remove_padding:
@@ -222,6 +229,44 @@ def _varlen(module, options: ForwardOptions) -> bool:
     return options.use_remove_padding and options.sequence_parallel is None and use_varlen_attention(module)
 
 
+def logit_stat_fns(use_torch_compile: bool, device: torch.device | str) -> tuple[Callable, Callable]:
+    """``(logprobs_from_logits, entropy_from_logits)`` as the forward of logits on ``device`` runs
+    them: compiled (``torch.compile(dynamic=True)``, as verl's actor does, built once per process)
+    with ``use_torch_compile`` on a CUDA device, else the eager functions (the CPU: compiling
+    there is slower to start than it saves)."""
+    if use_torch_compile and torch.device(device).type == "cuda":
+        return _compiled_logit_stat_fns()
+    return logprobs_from_logits, entropy_from_logits
+
+
+@functools.cache
+def _compiled_logit_stat_fns() -> tuple[Callable, Callable]:
+    """The functions of :mod:`hybridrl.algorithms.functional` with their per-chunk kernels compiled:
+    the python walk over row chunks stays eager (compiled whole, its loop would specialise on
+    every micro batch's token count and recompile), each ``(rows, vocab)`` chunk runs one
+    compiled graph (``dynamic=True``: every chunk size, every vocabulary)."""
+    logsumexp_rows = torch.compile(_logsumexp_rows, dynamic=True)
+    entropy_rows = torch.compile(_entropy_rows, dynamic=True)
+
+    def compiled_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if logits.shape[:-1] != labels.shape:  # as logprobs_from_logits
+            raise AlgorithmInputError(
+                f"logprobs_from_logits: labels shape {tuple(labels.shape)} must equal logits shape "
+                f"without the vocab dimension {tuple(logits.shape[:-1])}"
+            )
+        picked = logits.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1).float()
+        return picked - _rowwise(logits, logsumexp_rows)
+
+    def compiled_entropy(logits: torch.Tensor) -> torch.Tensor:
+        return _rowwise(logits, entropy_rows)
+
+    return compiled_logprobs, compiled_entropy
+
+
+def _logsumexp_rows(z: torch.Tensor) -> torch.Tensor:
+    return torch.logsumexp(z, dim=-1)
+
+
 def _stats_from_logits(
     logits: torch.Tensor,
     labels: torch.Tensor,
@@ -232,18 +277,17 @@ def _stats_from_logits(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """``(log_probs, entropy or None, fp32 logits / temperature)`` of ``(..., vocab)`` logits and
     ``(...)`` labels; a 3-D view is not copied into 2-D (the helpers walk it in row chunks)."""
+    logprobs_fn, entropy_fn = logit_stat_fns(options.use_torch_compile, logits.device)
     logits = logits.float()
     logits = logits / temperature if temperature != 1.0 else logits
     entropy = None
     if calculate_entropy and not entropy_grad:
         with torch.no_grad():
-            entropy = entropy_from_logits(logits.detach())
+            entropy = entropy_fn(logits.detach())
     elif calculate_entropy:
         recompute = options.entropy_checkpointing and torch.is_grad_enabled() and logits.requires_grad
-        entropy = (
-            checkpoint(entropy_from_logits, logits, use_reentrant=False) if recompute else entropy_from_logits(logits)
-        )
-    return logprobs_from_logits(logits, labels), entropy, logits
+        entropy = checkpoint(entropy_fn, logits, use_reentrant=False) if recompute else entropy_fn(logits)
+    return logprobs_fn(logits, labels), entropy, logits
 
 
 def forward_response_values(
