@@ -24,6 +24,7 @@ from hybridrl.errors import ConfigError
 from hybridrl.rewards.config import CustomRewardFunctionConfig, RewardConfig
 from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelConfig
 from hybridrl.workers.config.profiler import GlobalProfilerConfig
+from hybridrl.workers.config.reward_model import resolve_reward_loop_micro_batch
 from hybridrl.workers.config.rollout import resolve_rollout_mode
 
 logger = logging.getLogger(__name__)
@@ -226,12 +227,17 @@ def prepare_ppo_config(config) -> None:
     """What typing does to the merged config before the section rules run: verl's two spellings made
     one (:func:`merge_verl_spellings`), and ``actor_rollout_ref.rollout.mode`` chosen where verl's
     command leaves it to a default (:func:`~hybridrl.workers.config.rollout.resolve_rollout_mode`;
-    the choice is noted once in the log)."""
+    the choice is noted once in the log), and the reward model's micro batch under verl's reward loop
+    (:func:`~hybridrl.workers.config.reward_model.resolve_reward_loop_micro_batch`)."""
     merge_verl_spellings(config)
     trainer = config.trainer
-    note = resolve_rollout_mode(config.actor_rollout_ref.rollout, int(trainer.nnodes) * int(trainer.n_gpus_per_node))
-    if note is not None:
-        logger.warning("%s", note)
+    world_size = int(trainer.nnodes) * int(trainer.n_gpus_per_node)
+    for note in (
+        resolve_rollout_mode(config.actor_rollout_ref.rollout, world_size),
+        resolve_reward_loop_micro_batch(config.reward_model),
+    ):
+        if note is not None:
+            logger.warning("%s", note)
 
 
 def merge_verl_spellings(config) -> None:

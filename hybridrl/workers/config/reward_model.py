@@ -17,9 +17,13 @@ from .model import RewardModelModelConfig
 from .profiler import ProfilerConfig, check_profiler, reward_model_profiler
 from .rollout import EngineConfig
 
-__all__ = ["RewardModelConfig", "ON_ERROR"]
+__all__ = ["RewardModelConfig", "ON_ERROR", "REWARD_LOOP_MICRO_BATCH", "resolve_reward_loop_micro_batch"]
 
 ON_ERROR = ("raise", "zero", "mask_sample", "drop_group", "retry")  # what a failed scoring call does
+
+# responses per reward-model forward on each worker when verl's command turns on its reward loop
+# (use_reward_loop=true, whose server batches by itself) and sets no micro batch
+REWARD_LOOP_MICRO_BATCH = 8
 
 # verl's reward model has the key too; its forwards score short (prompt, response) pairs once per step
 NO_SEQUENCE_PARALLEL = (
@@ -77,3 +81,22 @@ class RewardModelConfig:
             raise ConfigError(
                 "reward_model.overlong_buffer.enable=true is DAPO's shaping; set reward_model.reward_manager=dapo"
             )
+
+
+def resolve_reward_loop_micro_batch(reward_model) -> str | None:
+    """Sets ``reward_model.micro_batch_size_per_gpu`` (the merged section, before its rules run) where
+    verl needs none: ``enable=true use_reward_loop=true`` with neither micro batch key set and no
+    ``use_dynamic_bsz`` (verl's ``validate_config`` skips the micro-batch rule for its reward loop,
+    whose vLLM server batches the scoring requests itself). This build scores with the reward-model
+    worker, :data:`REWARD_LOOP_MICRO_BATCH` responses per forward (each response is scored alone,
+    so the scores do not depend on it). Returns the start-up note, or None when nothing was set."""
+    if not (reward_model.enable and reward_model.use_reward_loop) or reward_model.use_dynamic_bsz:
+        return None
+    if reward_model.micro_batch_size is not None or reward_model.micro_batch_size_per_gpu is not None:
+        return None
+    reward_model.micro_batch_size_per_gpu = REWARD_LOOP_MICRO_BATCH
+    return (
+        f"reward_model.use_reward_loop=true without a micro batch: verl's reward-loop server batches the "
+        f"scoring itself; here the reward-model worker scores {REWARD_LOOP_MICRO_BATCH} responses per forward "
+        "(same scores; reward_model.micro_batch_size_per_gpu sets it)"
+    )
