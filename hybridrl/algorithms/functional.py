@@ -95,14 +95,14 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
     return whitened
 
 
-def _rowwise(x: torch.Tensor, fn) -> torch.Tensor:
+def rowwise(x: torch.Tensor, fn) -> torch.Tensor:
     """Apply ``fn: (rows, vocab) fp32 -> (rows,)`` to ``x (..., vocab)`` a chunk of rows at a time.
 
     Never copies all of ``x``: a non-contiguous input (e.g. ``logits[:, -L-1:-1]``) is walked
     along its first dimension, whose slices can be flattened as views.
     """
     if x.dim() > 2 and not x.is_contiguous():
-        return torch.stack([_rowwise(x_i, fn) for x_i in x.unbind(0)])
+        return torch.stack([rowwise(x_i, fn) for x_i in x.unbind(0)])
     vocab = x.shape[-1]
     flat = x.reshape(-1, vocab)
     step = max(1, _CHUNK_ELEMENTS // max(vocab, 1))
@@ -133,10 +133,12 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Te
             f"without the vocab dimension {tuple(logits.shape[:-1])}"
         )
     picked = logits.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1).float()
-    return picked - _rowwise(logits, lambda z: torch.logsumexp(z, dim=-1))
+    return picked - rowwise(logits, lambda z: torch.logsumexp(z, dim=-1))
 
 
-def _entropy_rows(z: torch.Tensor) -> torch.Tensor:
+def entropy_rows(z: torch.Tensor) -> torch.Tensor:
+    """Entropy (nats) of each row of ``(rows, vocab)`` fp32 logits: ``(rows,)``; the per-chunk
+    kernel of :func:`entropy_from_logits` (via :func:`rowwise`)."""
     return torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
 
 
@@ -149,7 +151,7 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     Returns:
         ``(...)`` fp32 entropy ``logsumexp(z) - sum(softmax(z) * z)``.
     """
-    return _rowwise(logits, _entropy_rows)
+    return rowwise(logits, entropy_rows)
 
 
 def sum_pi_squared_from_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -162,7 +164,7 @@ def sum_pi_squared_from_logits(logits: torch.Tensor) -> torch.Tensor:
     Returns:
         ``(...)`` fp32.
     """
-    return _rowwise(logits, lambda z: torch.softmax(z, dim=-1).square().sum(-1))
+    return rowwise(logits, lambda z: torch.softmax(z, dim=-1).square().sum(-1))
 
 
 def clip_by_value(x: torch.Tensor, tensor_min, tensor_max) -> torch.Tensor:

@@ -90,18 +90,15 @@ def runs_on_ray(config) -> bool:
     ``trainer.n_gpus_per_node``) or a rollout pool of its own (``actor_rollout_ref.rollout.nnodes``),
     as :func:`hybridrl.trainer.run.worker_groups.resolve_backend` chooses. False for configs
     without a backend (``hybridrl generate``: one process)."""
-    from omegaconf import OmegaConf
-
-    backend = OmegaConf.select(config, "trainer.backend", default=None)
+    trainer = getattr(config, "trainer", None)
+    backend = getattr(trainer, "backend", None)
     if backend in (None, "local"):
         return False
     if backend == "ray":
         return True
-    workers = int(OmegaConf.select(config, "trainer.nnodes", default=1) or 1) * int(
-        OmegaConf.select(config, "trainer.n_gpus_per_node", default=1) or 1
-    )
-    rollout_pool = int(OmegaConf.select(config, "actor_rollout_ref.rollout.nnodes", default=0) or 0)
-    return workers > 1 or rollout_pool > 0
+    workers = int(getattr(trainer, "nnodes", 1) or 1) * int(getattr(trainer, "n_gpus_per_node", 1) or 1)
+    rollout = getattr(getattr(config, "actor_rollout_ref", None), "rollout", None)
+    return workers > 1 or int(getattr(rollout, "nnodes", 0) or 0) > 0
 
 
 def resolved_in_workers(config) -> bool:
@@ -109,9 +106,7 @@ def resolved_in_workers(config) -> bool:
     the workers are Ray actors (:func:`runs_on_ray`), ``trainer.device`` is ``cuda`` or ``auto``
     and this process sees no CUDA device (verl's layout: a CPU head node, GPU workers). The
     head's CPU says nothing of the workers' GPUs (it would pick fp32 for them)."""
-    from omegaconf import OmegaConf
-
-    device = str(OmegaConf.select(config, "trainer.device", default="auto"))
+    device = str(getattr(getattr(config, "trainer", None), "device", AUTO))
     if device not in ("cuda", AUTO) or not runs_on_ray(config):
         return False
     import torch

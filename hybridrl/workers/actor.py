@@ -29,6 +29,7 @@ from hybridrl.algorithms.rollout_corr import RolloutCorrectionConfig
 from hybridrl.models.attention import use_ulysses_attention
 from hybridrl.models.ulysses import UlyssesGroup
 from hybridrl.protocol import DataProto
+from hybridrl.workers.metric_reads import accumulate, read_metrics
 from hybridrl.workers.micro_batches import restore_order
 from hybridrl.workers.model_forward import (
     ForwardOptions,
@@ -65,38 +66,6 @@ def build_policy_loss_config(section) -> PolicyLossParams:
         **actor_keys,
         **knobs,
     )
-
-
-def _accumulate(sums: dict[str, torch.Tensor], key: str, value: torch.Tensor) -> None:
-    """``sums[key] += value`` as an fp64 tensor on ``value``'s device, without a host sync (the
-    same sum as adding ``value.item()`` to a python float: fp32 -> fp64 is exact, fp64 adds alike)."""
-    value = value.detach().reshape(()).to(torch.float64)
-    sums[key] = sums[key] + value if key in sums else value
-
-
-def read_at_once(values: list) -> list[float]:
-    """The python floats of 0-dim tensors (or numbers), with one host read per device: the
-    tensors become fp64 (exact from fp32/bf16/ints/bools), are stacked and read by one
-    ``.tolist()``; ``float(value.item())`` of each, bit for bit, without a sync per value."""
-    out: list = list(values)
-    by_device: dict[torch.device, list[int]] = defaultdict(list)
-    for i, value in enumerate(out):
-        if torch.is_tensor(value):
-            by_device[value.device].append(i)
-        else:
-            out[i] = float(value)
-    for indices in by_device.values():
-        stacked = torch.stack([out[i].detach().reshape(()).to(torch.float64) for i in indices])
-        for i, number in zip(indices, stacked.tolist()):
-            out[i] = number
-    return out
-
-
-def read_metrics(pending: dict[str, list], sums: dict[str, torch.Tensor]) -> list[tuple[str, float]]:
-    """``(name, value)`` of each per-micro-batch value of ``pending`` (in order), then of each sum,
-    read by :func:`read_at_once`: one host sync for a whole mini batch."""
-    keys = [key for key, values in pending.items() for _ in values] + list(sums)
-    return list(zip(keys, read_at_once([v for values in pending.values() for v in values] + list(sums.values()))))
 
 
 class PPOActor:
@@ -307,7 +276,7 @@ class PPOActor:
             log_prob = out.log_probs
             if on_policy:  # the metric the skipped old-log-prob pass would have given
                 own_log_probs.append(log_prob.detach())
-                _accumulate(
+                accumulate(
                     loss_sums, "actor/entropy", agg_loss(out.entropy.detach(), response_mask, cfg.loss_agg_mode, **norm)
                 )
             pg_loss, pg_metrics = self.policy_loss_fn(
@@ -324,15 +293,15 @@ class PPOActor:
             if cfg.entropy_coeff != 0:
                 entropy = agg_loss(out.entropy, response_mask, cfg.loss_agg_mode, **norm)
                 loss = loss - cfg.entropy_coeff * entropy
-                _accumulate(loss_sums, "actor/entropy_loss", entropy)
+                accumulate(loss_sums, "actor/entropy_loss", entropy)
             if cfg.use_kl_loss:
                 kld = self._kl_to_reference(micro, out, temperature, options)
                 kl_loss = agg_loss(kld, response_mask, cfg.loss_agg_mode, **norm)
                 loss = loss + cfg.kl_loss_coef * kl_loss
-                _accumulate(loss_sums, "actor/kl_loss", kl_loss)
+                accumulate(loss_sums, "actor/kl_loss", kl_loss)
             loss.backward()
-            _accumulate(loss_sums, "actor/pg_loss", pg_loss)
-            _accumulate(loss_sums, LOSS_TOTAL, loss)  # NaN/inf in any micro loss -> NaN/inf here
+            accumulate(loss_sums, "actor/pg_loss", pg_loss)
+            accumulate(loss_sums, LOSS_TOTAL, loss)  # NaN/inf in any micro loss -> NaN/inf here
             for key, value in pg_metrics.items():
                 pending[key].append(value)
         self._append_read_metrics(metrics, pending, loss_sums, mini_batch.meta_info.get("global_steps"))

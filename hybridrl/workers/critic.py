@@ -16,7 +16,7 @@ from hybridrl.algorithms.value_loss import compute_value_loss
 from hybridrl.models.attention import use_ulysses_attention
 from hybridrl.models.ulysses import UlyssesGroup
 from hybridrl.protocol import DataProto
-from hybridrl.workers.actor import _accumulate, read_metrics
+from hybridrl.workers.metric_reads import accumulate, read_metrics
 from hybridrl.workers.micro_batches import restore_order
 from hybridrl.workers.model_forward import ForwardOptions, compute_dtype_of, forward_response_values
 from hybridrl.workers.optim import optimizer_step
@@ -116,7 +116,7 @@ class PPOCritic:
                 **norm,
             )
             vf_loss.backward()
-            _accumulate(sums, "critic/vf_loss", vf_loss)
+            accumulate(sums, "critic/vf_loss", vf_loss)
             pending["critic/vf_clipfrac"].append(vf_clipfrac)
             pending["critic/vpred_mean"].append(masked_mean(vpreds.detach(), mb["response_mask"]))
         for key, value in read_metrics(pending, sums):

@@ -26,7 +26,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from hybridrl.algorithms.errors import AlgorithmInputError
-from hybridrl.algorithms.functional import _entropy_rows, _rowwise, entropy_from_logits, logprobs_from_logits
+from hybridrl.algorithms.functional import entropy_from_logits, entropy_rows, logprobs_from_logits, rowwise
 from hybridrl.models.attention import use_varlen_attention
 from hybridrl.models.loader import to_torch_dtype
 from hybridrl.models.output_head import (
@@ -245,8 +245,8 @@ def _compiled_logit_stat_fns() -> tuple[Callable, Callable]:
     the python walk over row chunks stays eager (compiled whole, its loop would specialise on
     every micro batch's token count and recompile), each ``(rows, vocab)`` chunk runs one
     compiled graph (``dynamic=True``: every chunk size, every vocabulary)."""
-    logsumexp_rows = torch.compile(_logsumexp_rows, dynamic=True)
-    entropy_rows = torch.compile(_entropy_rows, dynamic=True)
+    compiled_logsumexp_rows = torch.compile(_logsumexp_rows, dynamic=True)
+    compiled_entropy_rows = torch.compile(entropy_rows, dynamic=True)
 
     def compiled_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if logits.shape[:-1] != labels.shape:  # as logprobs_from_logits
@@ -255,10 +255,10 @@ def _compiled_logit_stat_fns() -> tuple[Callable, Callable]:
                 f"without the vocab dimension {tuple(logits.shape[:-1])}"
             )
         picked = logits.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1).float()
-        return picked - _rowwise(logits, logsumexp_rows)
+        return picked - rowwise(logits, compiled_logsumexp_rows)
 
     def compiled_entropy(logits: torch.Tensor) -> torch.Tensor:
-        return _rowwise(logits, entropy_rows)
+        return rowwise(logits, compiled_entropy_rows)
 
     return compiled_logprobs, compiled_entropy
 

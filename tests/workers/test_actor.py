@@ -319,7 +319,7 @@ def test_policy_loss_metrics_read_once_equal_their_item_values(base_model, make_
 
 
 def test_read_at_once_is_float_of_item():
-    from hybridrl.workers.actor import read_at_once
+    from hybridrl.workers.metric_reads import read_at_once
 
     values = [
         torch.tensor(0.1, dtype=torch.float32),

@@ -140,13 +140,13 @@ def test_the_async_weights_folder_can_be_chosen(monkeypatch, tmp_path):
 
 
 def test_actor_loss_sums_on_the_device_equal_the_item_sums():
-    from hybridrl.workers.actor import _accumulate
+    from hybridrl.workers.metric_reads import accumulate
 
     values = [torch.randn((), dtype=torch.float32) * 10 ** torch.randint(-6, 6, ()).item() for _ in range(50)]
     sums: dict = {}
     expected = 0.0
     for value in values:
-        _accumulate(sums, "actor/pg_loss", value)
+        accumulate(sums, "actor/pg_loss", value)
         expected += value.item()
     assert sums["actor/pg_loss"].dtype == torch.float64
     assert sums["actor/pg_loss"].item() == expected  # bit for bit
