@@ -7,6 +7,7 @@ with one line naming the file, or stops with one line when none is intact."""
 import errno
 import os
 import pickle
+import shutil
 
 import pytest
 import torch
@@ -39,10 +40,19 @@ def _writer(module):
     return write
 
 
-@pytest.fixture
-def root(tmp_path, module):
+@pytest.fixture(scope="module")
+def _two_checkpoints(tmp_path_factory, module):
+    """A folder with two real checkpoints (steps 1 and 2), written once for the module."""
+    folder = tmp_path_factory.mktemp("two_checkpoints")
     for step in (1, 2):
-        checkpoint.save_checkpoint(str(tmp_path), step, _writer(module), {"epoch": 0, "position": step})
+        checkpoint.save_checkpoint(str(folder), step, _writer(module), {"epoch": 0, "position": step})
+    return folder
+
+
+@pytest.fixture
+def root(tmp_path, _two_checkpoints):
+    """This test's own copy of the two checkpoints, to damage (a copy costs a tenth of writing them)."""
+    shutil.copytree(_two_checkpoints, tmp_path, dirs_exist_ok=True)
     return tmp_path
 
 

@@ -21,6 +21,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from hybridrl.config import ConfigError, load_config
 from hybridrl.protocol import DataProto
@@ -56,33 +57,58 @@ def _error(*overrides) -> str:
     return str(err.value)
 
 
-def test_bad_settings_are_one_line_at_start_up():
+@pytest.fixture(scope="module")
+def async_cfg():
+    """BASE + ASYNC, composed once: the start-up checks below change keys of a copy (none of the
+    keys they set is read by an interpolation, so a copy with a key set is that command line)."""
+    return load_config(BASE + ASYNC)
+
+
+def _error_with(cfg, changes: dict) -> str:
+    """The start-up check's one line for a copy of ``cfg`` with dotted keys set."""
+    cfg = copy.deepcopy(cfg)
+    for key, value in changes.items():
+        OmegaConf.update(cfg, key, value, merge=False)
+    with pytest.raises(ConfigError) as err:
+        validate_ppo_config(cfg)
+    assert "\n" not in str(err.value)
+    return str(err.value)
+
+
+def test_bad_settings_are_one_line_at_start_up(async_cfg):
+    # from the command line, as a user types them
     assert "actor_rollout_ref.rollout.mode=async" in _error("trainer.v1.trainer_mode=separate_async")
-    assert "serves async requests" in _error(*ASYNC[:2], "actor_rollout_ref.rollout.mode=sync")
     assert "must be one of sync, colocate_async, separate_async" in _error("trainer.v1.trainer_mode=async")
-    for bad in ("-1", "0"):
-        assert "must be an integer >= 1" in _error(*ASYNC, f"trainer.v1.sampler.max_off_policy_threshold={bad}")
-    for bad in ("1.5", "true"):  # not an integer at all: the typed config refuses it first
-        assert "trainer.v1.sampler.max_off_policy_threshold: Value " in _error(
-            *ASYNC, f"trainer.v1.sampler.max_off_policy_threshold={bad}"
+    assert "trainer.v1.sampler.max_off_policy_threshold: Value " in _error(
+        *ASYNC, "trainer.v1.sampler.max_off_policy_threshold=1.5"
+    )
+    # each further setting on the composed BASE + ASYNC
+    assert "serves async requests" in _error_with(async_cfg, {"actor_rollout_ref.rollout.mode": "sync"})
+    v1 = "trainer.v1"
+    for bad in (-1, 0):
+        assert "must be an integer >= 1" in _error_with(async_cfg, {f"{v1}.sampler.max_off_policy_threshold": bad})
+    for bad in (1.5, True):  # not an integer at all: the typed config refuses it first
+        assert "trainer.v1.sampler.max_off_policy_threshold: Value " in _error_with(
+            async_cfg, {f"{v1}.sampler.max_off_policy_threshold": bad}
         )
-    assert "must be drop or wait" in _error(*ASYNC, "trainer.v1.sampler.max_off_policy_strategy=skip")
-    assert "must be an integer >= 0" in _error(*ASYNC, "trainer.v1.separate_async.num_warmup_batches=-1")
-    assert "must be 2 (verl asserts the same)" in _error(*ASYNC, "trainer.v1.separate_async.parameter_sync_step=4")
-    assert "choose one" in _error(*ASYNC, "trainer.one_step_off_policy=true")
-    assert "dynamic sampling" in _error(*ASYNC, "algorithm.filter_groups.enable=true")
-    assert "agent loops do not stream" in _error(*ASYNC, "actor_rollout_ref.rollout.multi_turn.enable=true")
+    assert "must be drop or wait" in _error_with(async_cfg, {f"{v1}.sampler.max_off_policy_strategy": "skip"})
+    assert "must be an integer >= 0" in _error_with(async_cfg, {f"{v1}.separate_async.num_warmup_batches": -1})
+    assert "must be 2 (verl asserts the same)" in _error_with(
+        async_cfg, {f"{v1}.separate_async.parameter_sync_step": 4}
+    )
+    assert "choose one" in _error_with(async_cfg, {"trainer.one_step_off_policy": True})
+    assert "dynamic sampling" in _error_with(async_cfg, {"algorithm.filter_groups.enable": True})
+    assert "agent loops do not stream" in _error_with(async_cfg, {"actor_rollout_ref.rollout.multi_turn.enable": True})
 
 
-def test_a_valid_async_config_notes_that_nothing_corrects_for_staleness():
+def test_a_valid_async_config_notes_that_nothing_corrects_for_staleness(async_cfg):
     notes = validate_ppo_config(load_config(BASE + ASYNC + ["trainer.v1.separate_async.parameter_sync_step=2"]))
     assert any(
         n.startswith("trainer.v1.trainer_mode=separate_async: samples may be several updates old") for n in notes
     )
-    assert not any(
-        "several updates old" in n
-        for n in validate_ppo_config(load_config(BASE + ASYNC + ["algorithm.rollout_correction.bypass_mode=true"]))
-    )
+    bypass = copy.deepcopy(async_cfg)
+    OmegaConf.update(bypass, "algorithm.rollout_correction.bypass_mode", True, merge=False)
+    assert not any("several updates old" in n for n in validate_ppo_config(bypass))
 
 
 # ---------------------------------------------------------------- the driver's bookkeeping (scripted workers)
