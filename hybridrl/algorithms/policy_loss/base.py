@@ -14,6 +14,9 @@ from ..errors import AlgorithmConfigError, AlgorithmInputError, UnknownAlgorithm
 from ..functional import LOSS_AGG_MODES, Number, unknown_agg_mode
 from .config import PolicyLossConfig, PolicyLossParams
 
+# What every policy loss returns: the scalar loss and its metrics (:func:`pg_metrics`).
+LossOutput = Tuple[torch.Tensor, Dict[str, Number]]  # tensors from pg_metrics; floats from the rollout correction
+
 logger = logging.getLogger(__name__)
 
 POLICY_LOSSES = Registry(
@@ -101,7 +104,7 @@ def apply_rollout_is_weights(pg_losses: torch.Tensor, rollout_is_weights: Option
     return pg_losses * rollout_is_weights.detach().to(pg_losses.dtype)
 
 
-def pg_metrics(clipfrac: Number, clipfrac_lower: Number, ppo_kl: Number, **extra: Number) -> Dict[str, torch.Tensor]:
+def pg_metrics(clipfrac: Number, clipfrac_lower: Number, ppo_kl: Number, **extra: Number) -> Dict[str, Number]:
     """The metrics dict every policy loss returns: detached 0-dim tensors under ``actor/<name>``,
     left on their device so that a caller reads them when it wants (the actor: once per mini
     batch, not one host sync per micro batch); ``float(value)`` is the metric. A python number

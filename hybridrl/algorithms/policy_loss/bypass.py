@@ -6,18 +6,16 @@ Source: "When Speed Kills Stability: Demystifying RL Collapse from the Training-
 Mismatch" (Liu et al., 2025, https://richardli.xyz/rl-collapse), verl's ``bypass_mode``.
 """
 
-from typing import Dict, Optional, Tuple
+from typing import Optional
 
 import torch
 
 from ..errors import AlgorithmConfigError
 from ..functional import Number, agg_loss, masked_mean
 from ..rollout_corr import compute_rollout_correction_and_rejection_mask
-from .base import apply_rollout_is_weights, loss_config, pg_metrics, register_policy_loss
+from .base import LossOutput, apply_rollout_is_weights, loss_config, pg_metrics, register_policy_loss
 from .config import PolicyLossParams
 from .vanilla import compute_policy_loss_vanilla
-
-LossOutput = Tuple[torch.Tensor, Dict[str, float]]
 
 
 def compute_policy_loss_reinforce(

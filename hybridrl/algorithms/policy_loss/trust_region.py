@@ -5,13 +5,14 @@ Same signature and metrics as :func:`~hybridrl.algorithms.policy_loss.vanilla.co
 Tensors are ``(bs, response_length)``, log-probs in nats; ``log_prob`` carries the gradient.
 """
 
-from typing import Dict, Optional, Tuple
+from typing import Optional
 
 import torch
 
 from ..errors import AlgorithmConfigError
 from ..functional import Number, agg_loss, masked_mean
 from .base import (
+    LossOutput,
     apply_rollout_is_weights,
     loss_config,
     note_fixed_aggregation,
@@ -20,8 +21,6 @@ from .base import (
     token_log_ratio,
 )
 from .config import PolicyLossParams
-
-LossOutput = Tuple[torch.Tensor, Dict[str, float]]
 
 
 @register_policy_loss("sapo")

@@ -1,11 +1,12 @@
 """PPO's clipped surrogate loss, ``vanilla`` (with clip-higher and dual-clip)."""
 
-from typing import Dict, Optional, Tuple
+from typing import Optional
 
 import torch
 
 from ..functional import Number, agg_loss, masked_mean
 from .base import (
+    LossOutput,
     apply_rollout_is_weights,
     clipped_surrogate,
     loss_config,
@@ -29,7 +30,7 @@ def compute_policy_loss_vanilla(
     batch_num_tokens: Optional[Number] = None,
     global_batch_size: Optional[Number] = None,
     loss_scale_factor: Optional[Number] = None,
-) -> Tuple[torch.Tensor, Dict[str, float]]:
+) -> LossOutput:
     """PPO clipped surrogate loss with clip-higher and dual-clip (``policy_loss.loss_mode=vanilla``).
 
     Sources: PPO, "Proximal Policy Optimization Algorithms", arXiv 1707.06347; asymmetric

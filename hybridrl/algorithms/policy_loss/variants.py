@@ -10,12 +10,13 @@ to every token-ratio loss, so ``exp`` cannot overflow; it changes nothing for
 |log-ratio| <= 20).
 """
 
-from typing import Dict, Optional, Tuple
+from typing import Optional
 
 import torch
 
 from ..functional import Number, agg_loss, masked_mean
 from .base import (
+    LossOutput,
     apply_rollout_is_weights,
     clipped_surrogate,
     loss_config,
@@ -25,8 +26,6 @@ from .base import (
     token_log_ratio,
 )
 from .config import PolicyLossParams
-
-LossOutput = Tuple[torch.Tensor, Dict[str, float]]
 
 
 def _ppo_kl(log_prob: torch.Tensor, old_log_prob: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
