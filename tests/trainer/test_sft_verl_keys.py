@@ -3,12 +3,15 @@ and engine SFT trainer, verl 0.9.1's engine SFT trainer) gets one of three answe
 ``hybridrl sft``: supported, ignored (a start-up note says why) or refused (one error line naming
 the feature). verl's two spellings of one setting both work; set differently, they are one error."""
 
+import copy
 import dataclasses
+import functools
 import json
 import os
 import typing
 
 import pytest
+from omegaconf import OmegaConf
 
 from hybridrl.config import ConfigError, load_config
 from hybridrl.config.typed import IGNORED, REFUSED, marked_keys, to_dataclass
@@ -141,8 +144,44 @@ def test_a_refused_key_stops_the_run_naming_the_feature(key):
     assert to_dataclass(SFTConfig, _nested(key, DEFAULTS.get(key)), "") is not None  # verl's default is fine
 
 
+@functools.cache
+def _composed_sft_trainer():
+    """The packaged sft_trainer config, composed once (tests set keys on copies)."""
+    return load_config([], config_name="sft_trainer", resolve_auto_dtypes=False)
+
+
 def _typed(*overrides):
+    """``hybridrl sft``'s typed config for ``key=value`` overrides: set on a copy of the composed
+    config (none of these keys is read by an interpolation; test_typed_overrides_are_the_command_lines
+    checks that this equals composing the command line)."""
+    config = copy.deepcopy(_composed_sft_trainer())
+    for key, value in OmegaConf.from_dotlist(list(overrides)).items():
+        _update(config, key, value)
+    return sft_config(config)
+
+
+def _update(config, key, value):
+    if isinstance(value, dict):
+        for sub, inner in value.items():
+            _update(config, f"{key}.{sub}", inner)
+    else:
+        OmegaConf.update(config, key, value, merge=False)
+
+
+def _typed_from_command_line(*overrides):
     return sft_config(load_config(list(overrides), config_name="sft_trainer", resolve_auto_dtypes=False))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("optim.warmup_steps_ratio=0.05", "optim.lr_warmup_steps_ratio=0.05", "model.partial_pretrain=/m/old"),
+        ("data.multiturn.enable=true", "data.multiturn.messages_key=conversation", "engine.dtype=float32"),
+    ],
+)
+def test_typed_overrides_are_the_command_lines(overrides):
+    assert _typed(*overrides) == _typed_from_command_line(*overrides)
+    assert _typed(*overrides) != _typed()
 
 
 # (older spelling, its value, current spelling, its value, where the run reads it)
