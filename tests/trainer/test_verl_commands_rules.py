@@ -32,3 +32,30 @@ def test_reward_loop_needs_no_micro_batch(caplog):
     loop.reward_model.micro_batch_size_per_gpu = None
     with pytest.raises(ConfigError, match="reward_model.micro_batch_size_per_gpu is not set"):
         check_batch_sizes(loop, 8, False)
+
+
+def test_grpo_with_one_sample_per_prompt_runs_as_verl():
+    """examples/rollout_correction/*: GRPO with rollout.n=1 runs (a note): verl's group of one has
+    mean 0 and std 1, so the advantage is score / (1 + epsilon) - hybridrl's function gives the same;
+    an estimator that needs two responses (rloo) still stops."""
+    import torch
+
+    from hybridrl.algorithms.advantages import compute_grpo_outcome_advantage
+    from hybridrl.trainer.ppo.config_check import validate_ppo_config
+
+    base = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1"]
+    base += ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]
+    base += ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"]
+    cfg = typed_ppo_config(load_config(base))
+    notes = validate_ppo_config(cfg)
+    assert any("rollout.n=1: each prompt's group holds one response" in n and "(1 + epsilon)" in n for n in notes)
+    cfg.algorithm.adv_estimator = "rloo"
+    with pytest.raises(ConfigError, match="samples one per prompt"):
+        validate_ppo_config(cfg)
+
+    rewards = torch.zeros(3, 4)
+    rewards[:, 2] = torch.tensor([0.5, -1.0, 2.0])
+    mask = torch.ones(3, 4)
+    adv, _ = compute_grpo_outcome_advantage(rewards, mask, index=["a", "b", "c"], epsilon=1e-6)
+    expected = torch.tensor([0.5, -1.0, 2.0]) / (1.0 + 1e-6)  # verl: (score - 0) / (1 + eps)
+    torch.testing.assert_close(adv, expected[:, None].expand(3, 4))

@@ -48,6 +48,9 @@ from hybridrl.workers.sequence_parallel import check_sequence_parallel
 IGNORED_KEYS: dict[str, tuple[str, str]] = marked_keys(PPOConfig, IGNORED)
 NOT_YET_SUPPORTED: dict[str, str] = marked_keys(PPOConfig, REFUSED)
 _UNSET = object()  # "the packaged defaults have no such key"
+# group estimators whose function treats a group of one as verl's does (mean 0, std 1: A = score),
+# so rollout.n=1 runs with a note instead of stopping
+GROUP_OF_ONE_AS_VERL = frozenset({"grpo", "grpo_vectorized"})
 
 
 def validate_ppo_config(config, world_size: int = 1, algo: AlgoConfig | None = None) -> list[str]:
@@ -87,7 +90,8 @@ def validate_ppo_config(config, world_size: int = 1, algo: AlgoConfig | None = N
     _check_multi_turn(config)
     sp_notes = check_sequence_parallel(config, world_size, uses_critic)
     check_batch_sizes(config, world_size, uses_critic)
-    return scoring_notes + engine_notes + async_notes + sp_notes + ignored_key_notes(config, world_size)
+    group_notes = _group_of_one_notes(config)
+    return scoring_notes + engine_notes + async_notes + sp_notes + group_notes + ignored_key_notes(config, world_size)
 
 
 def _typed(config):
@@ -328,13 +332,28 @@ def _check_registered(key: str, value, known, register: str, shown: str | None =
         )
 
 
+def _group_of_one_notes(config) -> list[str]:
+    """``rollout.n=1`` with an estimator of :data:`GROUP_OF_ONE_AS_VERL` runs as verl runs it (its
+    examples/rollout_correction scripts): each prompt's group holds one response, whose baseline is
+    0 and std 1 (verl's ``compute_grpo_outcome_advantage``), so the advantage is the score itself."""
+    estimator, n = config.algorithm.adv_estimator, config.actor_rollout_ref.rollout.n
+    if estimator not in GROUP_OF_ONE_AS_VERL or n >= 2:
+        return []
+    scaled = " / (1 + epsilon)" if config.algorithm.norm_adv_by_std_in_grpo else ""
+    return [
+        f"algorithm.adv_estimator={estimator} with {ROLLOUT}.n={n}: each prompt's group holds one response, "
+        f"so (as verl) its mean is 0 and its std 1 - the advantage is the response's score{scaled}, "
+        f"not a comparison with other responses ({ROLLOUT}.n >= 2 compares them)"
+    ]
+
+
 def _check_registered_names(config) -> None:
     """Names the run looks up in registries, checked before any worker starts."""
     algorithm, actor, rollout = config.algorithm, config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
     estimator = algorithm.adv_estimator
     _check_registered("algorithm.adv_estimator", estimator, ADV_ESTIMATOR_REGISTRY, "register_adv_est")
     n = rollout.n
-    if estimator in ADV_ESTIMATOR_NEEDS_GROUP and n < 2:
+    if estimator in ADV_ESTIMATOR_NEEDS_GROUP and n < 2 and estimator not in GROUP_OF_ONE_AS_VERL:
         raise ConfigError(
             f"algorithm.adv_estimator={estimator} compares the responses to one prompt with each other, "
             f"but {ROLLOUT}.n={n} samples one per prompt; set {ROLLOUT}.n to 2 or more (4-16 is usual), "
