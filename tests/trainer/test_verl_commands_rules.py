@@ -59,3 +59,13 @@ def test_grpo_with_one_sample_per_prompt_runs_as_verl():
     adv, _ = compute_grpo_outcome_advantage(rewards, mask, index=["a", "b", "c"], epsilon=1e-6)
     expected = torch.tensor([0.5, -1.0, 2.0]) / (1.0 + 1e-6)  # verl: (score - 0) / (1 + eps)
     torch.testing.assert_close(adv, expected[:, None].expand(3, 4))
+
+
+def test_trtllm_is_an_engine_refusal():
+    """examples/grpo_trainer/run_qwen2-7b_math_trtllm.sh: one line naming verl's engine (the
+    benchmark counts it as an engine hybridrl does not have), not an unknown registry name."""
+    with pytest.raises(
+        ConfigError,
+        match=r"^actor_rollout_ref.rollout.name=trtllm: verl's TensorRT-LLM rollout engine is not in hybridrl; set",
+    ):
+        typed_ppo_config(load_config(["actor_rollout_ref.rollout.name=trtllm"]))

@@ -24,6 +24,8 @@ MODES = ("sync", "async")
 # names that generate on the HF engine in this build (hybridrl.workers.rollout.OPTIONAL_ENGINES, which has
 # no async server mode): verl's async server mode of SGLang runs as the HF engine's batched generation
 _SGLANG = ("sglang", "sglang_async")
+# verl's rollout engines this build has no stand-in for: name -> the feature its one-line refusal names
+VERL_ONLY_ENGINES = {"trtllm": "verl's TensorRT-LLM rollout engine"}
 
 ACTOR = "${actor_rollout_ref.actor."
 
@@ -130,6 +132,11 @@ class RolloutConfig(EngineConfig):
 
     def __post_init__(self):
         key = "actor_rollout_ref.rollout"
+        if self.name in VERL_ONLY_ENGINES:
+            raise ConfigError(
+                f"{key}.name={self.name}: {VERL_ONLY_ENGINES[self.name]} is not in hybridrl; "
+                f"set {key}.name=vllm (or hf)"
+            )
         check_profiler(f"{key}.profiler", self.profiler)
         at_least(f"{key}.n", self.n, 1)
         if self.mode is not None:  # null: chosen when the whole config is typed (resolve_rollout_mode)
