@@ -284,3 +284,16 @@ def test_a_second_run_on_the_same_folder_stops_at_once_with_one_line(gsm8k_parqu
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"hybridrl: error: trainer.default_local_dir={out} is in use"), err
     assert f"pid {os.getpid()}" in err[0] and not (out / "metrics.jsonl").exists()
+
+
+def test_after_each_epoch_validates_and_saves_at_every_epochs_end(gsm8k_head, tiny_model_dir, tmp_path):
+    """verl's SFT trainer spelling: ``trainer.test_freq=after_each_epoch`` (and ``save_freq``) is
+    one epoch's steps: 4 rows in batches of 2 are 2 steps an epoch."""
+    data, out = gsm8k_head(4), tmp_path / "run"
+    extra = ["data.train_batch_size=2", "trainer.total_epochs=2", "trainer.val_before_train=False"]
+    freq = ["trainer.test_freq=after_each_epoch", "trainer.save_freq=after_each_epoch"]
+    assert main(_overrides(data, tiny_model_dir, out, *extra, *freq)) == 0
+    rows = _metrics(out)
+    assert sorted(rows) == [1, 2, 3, 4]
+    assert [s for s in rows if "val/loss" in rows[s]] == [2, 4]
+    assert sorted(p.name for p in out.glob("global_step_*")) == ["global_step_2", "global_step_4"]

@@ -24,6 +24,7 @@ import torch
 from hybridrl.errors import CheckpointError
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.jobs.merge import merge
+from hybridrl.trainer.jobs.supervised_config import steps_of
 from hybridrl.trainer.run import checkpoint
 from hybridrl.trainer.run.checkpoint_lock import run_folder_lock
 from hybridrl.trainer.run.loop import LoopSettings, run_training
@@ -164,8 +165,8 @@ class SupervisedTrainer:
         past) its last step trains nothing."""
         trainer_cfg = self.config.trainer
         settings = LoopSettings(
-            test_freq=trainer_cfg.test_freq,
-            save_freq=trainer_cfg.save_freq,
+            test_freq=steps_of(trainer_cfg.test_freq, len(self.train_dataloader)),
+            save_freq=steps_of(trainer_cfg.save_freq, len(self.train_dataloader)),
             val_before_train=trainer_cfg.val_before_train,
             always_on_last=self.always_on_last,
         )

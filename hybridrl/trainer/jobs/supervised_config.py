@@ -114,6 +114,14 @@ class SFTOptimConfig(SupervisedOptimConfig):
         super().__post_init__()
 
 
+AFTER_EACH_EPOCH = "after_each_epoch"  # verl's SFT trainer: a save_freq / test_freq of one epoch's steps
+
+
+def steps_of(freq, steps_per_epoch: int) -> int:
+    """A ``trainer.save_freq`` / ``test_freq`` in steps: ``after_each_epoch`` is one epoch's."""
+    return steps_per_epoch if freq == AFTER_EACH_EPOCH else int(freq)
+
+
 @dataclass
 class TrainerConfig:
     """``trainer``: where the run writes, how long it trains, where its workers run."""
@@ -126,8 +134,8 @@ class TrainerConfig:
     total_training_steps: Optional[int] = None
     logger: Any = field(default_factory=lambda: ["console", "file"])
     seed: int = 1
-    save_freq: int = -1
-    test_freq: int = -1
+    save_freq: Any = -1  # steps between checkpoints; -1: never; "after_each_epoch" (verl's SFT trainer)
+    test_freq: Any = -1  # steps between validations; -1: never; "after_each_epoch"
     val_before_train: bool = True
     max_ckpt_to_keep: Optional[int] = None
     resume_mode: str = "auto"
@@ -140,6 +148,12 @@ class TrainerConfig:
     dist_timeout_s: float = 600
 
     def __post_init__(self):
+        for key in ("save_freq", "test_freq"):
+            value = getattr(self, key)
+            if value != AFTER_EACH_EPOCH and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigError(
+                    f"trainer.{key}={value!r} must be a whole number of steps (-1: never) or {AFTER_EACH_EPOCH}"
+                )
         _choice("trainer.resume_mode", self.resume_mode, ("auto", "disable", "resume_path"))
         _choice("trainer.backend", self.backend, ("auto", "local", "ray"))
         if self.resume_mode == "resume_path" and not self.resume_from_path:
