@@ -19,11 +19,13 @@ SMALL = [
 ]
 
 
-def _mode(*overrides):
-    return typed_ppo_config(load_config(list(overrides))).actor_rollout_ref.rollout.mode
+@pytest.fixture
+def _mode(composed):
+    """The rollout mode chosen when the default config with ``overrides`` set is typed."""
+    return lambda *overrides: typed_ppo_config(composed((), overrides)).actor_rollout_ref.rollout.mode
 
 
-def test_rollout_mode_unset_follows_verl_where_it_runs(caplog):
+def test_rollout_mode_unset_follows_verl_where_it_runs(caplog, _mode):
     assert _mode(f"{R}.name=vllm", "trainer.n_gpus_per_node=4") == "async"  # verl's default; one engine per worker
     assert "mode unset: async, verl's default" in caplog.text and "on 4 workers" in caplog.text
     assert _mode(f"{R}.name=vllm", "trainer.nnodes=2") == "async"
@@ -38,40 +40,40 @@ def test_rollout_mode_unset_follows_verl_where_it_runs(caplog):
     assert _mode(f"{R}.name=vllm", f"{R}.mode=sync", "trainer.n_gpus_per_node=4") == "sync"
 
 
-def test_a_verl_vllm_command_on_several_workers_passes_and_explicit_sync_is_one_line():
+def test_a_verl_vllm_command_on_several_workers_passes_and_explicit_sync_is_one_line(composed):
     cfg = load_config([*SMALL, f"{R}.name=vllm", "trainer.n_gpus_per_node=4"])
     validate_ppo_config(cfg, world_size=4)
     with pytest.raises(ConfigError, match=f"{R}.name=vllm with 4 workers needs {R}.mode=async") as err:
-        validate_ppo_config(load_config([*SMALL, f"{R}.name=vllm", f"{R}.mode=sync", "trainer.n_gpus_per_node=4"]), 4)
+        validate_ppo_config(composed([*SMALL, f"{R}.name=vllm"], [f"{R}.mode=sync", "trainer.n_gpus_per_node=4"]), 4)
     assert "\n" not in str(err.value)
 
 
-def test_sglang_async_runs_on_the_hf_engine_in_sync_mode(caplog):
+def test_sglang_async_runs_on_the_hf_engine_in_sync_mode(caplog, _mode, composed):
     assert _mode(f"{R}.name=sglang", f"{R}.mode=async") == "sync"
     assert "no SGLang server" in caplog.text
     with pytest.raises(ConfigError, match="the 'hf' engine has no async server mode"):
-        _mode(f"{R}.mode=async") and validate_ppo_config(load_config([f"{R}.mode=async"]))
+        _mode(f"{R}.mode=async") and validate_ppo_config(composed((), [f"{R}.mode=async"]))
 
 
-def test_vllm_tensor_parallelism_runs_one_engine_per_worker_with_a_note():
-    cfg = load_config([*SMALL, f"{R}.name=vllm", f"{R}.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2"])
+def test_vllm_tensor_parallelism_runs_one_engine_per_worker_with_a_note(composed):
+    cfg = composed([*SMALL, f"{R}.name=vllm"], [f"{R}.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2"])
     notes = validate_ppo_config(cfg, world_size=2)
     assert any(n.startswith(f"{R}.tensor_model_parallel_size=2 is ignored") and "whole model" in n for n in notes)
 
 
-def test_tool_call_formats():
+def test_tool_call_formats(composed):
     key = f"{R}.multi_turn.format"
     assert typed_ppo_config(load_config([f"{key}=qwen"])).actor_rollout_ref.rollout.multi_turn.format == "qwen"
     with pytest.raises(ConfigError, match=f"{key}=gpt-oss: the gpt-oss \\(harmony\\) tool-call format is not in"):
-        typed_ppo_config(load_config([f"{key}=gpt-oss"]))
+        typed_ppo_config(composed((), [f"{key}=gpt-oss"]))
     with pytest.raises(ConfigError, match="is not one of hermes, qwen"):
-        typed_ppo_config(load_config([f"{key}=xml"]))
+        typed_ppo_config(composed((), [f"{key}=xml"]))
 
 
 @pytest.mark.parametrize("name, feature", [("prime", "PRIME"), ("batch", "batch reward"), ("remote", "remote")])
-def test_verls_other_reward_managers_are_refused_naming_them(name, feature):
+def test_verls_other_reward_managers_are_refused_naming_them(name, feature, composed):
     with pytest.raises(ConfigError) as err:
-        validate_ppo_config(load_config([*SMALL, f"reward_model.reward_manager={name}"]))
+        validate_ppo_config(composed(SMALL, [f"reward_model.reward_manager={name}"]))
     text = str(err.value)
     assert text.startswith(f"reward_model.reward_manager={name}: verl's {feature}") and "\n" not in text
 

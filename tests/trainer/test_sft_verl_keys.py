@@ -150,26 +150,21 @@ def _composed_sft_trainer():
     return load_config([], config_name="sft_trainer", resolve_auto_dtypes=False)
 
 
-def _typed(*overrides):
-    """``hybridrl sft``'s typed config for ``key=value`` overrides: set on a copy of the composed
-    config (none of these keys is read by an interpolation; test_typed_overrides_are_the_command_lines
-    checks that this equals composing the command line)."""
+def _composed(*overrides):
+    """The sft_trainer config with ``key=value`` overrides set on a copy of the composed config (none
+    of these keys is read by an interpolation; test_overrides_set_are_the_command_lines checks that
+    this equals composing the command line)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
     config = copy.deepcopy(_composed_sft_trainer())
-    for key, value in OmegaConf.from_dotlist(list(overrides)).items():
-        _update(config, key, value)
-    return sft_config(config)
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        OmegaConf.update(config, override.key_or_group, override.value(), merge=False)
+    return config
 
 
-def _update(config, key, value):
-    if isinstance(value, dict):
-        for sub, inner in value.items():
-            _update(config, f"{key}.{sub}", inner)
-    else:
-        OmegaConf.update(config, key, value, merge=False)
-
-
-def _typed_from_command_line(*overrides):
-    return sft_config(load_config(list(overrides), config_name="sft_trainer", resolve_auto_dtypes=False))
+def _typed(*overrides):
+    """``hybridrl sft``'s typed config for ``key=value`` overrides."""
+    return sft_config(_composed(*overrides))
 
 
 @pytest.mark.parametrize(
@@ -179,9 +174,10 @@ def _typed_from_command_line(*overrides):
         ("data.multiturn.enable=true", "data.multiturn.messages_key=conversation", "engine.dtype=float32"),
     ],
 )
-def test_typed_overrides_are_the_command_lines(overrides):
-    assert _typed(*overrides) == _typed_from_command_line(*overrides)
-    assert _typed(*overrides) != _typed()
+def test_overrides_set_are_the_command_lines(overrides):
+    command_line = load_config(list(overrides), config_name="sft_trainer", resolve_auto_dtypes=False)
+    assert _composed(*overrides) == command_line != _composed()
+    assert _typed(*overrides) == sft_config(command_line)
 
 
 # (older spelling, its value, current spelling, its value, where the run reads it)
