@@ -35,6 +35,7 @@ __all__ = [
     "verl_keys",
     "screen_overrides",
     "screen_ppo_overrides",
+    "verl_values",
 ]
 
 KEY_FILES = ("verl_keys_main_2026-01-29.txt", "verl_keys_0.9.1.txt")
@@ -430,7 +431,46 @@ def screen_ppo_overrides(overrides: list[str], config_name: str, config_dir: str
     whose config starts from ppo_trainer); other commands' overrides as they are."""
     if config_name != "ppo_trainer" and config_dir is None:
         return overrides
-    return screen_overrides(overrides, packaged_keys())
+    return screen_overrides(verl_values(overrides), packaged_keys())
+
+
+# verl values of a key hybridrl types more strictly, written as the value hybridrl reads the same way
+_FALSE = ("false", "False")
+_NULL = ("null", "~", "None", "none", "")
+
+
+def verl_values(overrides: list[str]) -> list[str]:
+    """``overrides`` with two of verl's loose values (its config is an untyped DictConfig) written as
+    hybridrl's typed config reads them, each with a note in the log:
+
+    - ``trainer.test_freq=False``: verl validates in the loop only when ``test_freq > 0`` (False is
+      0), so no validation during training - hybridrl's ``-1``;
+    - ``custom_reward_function.name=null`` with ``custom_reward_function.path`` null on the same
+      command line: verl's ``get_custom_reward_fn`` returns before it reads the name (no file, the
+      default scorers), so the override is dropped.
+    """
+    path_null = any(_split(text) in (("custom_reward_function.path", v) for v in _NULL) for text in overrides)
+    out = []
+    for text in overrides:
+        key, value = _split(text)
+        if key == "trainer.test_freq" and value in _FALSE:
+            logger.warning("%s: verl validates only when test_freq > 0; trainer.test_freq=-1 (never)", text)
+            out.append("trainer.test_freq=-1")
+        elif key == "custom_reward_function.name" and value in _NULL and path_null:
+            logger.warning(
+                "%s is ignored: custom_reward_function.path is null, so no function is loaded (verl reads "
+                "the name only with a path)",
+                text,
+            )
+        else:
+            out.append(text)
+    return out
+
+
+def _split(text: str) -> tuple[str, str | None]:
+    """``key=value`` of a plain override (no ``+``/``~`` prefix), else ``(text, None)``."""
+    key, eq, value = text.partition("=")
+    return (key.strip(), value.strip().strip("'\"")) if eq else (text, None)
 
 
 def refusal(key: str, value: Any, answer: Answer) -> str:

@@ -69,3 +69,17 @@ def test_trtllm_is_an_engine_refusal():
         match=r"^actor_rollout_ref.rollout.name=trtllm: verl's TensorRT-LLM rollout engine is not in hybridrl; set",
     ):
         typed_ppo_config(load_config(["actor_rollout_ref.rollout.name=trtllm"]))
+
+
+def test_verl_loose_values_read_as_verl_reads_them():
+    """tests/special_e2e/ppo_trainer/run_model_reward.sh (test_freq=False: verl validates only when
+    test_freq > 0) and run_function_reward.sh (name=null with path=null: verl never reads the name);
+    a name=null with a file still stops on the type, as verl's assert does."""
+    from hybridrl.config.verl_compat import verl_values
+
+    cfg = load_config(
+        ["trainer.test_freq=False", "custom_reward_function.path=null", "custom_reward_function.name=null"]
+    )
+    assert cfg.trainer.test_freq == -1 and cfg.custom_reward_function.name == "compute_score"
+    kept = ["custom_reward_function.path=/x.py", "custom_reward_function.name=null", "trainer.test_freq=5"]
+    assert verl_values(kept) == kept
