@@ -9,20 +9,54 @@ daemon thread, and the agent side waits for it with a deadline that holds whatev
 One loop for all tools and all steps: a tool may keep loop-bound state (an HTTP session) from
 call to call. A tool that blocks this loop past its deadline delays the other tools' calls, which
 then time out with their own messages, but never holds the batch longer than the deadlines.
+
+Nothing a tool leaves running keeps the process from exiting (issue 33, item 3): the loop's thread
+is a daemon, and so is every thread of its default executor (``asyncio.to_thread``,
+``run_in_executor(None, ...)``), which a ``ThreadPoolExecutor`` would join at exit, forever for a
+call that never returns.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import threading
 from collections.abc import Coroutine
 
-__all__ = ["ToolLoopTimeout", "run_on_tool_loop"]
+__all__ = ["DaemonThreadExecutor", "ToolLoopTimeout", "run_on_tool_loop"]
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
 _owner_pid: int | None = None  # a forked child inherits the object but not the thread
+
+
+class DaemonThreadExecutor(concurrent.futures.ThreadPoolExecutor):
+    """The tools' loop's default executor: each call runs in a daemon thread of its own, which
+    interpreter exit neither joins nor waits for (a ``ThreadPoolExecutor``'s workers are joined
+    at exit). A subclass only because ``loop.set_default_executor`` takes nothing else."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1, thread_name_prefix="hybridrl-tool-call")
+
+    def submit(self, fn, /, *args, **kwargs) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting tool
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+        threading.Thread(target=run, name="hybridrl-tool-call", daemon=True).start()
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Nothing to join: a call still running is left to end (or die) with the process."""
 
 
 def _tool_loop() -> asyncio.AbstractEventLoop:
@@ -30,6 +64,7 @@ def _tool_loop() -> asyncio.AbstractEventLoop:
     with _lock:
         if _loop is None or _owner_pid != os.getpid():
             _loop = asyncio.new_event_loop()
+            _loop.set_default_executor(DaemonThreadExecutor())
             _owner_pid = os.getpid()
             threading.Thread(target=_loop.run_forever, name="hybridrl-tools", daemon=True).start()
         return _loop
