@@ -143,6 +143,18 @@ def _one_line(exc: Exception) -> int:
     return 2
 
 
+def set_wait_policy() -> None:
+    """Idle OpenMP threads sleep instead of spinning (``OMP_WAIT_POLICY=PASSIVE``, unless the user
+    set it): on a CPU that other processes share, spinning threads take their cores, and a thread
+    that waits at a barrier for one whose core is busy burns its own (issue 33 item 7). OpenMP
+    reads it once, when torch loads it: the training commands set it before importing torch, and
+    the processes they start (Ray workers, the async vLLM engine) inherit it. ``python -m
+    hybridrl.trainer.main_ppo`` loads torch first: set it in the shell there."""
+    import os
+
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -156,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     if config_name and any(arg in ("-h", "--help", "help") for arg in rest):
         print(command_help(config_name))  # before importing the command's module (torch and all)
         return 0
+    if config_name:  # before the command's module loads torch and with it OpenMP (issue 33 item 7)
+        set_wait_policy()
     module = importlib.import_module(COMMANDS[command][0])
     try:
         return int(module.main(rest) or 0)

