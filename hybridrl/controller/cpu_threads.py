@@ -48,12 +48,16 @@ class ThreadPick:
     source: str  # "psutil" or "loadavg"
     threads: int
 
+    @property
+    def busy_count(self) -> int:
+        """The allowed cores counted busy (:data:`BUSY_FRACTION`)."""
+        return min(self.cores, int(self.busy + (1.0 - BUSY_FRACTION)))
+
     def line(self, what: str) -> str:
         """``hybridrl: 1 of 2 cores busy at start-up (load 1.03 cores, psutil): 1 thread for <what>``."""
-        busy_cores = self.cores - self.threads
         plural = "" if self.threads == 1 else "s"
         return (
-            f"hybridrl: {busy_cores} of {self.cores} cores busy at start-up (load {self.busy:.2f} cores, "
+            f"hybridrl: {self.busy_count} of {self.cores} cores busy at start-up (load {self.busy:.2f} cores, "
             f"{self.source}): {self.threads} thread{plural} for {what}"
         )
 
@@ -107,7 +111,7 @@ def busy_cores(cores: list[int], interval: float = SAMPLE_S) -> tuple[float, str
 def threads_for(cores: int, busy: float) -> int:
     """One thread per core that other processes leave free (a core counts as busy from
     :data:`BUSY_FRACTION` of it), at least 1."""
-    return max(1, cores - int(busy + (1.0 - BUSY_FRACTION)))
+    return max(1, cores - min(cores, int(busy + (1.0 - BUSY_FRACTION))))
 
 
 def pick_threads(interval: float = SAMPLE_S) -> ThreadPick:
@@ -251,7 +255,7 @@ class StepWatch:
         why = f"took {seconds:.1f} s ({seconds / previous:.1f}x the one before)" if slow else "re-check"
         print(
             f"hybridrl: step {step} {why}; "
-            f"{pick.cores - pick.threads} of {pick.cores} cores busy now (load {pick.busy:.2f} cores): "
+            f"{pick.busy_count} of {pick.cores} cores busy now (load {pick.busy:.2f} cores): "
             f"torch threads {current} -> {threads}",
             flush=True,
         )

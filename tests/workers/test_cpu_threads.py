@@ -56,6 +56,11 @@ def test_one_thread_per_free_core_never_below_one(cores, busy, threads):
     assert ct.threads_for(cores, busy) == threads
 
 
+def test_the_line_counts_every_busy_core():
+    pick = ct.ThreadPick(cores=2, busy=2.0, source="psutil", threads=1)
+    assert pick.line("x") == "hybridrl: 2 of 2 cores busy at start-up (load 2.00 cores, psutil): 1 thread for x"
+
+
 def test_start_up_pick_lowers_torch_once_with_one_line(monkeypatch, capsys):
     calls = machine(monkeypatch, cores=2, busy=1.02)
     assert ct.apply_torch_threads("torch in the driver") == 1
