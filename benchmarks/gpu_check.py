@@ -462,7 +462,10 @@ def phase_numerics(device: str, state: dict) -> dict:
 
 def run_main_ppo(overrides: list[str], timeout_s: float) -> None:
     cmd = [sys.executable, "-m", "hybridrl.trainer.main_ppo", *overrides]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=max(timeout_s, 1))
+    # Both runs with the same CPU thread count (not one picked from the machine's load at each
+    # start): a different count sums CPU matmuls in another order.
+    env = {**os.environ, "HYBRIDRL_AUTO_THREADS": "0"}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=max(timeout_s, 1), env=env)
     if done.returncode != 0:
         raise RuntimeError(f"hybridrl train exited {done.returncode}: {done.stdout[-1500:]}\n{done.stderr[-2500:]}")
 

@@ -9,6 +9,9 @@ import pytest
 
 # Tests never reach a model hub: everything they load is local or built on the spot.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Thread counts stay torch's and vLLM's defaults (no sample of the machine's load at start-up,
+# hybridrl.controller.cpu_threads): a run's numbers must not depend on what else the machine runs.
+os.environ.setdefault("HYBRIDRL_AUTO_THREADS", "0")
 
 # Test tiers (README): `-m "not slow"` is the fast tier, in-process unit tests only. A test is
 # `slow` when it starts a Ray cluster, a vLLM engine, a training run, worker processes of a process
