@@ -17,7 +17,10 @@ starts its own engine on its share of the batch.
 The client runs on an event loop of its own, in a daemon thread of the worker, so it outlives
 the short event loops of the agent manager. Every wait on the engine has a deadline
 (``rollout.engine_timeout_s``) and says what it waited for; a dead engine process is a
-:class:`RolloutEngineError` naming it, never a hang.
+:class:`RolloutEngineError` naming it, never a hang: every wait checks the engine process once a
+second (:data:`WATCH_S`) and stops within seconds of its death, with its exit code or signal. The
+engine process also dies with the thread that started it (the client's), so a driver killed with
+kill -9 leaves no engine behind (:mod:`.engine_watch`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import contextlib
 import os
 import tempfile
 import threading
+import time
 import uuid
 import weakref
 
@@ -40,9 +44,11 @@ from hybridrl.workers.rollout.base import (
     register_rollout,
     resolve_sampling,
 )
+from hybridrl.workers.rollout.engine_watch import engine_death, engine_dies_with_parent
 from hybridrl.workers.rollout.vllm import VLLMRollout, hidden_unscannable_globals, sampled_ids, write_model_folder
 
 DEFAULT_ENGINE_TIMEOUT_S = 900.0
+WATCH_S = 1.0  # how often a wait on the engine checks that its process lives
 WEIGHTS_FILE = "model.safetensors"
 
 
@@ -170,7 +176,7 @@ class AsyncVLLMRollout(VLLMRollout):
         self._thread = threading.Thread(target=self._loop.run_forever, name="hybridrl-vllm-async", daemon=True)
         self._thread.start()
         try:
-            self._call(self._astart(), "the vLLM engine process to start")
+            self._call(self._astart(), "the vLLM engine process to start", "starting")
             self._drop_weights_file()
         except (ValueError, RuntimeError, TypeError, NotImplementedError) as exc:
             if isinstance(exc, RolloutEngineError):
@@ -184,7 +190,7 @@ class AsyncVLLMRollout(VLLMRollout):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         args = AsyncEngineArgs(**self._engine_kwargs("safetensors"))
-        with _child_env(self.cpu_threads), hidden_unscannable_globals():
+        with _child_env(self.cpu_threads), hidden_unscannable_globals(), engine_dies_with_parent():
             self.llm = AsyncLLM.from_engine_args(args)
         await self._one({"prompt_token_ids": [self.eos_token_ids[0]]}, self.vllm.SamplingParams(max_tokens=1))
 
@@ -193,14 +199,47 @@ class AsyncVLLMRollout(VLLMRollout):
         self._finalizer()
 
     # ------------------------------------------------------------------ waiting with deadlines
-    def _call(self, coro, what: str):
-        """Runs ``coro`` on the engine's loop and waits at most ``engine_timeout_s`` for it."""
+    def _call(self, coro, what: str, doing: str = "generating"):
+        """Runs ``coro`` on the engine's loop and waits at most ``engine_timeout_s`` for it,
+        checking every :data:`WATCH_S` that the engine process lives.
+
+        Args:
+            what: what the wait is for, in the timeout's message.
+            doing: what the engine was doing, in the message of its death.
+        """
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                return future.result(max(0.0, min(WATCH_S, deadline - time.monotonic())))
+            except concurrent.futures.TimeoutError:
+                death = self._engine_death()
+                if death is None and time.monotonic() < deadline:
+                    continue
+                future.cancel()
+                raise (self._died(doing, death) if death else self._timeout(what)) from None
+
+    async def _await(self, future: concurrent.futures.Future, what: str, doing: str = "generating"):
+        """:meth:`_call`'s wait from another event loop (the agent loops')."""
+        waited = asyncio.wrap_future(future)
+        deadline = time.monotonic() + self.timeout_s
         try:
-            return future.result(self.timeout_s)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise self._timeout(what) from None
+            while True:
+                done, _ = await asyncio.wait({waited}, timeout=max(0.0, min(WATCH_S, deadline - time.monotonic())))
+                if done:
+                    return waited.result()
+                death = self._engine_death()
+                if death is not None:
+                    raise self._died(doing, death)
+                if time.monotonic() >= deadline:
+                    raise self._timeout(what)
+        finally:
+            future.cancel()  # no-op once done
+
+    def _engine_death(self) -> str | None:
+        """None while the engine process lives (or is still being built); else how it died."""
+        llm = self.__dict__.get("llm")
+        return None if llm is None else engine_death(llm)
 
     def _timeout(self, what: str) -> RolloutEngineError:
         return RolloutEngineError(
@@ -208,10 +247,16 @@ class AsyncVLLMRollout(VLLMRollout):
             f"while waiting for {what}; raise the deadline for long generations, or check the engine process"
         )
 
-    def _dead(self, exc: Exception, what: str) -> RolloutEngineError:
+    def _dead(self, exc: Exception, doing: str) -> RolloutEngineError:
+        """:meth:`_died` for an ``EngineDeadError`` caught while ``doing`` (used by :mod:`.stream`)."""
+        return self._died(doing)
+
+    def _died(self, doing: str, death: str | None = None) -> RolloutEngineError:
+        death = death or self._engine_death() or "vLLM reports its engine core dead"
         return RolloutEngineError(
-            f"vLLM async engine: its process died while {what} ({type(exc).__name__}); the lines above from "
-            "EngineCore say why (often memory: lower rollout.kv_cache_memory_gb or max_num_seqs)"
+            f"vLLM async engine: its process died while {doing} ({death}); the lines above from EngineCore say "
+            "why (often memory: lower rollout.kv_cache_memory_gb or max_num_seqs, or a kill by the OOM killer: "
+            "see dmesg); the run cannot go on with this engine: restart it (from the last checkpoint)"
         )
 
     async def _one(self, request: dict, params):
@@ -222,8 +267,8 @@ class AsyncVLLMRollout(VLLMRollout):
         try:
             async for output in self.llm.generate(request, params, request_id=uuid.uuid4().hex):
                 final = output
-        except EngineDeadError as exc:
-            raise self._dead(exc, "generating") from None
+        except EngineDeadError:
+            raise self._died("generating") from None
         return final
 
     # ------------------------------------------------------------------ weights and memory
@@ -261,7 +306,7 @@ class AsyncVLLMRollout(VLLMRollout):
         process through the folder in RAM and resets its prefix cache."""
         self._write_weights(state)
         self._wake_up()
-        self._call(self._reload(), "the engine to reload the weights")
+        self._call(self._reload(), "the engine to reload the weights", "reloading weights")
         self._drop_weights_file()
 
     def _drop_weights_file(self) -> None:
@@ -279,17 +324,17 @@ class AsyncVLLMRollout(VLLMRollout):
                 "reload_weights", kwargs={"weights_path": self._folder.name, "is_checkpoint_format": True}
             )
             await self.llm.reset_prefix_cache()
-        except EngineDeadError as exc:
-            raise self._dead(exc, "reloading weights") from None
+        except EngineDeadError:
+            raise self._died("reloading weights") from None
 
     def _wake_up(self) -> None:
         if self.sleeping:
-            self._call(self.llm.wake_up(), "the engine to wake up")
+            self._call(self.llm.wake_up(), "the engine to wake up", "waking up")
             self.sleeping = False
 
     def _sleep(self) -> None:
         if self.sleep_mode and not self.sleeping:
-            self._call(self.llm.sleep(level=1), "the engine to sleep")
+            self._call(self.llm.sleep(level=1), "the engine to sleep", "going to sleep")
             self.sleeping = True
 
     # ------------------------------------------------------------------ generation
@@ -328,8 +373,5 @@ class AsyncVLLMRollout(VLLMRollout):
         sampling = resolve_sampling(sampling_kwargs or {}, self.config)
         params = self._sampling_params(sampling, max_new_tokens, 1, stop_strings)
         future = asyncio.run_coroutine_threadsafe(self._one({"prompt_token_ids": list(prompt_ids)}, params), self._loop)
-        try:
-            output = await asyncio.wait_for(asyncio.wrap_future(future), self.timeout_s)
-        except asyncio.TimeoutError:
-            raise self._timeout(f"one agent turn of {len(prompt_ids)} context tokens") from None
+        output = await self._await(future, f"one agent turn of {len(prompt_ids)} context tokens")
         return sampled_ids(output.outputs[0])
