@@ -143,11 +143,15 @@ def normalize_batch_sizes(actor_cfg_or_critic_cfg, rollout_n: int, dp: int, pref
     per_worker = total // dp
     dynamic = bool(section.use_dynamic_bsz)
     micro = micro_per_worker(section, prefix, "ppo_micro_batch_size", dp, required=not dynamic)
-    if micro is not None and not dynamic and per_worker % micro:
+    # Ulysses SP: a group of sp workers trains the union of its rows (verl: dp = workers / sp)
+    sp = int(getattr(section, "ulysses_sequence_parallel_size", 1) or 1)
+    rows = per_worker * sp
+    if micro is not None and not dynamic and rows % micro:
+        split = f"{dp} workers" if sp == 1 else f"{dp} workers x {sp} (a sequence-parallel group's rows)"
         raise ConfigError(
-            f"{prefix}.ppo_mini_batch_size={mini} x n={rollout_n} / {dp} workers = {per_worker} responses "
-            f"per worker do not split into micro batches of {micro} "
-            f"({prefix}.ppo_micro_batch_size_per_gpu); pick a micro batch that divides {per_worker}"
+            f"{prefix}.ppo_mini_batch_size={mini} x n={rollout_n} / {split} = {rows} responses "
+            f"do not split into micro batches of {micro} "
+            f"({prefix}.ppo_micro_batch_size_per_gpu); pick a micro batch that divides {rows}"
         )
     out = {"ppo_mini_batch_size": per_worker, "ppo_micro_batch_size_per_gpu": micro}
     if is_critic:
