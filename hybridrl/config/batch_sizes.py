@@ -147,9 +147,11 @@ def normalize_batch_sizes(actor_cfg_or_critic_cfg, rollout_n: int, dp: int, pref
     sp = int(getattr(section, "ulysses_sequence_parallel_size", 1) or 1)
     rows = per_worker * sp
     if micro is not None and not dynamic and rows % micro:
-        split = f"{dp} workers" if sp == 1 else f"{dp} workers x {sp} (a sequence-parallel group's rows)"
+        split = f"{dp} workers = {rows} responses per worker"
+        if sp > 1:
+            split = f"{dp} workers x {sp} = {rows} responses per sequence-parallel group"
         raise ConfigError(
-            f"{prefix}.ppo_mini_batch_size={mini} x n={rollout_n} / {split} = {rows} responses "
+            f"{prefix}.ppo_mini_batch_size={mini} x n={rollout_n} / {split} "
             f"do not split into micro batches of {micro} "
             f"({prefix}.ppo_micro_batch_size_per_gpu); pick a micro batch that divides {rows}"
         )

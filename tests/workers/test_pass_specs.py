@@ -64,7 +64,7 @@ def test_with_sequence_parallelism_the_micro_batch_splits_a_groups_rows():
     # verl's run_deepseek7b_llm_sp2.sh: 8 workers, SP 2, 32 responses a worker, micro batch 64
     sizes = {"ppo_mini_batch_size": 256, "ppo_micro_batch_size_per_gpu": 64, "ulysses_sequence_parallel_size": 2}
     assert worker_batch_sizes(ppo_section("critic", sizes), 1, 8) == WorkerBatchSizes(32, 64, 64)
-    with pytest.raises(ConfigError, match=r"8 workers x 2 \(a sequence-parallel group's rows\) = 64 responses"):
+    with pytest.raises(ConfigError, match="8 workers x 2 = 64 responses per sequence-parallel group"):
         worker_batch_sizes(ppo_section("critic", {**sizes, "ppo_micro_batch_size_per_gpu": 48}), 1, 8)
 
 
