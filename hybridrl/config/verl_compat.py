@@ -364,7 +364,6 @@ RULES: list[tuple[tuple[str, ...], Answer]] = [
         _ref("switching trainer GPUs into rollout (hybrid_rollout) is not in hybridrl"),
     ),
     (("transfer_queue.*",), _ign("batches move between driver and workers directly")),
-    (("distillation.*",), _ref("on-policy distillation from a teacher is not in hybridrl")),
     (
         ("algorithm.filter_groups.max_inflight_gen_batches",),
         _ign("dynamic sampling generates one batch at a time"),

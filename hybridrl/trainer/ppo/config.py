@@ -18,11 +18,12 @@ from typing import Any, Dict, Optional
 from hybridrl.agents.config import RetrieverConfig
 from hybridrl.algorithms.config import AlgoConfig
 from hybridrl.config.rules import at_least, one_of, two_spellings
-from hybridrl.config.typed import ignored, refused, to_dataclass, to_structured
+from hybridrl.config.typed import ignored, to_dataclass, to_structured
 from hybridrl.data.config import DataConfig
 from hybridrl.errors import ConfigError
 from hybridrl.rewards.config import CustomRewardFunctionConfig, RewardConfig
 from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelConfig
+from hybridrl.workers.config.distillation import DistillationConfig
 from hybridrl.workers.config.profiler import GlobalProfilerConfig
 from hybridrl.workers.config.reward_model import resolve_reward_loop_micro_batch
 from hybridrl.workers.config.rollout import resolve_rollout_mode
@@ -181,11 +182,6 @@ class RayKwargsConfig:
 
     ray_init: Dict[str, Any] = field(default_factory=lambda: {"num_cpus": None, "runtime_env": {"py_executable": None}})
     timeline_json_file: Optional[str] = None
-
-
-@dataclass
-class DistillationConfig:
-    enabled: bool = refused(False, "on-policy distillation from a teacher model")
 
 
 @dataclass

@@ -40,6 +40,7 @@ from hybridrl.trainer.ppo.step_plan import needs_critic
 from hybridrl.trainer.run.tracking import available_loggers
 from hybridrl.workers.actor import build_policy_loss_config
 from hybridrl.workers.config import CriticConfig
+from hybridrl.workers.config.distillation import DistillationConfig, distillation_notes
 from hybridrl.workers.rollout import OPTIONAL_ENGINES, ROLLOUT_REGISTRY
 from hybridrl.workers.sequence_parallel import check_sequence_parallel
 
@@ -90,7 +91,7 @@ def validate_ppo_config(config, world_size: int = 1, algo: AlgoConfig | None = N
     _check_multi_turn(config)
     sp_notes = check_sequence_parallel(config, world_size, uses_critic)
     check_batch_sizes(config, world_size, uses_critic)
-    group_notes = _group_of_one_notes(config)
+    group_notes = _group_of_one_notes(config) + _check_distillation(config)
     return scoring_notes + engine_notes + async_notes + sp_notes + group_notes + ignored_key_notes(config, world_size)
 
 
@@ -213,6 +214,23 @@ def _check_not_yet_supported(config) -> None:
                 f"{key}={value!r}: {feature} is not in this build of hybridrl yet; "
                 f"remove the key (or set it back to {plain(value_at(defaults, key))!r})"
             )
+
+
+def _check_distillation(config) -> list[str]:
+    """With ``distillation.enabled``: the teachers resolve and the loss names are registered
+    (:meth:`DistillationConfig.validate`); the teacher stage runs in the synchronous step only.
+    Returns the notes of verl's teacher-server keys that mean nothing here."""
+    section = config.distillation
+    if not section.enabled:
+        return []
+    DistillationConfig.validate(section)
+    trainer = config.trainer
+    if trainer.one_step_off_policy or trainer.v1.trainer_mode != "sync":
+        raise ConfigError(
+            "distillation.enabled=true runs with the synchronous trainer only; set trainer.one_step_off_policy=false "
+            "and trainer.v1.trainer_mode=sync"
+        )
+    return distillation_notes(section, config.actor_rollout_ref.rollout.name)
 
 
 def _check_lora_package(config, uses_critic: bool) -> None:
