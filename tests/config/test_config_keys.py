@@ -2,6 +2,7 @@
 not-yet-supported keys."""
 
 import copy
+import functools
 import sys
 import types
 
@@ -180,11 +181,17 @@ def test_registered_engine_gets_no_note(base_cfg, monkeypatch):
 # ---------------------------------------------------------------- ignored / not-yet-supported keys
 
 
+@functools.cache
+def _typed_default():
+    """The typed default config (read only: the field types of its keys), made once."""
+    return typed_ppo_config(load_config())
+
+
 def _other_value(key, value):
     """A value different from ``value`` that passes the other checks and has the key's type."""
     if value is None:  # an Optional field: a value of its type
         parent, _, leaf = key.rpartition(".")
-        ref_type = str(OmegaConf.select(typed_ppo_config(load_config()), parent)._get_node(leaf)._metadata.ref_type)
+        ref_type = str(OmegaConf.select(_typed_default(), parent)._get_node(leaf)._metadata.ref_type)
         return 1 if "int" in ref_type or "float" in ref_type else "x"
     if OmegaConf.is_config(value):
         value = OmegaConf.to_container(value)
