@@ -15,6 +15,11 @@ from collections import defaultdict
 
 import torch
 
+from hybridrl.algorithms.distillation import (
+    DistillationLossConfig,
+    distillation_ppo_loss,
+    get_distillation_loss_settings,
+)
 from hybridrl.algorithms.errors import AlgorithmConfigError, AlgorithmInputError, check_finite_value
 from hybridrl.algorithms.functional import sum_pi_squared_from_logits
 from hybridrl.algorithms.kl import FULL_KL, kl_full_from_logits, kl_penalty
@@ -42,6 +47,7 @@ from hybridrl.workers.optim import optimizer_step
 from hybridrl.workers.pass_specs import LogProbSpec, UpdateSpec
 from hybridrl.workers.sequence_parallel import gather_rows, own_rows, sequence_parallel_group
 from hybridrl.workers.sharding import loss_normalizers
+from hybridrl.workers.teacher import TOPK_KEYS, slots_to_rows
 
 SP_KEY = "ulysses_sequence_parallel_size"
 LOSS_TOTAL = "_loss"  # the micro losses' sum: read with the metrics for the finiteness check, not reported
@@ -78,6 +84,10 @@ class PPOActor:
         actor_optimizer: None for the reference policy.
         ref_module: the reference policy's module; needed only for ``kl_loss_type=full``, whose
             exact KL needs the reference logits of every micro batch.
+        distillation: on-policy distillation's loss config (``distillation.enabled``): the update
+            trains on :func:`~hybridrl.algorithms.distillation.distillation_ppo_loss` with the
+            batch's teacher scores (``teacher_log_prob``, or the top-k tensors) instead of the
+            policy loss alone.
 
     With the section's ``ulysses_sequence_parallel_size`` S > 1 the actor joins its SP group
     (:func:`hybridrl.workers.sequence_parallel.sequence_parallel_group`: a collective the first
@@ -90,9 +100,18 @@ class PPOActor:
     """
 
     def __init__(
-        self, config, actor_module: torch.nn.Module, actor_optimizer=None, ref_module: torch.nn.Module | None = None
+        self,
+        config,
+        actor_module: torch.nn.Module,
+        actor_optimizer=None,
+        ref_module: torch.nn.Module | None = None,
+        distillation: DistillationLossConfig | None = None,
     ) -> None:
         self.config = config
+        self.distillation = distillation
+        self.distillation_topk = bool(
+            distillation is not None and get_distillation_loss_settings(distillation.loss_mode).use_topk
+        )
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
         self.ref_module = ref_module  # the frozen reference, for kl_loss_type=full
@@ -222,6 +241,8 @@ class PPOActor:
             keys.append("rollout_is_weights")
         if cfg.use_kl_loss and cfg.kl_loss_type != FULL_KL:
             keys.append("ref_log_prob")
+        if self.distillation is not None:
+            keys += list(TOPK_KEYS) if self.distillation_topk else ["teacher_log_prob"]
         metrics: dict[str, list[float]] = defaultdict(list)
         options = self.forward_options(spec)
         mini_batches = data.select(batch_keys=keys).split(spec.ppo_mini_batch_size)
@@ -238,6 +259,8 @@ class PPOActor:
                     gather_rows(mini_batch, self.sequence_parallel), spec, metrics, options, on_policy
                 )
         self.actor_optimizer.zero_grad(set_to_none=True)
+        for key in [k for k in metrics if k.startswith("distillation/") and k.endswith(("_min", "_max"))]:
+            metrics[key] = [min(metrics[key]) if key.endswith("_min") else max(metrics[key])]  # verl's MIN/MAX
         return dict(metrics), own_rows(log_probs, self.sequence_parallel) if log_probs is not None else None
 
     def _update_mini_batch(
@@ -270,7 +293,7 @@ class PPOActor:
                 self.compute_dtype,
                 options,
                 calculate_entropy=cfg.entropy_coeff != 0 or on_policy,
-                return_logits=full_kl,
+                return_logits=full_kl or self.distillation_topk,
                 entropy_grad=cfg.entropy_coeff != 0,
             )
             log_prob = out.log_probs
@@ -279,16 +302,20 @@ class PPOActor:
                 accumulate(
                     loss_sums, "actor/entropy", agg_loss(out.entropy.detach(), response_mask, cfg.loss_agg_mode, **norm)
                 )
-            pg_loss, pg_metrics = self.policy_loss_fn(
-                log_prob.detach() if on_policy else mb["old_log_probs"],
-                log_prob,
-                mb["advantages"],
-                response_mask,
-                loss_agg_mode=cfg.loss_agg_mode,
-                config=self.policy_loss_config,
-                rollout_is_weights=mb.get("rollout_is_weights", None),
-                **norm,
-            )
+            old_log_prob = log_prob.detach() if on_policy else mb["old_log_probs"]
+            if self.distillation is not None:
+                pg_loss, pg_metrics = self._distillation_loss(mb, out, old_log_prob, norm)
+            else:
+                pg_loss, pg_metrics = self.policy_loss_fn(
+                    old_log_prob,
+                    log_prob,
+                    mb["advantages"],
+                    response_mask,
+                    loss_agg_mode=cfg.loss_agg_mode,
+                    config=self.policy_loss_config,
+                    rollout_is_weights=mb.get("rollout_is_weights", None),
+                    **norm,
+                )
             loss = pg_loss
             if cfg.entropy_coeff != 0:
                 entropy = agg_loss(out.entropy, response_mask, cfg.loss_agg_mode, **norm)
@@ -311,6 +338,38 @@ class PPOActor:
             optimizer_step(self.actor_module, self.actor_optimizer, cfg.grad_clip, "actor")
         )
         return restore_order(torch.cat(own_log_probs), order) if on_policy else None
+
+    def _distillation_loss(self, mb, out: ResponseOutput, old_log_prob: torch.Tensor, norm: dict):
+        """:func:`~hybridrl.algorithms.distillation.distillation_ppo_loss` of one micro batch: the
+        task's policy loss (``use_task_rewards``) plus the distillation loss against the batch's
+        teacher scores; a top-k loss reads the student's log-softmax at the teacher's top-k ids."""
+        topk = {}
+        teacher = mb.get("teacher_log_prob", None)
+        if self.distillation_topk:
+            teacher_ids = mb[TOPK_KEYS[1]].long()
+            log_softmax = torch.log_softmax(out.logits.float(), dim=-1)
+            ids = teacher_ids if log_softmax.dim() == 3 else teacher_ids[out.slots]
+            k = teacher_ids.shape[-1]
+            topk = {
+                "student_topk_log_probs": slots_to_rows(log_softmax.gather(-1, ids), out.slots),
+                "teacher_topk_ids": teacher_ids,
+                "student_topk_ids": slots_to_rows(log_softmax.detach().topk(k, dim=-1).indices, out.slots),
+            }
+            teacher = mb[TOPK_KEYS[0]]
+        return distillation_ppo_loss(
+            old_log_prob,
+            out.log_probs,
+            mb["advantages"] if self.distillation.use_task_rewards else None,
+            mb["response_mask"],
+            teacher,
+            config=self.distillation,
+            loss_agg_mode=self.config.loss_agg_mode,
+            policy_loss_mode=self.config.policy_loss.loss_mode,
+            policy_loss_config=self.policy_loss_config,
+            rollout_is_weights=mb.get("rollout_is_weights", None),
+            **topk,
+            **norm,
+        )
 
     @staticmethod
     def _append_read_metrics(metrics, pending: dict, loss_sums: dict, data_step) -> None:

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from hybridrl.agents.manager import AgentLoopManager
+from hybridrl.algorithms.distillation import get_distillation_loss_settings
 from hybridrl.config.batch_sizes import WorkerBatchSizes
 from hybridrl.controller.decorator import Dispatch, register
 from hybridrl.controller.worker import Worker
@@ -25,6 +26,7 @@ from hybridrl.models.lora import AdapterDisabled, apply_lora, lora_settings
 from hybridrl.protocol import DataProto
 from hybridrl.workers.actor import PPOActor
 from hybridrl.workers.checkpoint_io import load_worker_state, save_worker_state
+from hybridrl.workers.config.distillation import distillation_loss_config, resolve_teachers
 from hybridrl.workers.config.fsdp import cpu_offload
 from hybridrl.workers.critic import PPOCritic
 from hybridrl.workers.engine_lock import EngineLock
@@ -36,6 +38,7 @@ from hybridrl.workers.reward_model import load_reward_model
 from hybridrl.workers.rollout.base import get_rollout_cls, policy_weights
 from hybridrl.workers.sharding import apply_fsdp2, optimizer_on_device
 from hybridrl.workers.stream_methods import StreamingMethods
+from hybridrl.workers.teacher import check_same_vocabulary, route_rows, teacher_scores, teacher_spec
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +99,8 @@ class ActorRolloutRefWorker(StreamingMethods, ProfiledWorker, Worker):
             the section they make the passes' specs (``self.specs``, built in ``init_model``).
         role: which of actor / rollout / reference this worker hosts.
         device: ``trainer.device`` (cpu | cuda | auto).
+        distillation: the ``distillation`` section when ``distillation.enabled`` (the worker then
+            hosts the teachers, :mod:`.teacher`, and the actor trains on the distillation loss).
         total_training_steps: the run's optimizer steps, the length of the actor's LR schedule
             (warmup ratio, cosine decay); computed by the driver.
     """
@@ -107,6 +112,7 @@ class ActorRolloutRefWorker(StreamingMethods, ProfiledWorker, Worker):
         role: str = "actor_rollout_ref",
         device: str = "auto",
         total_training_steps: int = 1,
+        distillation=None,
     ) -> None:
         if role not in ("actor_rollout", "actor_rollout_ref", "ref", "actor", "actor_ref"):
             raise ValueError(f"ActorRolloutRefWorker: unknown role {role!r}")
@@ -114,6 +120,7 @@ class ActorRolloutRefWorker(StreamingMethods, ProfiledWorker, Worker):
         self.batch_sizes = batch_sizes
         self.total_training_steps = total_training_steps
         self.role = role
+        self.distillation = distillation
         self._is_actor = role != "ref"
         self._is_ref = role in ("ref", "actor_rollout_ref", "actor_ref")
         self._is_rollout = role.startswith("actor_rollout")
@@ -144,7 +151,10 @@ class ActorRolloutRefWorker(StreamingMethods, ProfiledWorker, Worker):
         self.actor_optimizer = build_optimizer(module, optim)
         self.actor_lr_scheduler = build_lr_scheduler(self.actor_optimizer, optim, self.total_training_steps)
         ref_module = self.ref_policy.actor_module if self._is_ref else None
-        self.actor = PPOActor(self.config.actor, module, self.actor_optimizer, ref_module=ref_module)
+        loss = distillation_loss_config(self.distillation.distillation_loss) if self.distillation else None
+        self.actor = PPOActor(self.config.actor, module, self.actor_optimizer, ref_module=ref_module, distillation=loss)
+        if self.distillation:
+            self._load_teachers(module, loss)
         self._start_engine_bookkeeping()
         if not self._is_rollout:
             return
@@ -191,6 +201,31 @@ class ActorRolloutRefWorker(StreamingMethods, ProfiledWorker, Worker):
             self.model_path, dtype=fsdp_config.mixed_precision.param_dtype, **self._model_options(fsdp_config)
         )
         return module.requires_grad_(False)
+
+    def _load_teachers(self, student, loss) -> None:
+        """The distillation teachers (``distillation.teacher_models``), frozen and sharded like the
+        reference, in their ``inference.dtype`` (the rollout's; bf16 where the precision rule picks
+        it); each one's tokenizer checked against the student's."""
+        self.teachers = {}
+        use_topk = bool(get_distillation_loss_settings(loss.loss_mode).use_topk)
+        fsdp_config = self.config.ref.fsdp_config
+        for key, entry in resolve_teachers(self.distillation).items():
+            path = resolve_model_path(entry.model_path, config_key="distillation.teacher_models.<name>.model_path")
+            dtype = entry.inference.dtype
+            dtype = fsdp_config.mixed_precision.param_dtype if dtype in (None, "auto") else dtype
+            module = load_causal_lm(path, dtype=dtype, **self._model_options(fsdp_config)).requires_grad_(False)
+            check_same_vocabulary(
+                key,
+                entry.model_path,
+                load_tokenizer(path, trust_remote_code=self.config.model.trust_remote_code),
+                self.tokenizer,
+                int(module.config.vocab_size),
+                int(student.config.vocab_size),
+                use_topk,
+            )
+            spec = teacher_spec(self.specs.ref_log_prob, entry.inference.temperature)
+            self.teachers[key] = (PPOActor(self.config.ref, module), spec)
+        self.teacher_topk = int(loss.topk) if use_topk else None
 
     def _start_engine_bookkeeping(self) -> None:
         """The engine lock and the policy versions (verl's ``param_version``): ``param_version``
@@ -286,6 +321,34 @@ class ActorRolloutRefWorker(StreamingMethods, ProfiledWorker, Worker):
                 raise RuntimeError("full_kl needs the actor and the reference in one worker (role actor_rollout_ref)")
             tensors["full_kl"] = self.actor.compute_full_kl(data, self.ref_policy.actor_module, self.specs.ref_log_prob)
         return DataProto.from_dict(tensors=tensors).to("cpu")
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_teacher_log_prob(self, data: DataProto) -> DataProto:
+        """The teachers' scores of the responses (:func:`~hybridrl.workers.teacher.teacher_scores`):
+        ``teacher_log_prob`` ``(bs, response_length)`` and, for a top-k loss, ``teacher_topk_log_probs``
+        / ``teacher_topk_ids`` ``(bs, response_length, topk)``; each row scored by its teacher
+        (:func:`~hybridrl.workers.teacher.route_rows`). With several workers every teacher scores
+        all rows (its collectives need every rank), each row keeps its own teacher's.
+
+        Raises:
+            ConfigError: a row whose ``distillation.teacher_key`` value is no teacher's key.
+        """
+        data = data.to(self.device)
+        routes = route_rows(data, self.distillation.teacher_key, self.teachers)
+        out: dict[str, torch.Tensor] = {}
+        for key, rows in routes.items():
+            policy, spec = self.teachers[key]
+            if self.world_size == 1 and len(rows) == 0:
+                continue
+            everyone = self.world_size > 1 or len(rows) == len(data)
+            part = data if everyone else data[rows]
+            scores = teacher_scores(policy, part, spec, self.teacher_topk)
+            for name, values in scores.items():
+                index = torch.as_tensor(rows, dtype=torch.long, device=values.device)
+                if name not in out:
+                    out[name] = values.new_zeros((len(data), *values.shape[1:]))
+                out[name][index] = values[index] if everyone else values
+        return DataProto.from_dict(tensors=out).to("cpu")
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_actor(self, data: DataProto, on_policy: bool = False, sync_rollout_weights: bool = True) -> DataProto:
