@@ -25,7 +25,7 @@ from hybridrl.trainer.ppo.validation_metrics import (  # noqa: F401  (verl's met
 
 # Stages whose per-token time is measured against all tokens (prompt + response);
 # generation is measured against response tokens only.
-_ALL_TOKEN_STAGES = ("ref", "values", "adv", "update_critic", "update_actor", "old_log_prob")
+_ALL_TOKEN_STAGES = ("ref", "teacher", "values", "adv", "update_critic", "update_actor", "old_log_prob")
 
 
 class MetricsInputError(ValueError):

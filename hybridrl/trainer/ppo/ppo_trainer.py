@@ -213,6 +213,10 @@ class PPOTrainer:
                         self.actor_rollout_wg.compute_ref_log_prob(batch, full_kl=self.plan.ref_full_kl)
                     )
 
+            if self.plan.teacher:  # on-policy distillation: the teachers score the responses
+                with marked_timer("teacher", timing_raw):
+                    batch = batch.union(self.actor_rollout_wg.compute_teacher_log_prob(batch))
+
             if self.plan.use_critic:
                 with marked_timer("values", timing_raw):
                     batch = batch.union(self.critic_wg.compute_values(batch))

@@ -42,6 +42,8 @@ class StepPlan:
         ref_full_kl: the reference pass also returns ``full_kl``, the exact per-token KL over the
             vocabulary (``algorithm.kl_penalty=full`` in the reward).
         old_log_probs: one of :data:`OLD_LOG_PROB_SOURCES`.
+        teacher: the distillation teachers score the responses (``distillation.enabled``;
+            ``timing_s/teacher``) and the actor trains on the distillation loss.
     """
 
     use_critic: bool
@@ -50,6 +52,7 @@ class StepPlan:
     ref_log_prob: bool
     ref_full_kl: bool
     old_log_probs: str
+    teacher: bool = False
 
     @property
     def on_policy(self) -> bool:
@@ -122,4 +125,5 @@ def make_step_plan(config, algo: AlgoConfig) -> StepPlan:
         ref_log_prob=bool(algo.use_kl_in_reward or (actor.use_kl_loss and actor.kl_loss_type != FULL_KL)),
         ref_full_kl=bool(algo.use_kl_in_reward and algo.kl_penalty == FULL_KL),
         old_log_probs=old_log_probs,
+        teacher=bool(config.distillation.enabled),
     )

@@ -159,7 +159,7 @@ def _roles(
         "actor_rollout": (
             fsdp_workers.ActorRolloutRefWorker,
             (config.actor_rollout_ref, actor_sizes),
-            {"role": role, "total_training_steps": total_training_steps},
+            {"role": role, "total_training_steps": total_training_steps, "distillation": _teachers(config)},
         )
     }
     if use_critic:
@@ -172,6 +172,13 @@ def _roles(
     if use_reward_model:
         roles["reward_model"] = (fsdp_workers.RewardModelWorker, (config.reward_model,), {})
     return roles
+
+
+def _teachers(config):
+    """The ``distillation`` section when the run distills (the teachers then live in the policy
+    workers, sharded like the reference), else None."""
+    section = getattr(config, "distillation", None)
+    return section if section is not None and section.enabled else None
 
 
 def build_worker_groups(
