@@ -11,7 +11,6 @@ from hybridrl.trainer.ppo.config_check import _check_distillation
 from hybridrl.workers.config.distillation import distillation_loss_config, resolve_teachers
 
 TEACHERS = "distillation.teacher_models"
-ONE_TEACHER = ["distillation.enabled=true", f"{TEACHERS}.teacher_model.model_path=/m"]
 # a verl OPD command's distillation keys (verl 0.9's distillation.yaml)
 VERL_OPD = [
     "distillation.enabled=true",
@@ -116,6 +115,15 @@ def test_several_teachers_route_by_key():
                 "distillation.distillation_loss.loss_mode=k9",
             ],
             "k9",
+        ),
+        (
+            [
+                "distillation.enabled=true",
+                f"{TEACHERS}.teacher_model.model_path=/m",
+                "distillation.distillation_loss.loss_mode=forward_kl_topk",
+                "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+            ],
+            "a top-k loss needs each row's logits on one rank",
         ),
     ],
 )

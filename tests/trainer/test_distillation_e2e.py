@@ -83,3 +83,22 @@ def test_opd_k1_reward_then_forward_kl_topk(gsm8k_parquet, tiny_model_dir, tmp_p
         for key in ("distillation/loss", "distillation/loss_min", "distillation/loss_max", *TOPK_METRICS):
             assert math.isfinite(row[key]), key
     assert rows[0]["distillation/overlap_ratio"] > 0.99  # same model, same top-k
+
+
+@pytest.mark.slow
+def test_opd_routes_samples_to_the_teacher_of_their_data_source(gsm8k_parquet, tiny_model_dir, tmp_path, device):
+    teachers = f"{D}.teacher_models"
+    two = [
+        f"{teachers}.teacher_model.model_path=null",
+        f"+{teachers}.gsm.key=openai/gsm8k",
+        f"+{teachers}.gsm.model_path={tiny_model_dir}",
+        f"+{teachers}.other.key=another/source",
+        f"+{teachers}.other.model_path={tiny_model_dir}",
+    ]
+    out = tmp_path / "two"
+    overrides = [o for o in _overrides(gsm8k_parquet, tiny_model_dir, out, device, two) if "teacher_model." not in o]
+    overrides = [o.replace("total_training_steps=2", "total_training_steps=1") for o in overrides] + two[:1]
+    assert main(overrides) == 0
+    (row,) = _rows(out)
+    assert abs(row["distillation/loss"]) < 1e-3  # k3, direct: every sample scored by an identical teacher
+    assert math.isfinite(row["timing_s/teacher"])

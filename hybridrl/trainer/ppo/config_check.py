@@ -19,6 +19,7 @@ from hybridrl.agents import known_agent_loops
 from hybridrl.algorithms import functional
 from hybridrl.algorithms.advantages import ADV_ESTIMATOR_NEEDS_GROUP, ADV_ESTIMATOR_REGISTRY
 from hybridrl.algorithms.config import AlgoConfig, algo_config
+from hybridrl.algorithms.distillation import get_distillation_loss_settings
 from hybridrl.algorithms.errors import AlgorithmConfigError, UnknownAlgorithmError
 from hybridrl.algorithms.kl import kl_penalty_names
 from hybridrl.algorithms.policy_loss import POLICY_LOSS_REGISTRY
@@ -229,6 +230,14 @@ def _check_distillation(config) -> list[str]:
         raise ConfigError(
             "distillation.enabled=true runs with the synchronous trainer only; set trainer.one_step_off_policy=false "
             "and trainer.v1.trainer_mode=sync"
+        )
+    sp = config.actor_rollout_ref.actor.ulysses_sequence_parallel_size
+    loss_mode = section.distillation_loss.loss_mode
+    if sp > 1 and get_distillation_loss_settings(loss_mode).use_topk:
+        raise ConfigError(
+            f"distillation.distillation_loss.loss_mode={loss_mode} with {ACTOR}.ulysses_sequence_parallel_size={sp}: "
+            "a top-k loss needs each row's logits on one rank; set ulysses_sequence_parallel_size=1 or use a "
+            "sampled-token loss_mode (k1, k3)"
         )
     return distillation_notes(section, config.actor_rollout_ref.rollout.name)
 
