@@ -102,3 +102,31 @@ def test_opd_routes_samples_to_the_teacher_of_their_data_source(gsm8k_parquet, t
     (row,) = _rows(out)
     assert abs(row["distillation/loss"]) < 1e-3  # k3, direct: every sample scored by an identical teacher
     assert math.isfinite(row["timing_s/teacher"])
+
+
+@pytest.mark.slow
+def test_opd_on_two_ray_workers_with_a_sharded_teacher(ray_cluster, gsm8k_parquet, tiny_model_dir, tmp_path):
+    """The teacher FSDP2-sharded over two Ray workers like the reference; two teachers, so every
+    rank runs each teacher on its rows (the collectives of a sharded teacher need every rank)."""
+    pytest.importorskip("ray")
+    teachers = f"{D}.teacher_models"
+    extra = [
+        f"+{teachers}.gsm.key=openai/gsm8k",
+        f"+{teachers}.gsm.model_path={tiny_model_dir}",
+        f"+{teachers}.other.key=another/source",
+        f"+{teachers}.other.model_path={tiny_model_dir}",
+        f"{D}.distillation_loss.loss_mode=forward_kl_topk",
+        f"{D}.distillation_loss.topk=8",
+        "trainer.backend=ray",
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=2",
+        f"{A}.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+    ]
+    out = tmp_path / "ray"
+    overrides = [o for o in _overrides(gsm8k_parquet, tiny_model_dir, out, "cpu", extra) if "teacher_model." not in o]
+    overrides = [o.replace("total_training_steps=2", "total_training_steps=1") for o in overrides]
+    assert main(overrides) == 0
+    (row,) = _rows(out)
+    assert abs(row["distillation/loss"]) < 1e-3 and row["distillation/overlap_ratio"] > 0.99
