@@ -22,7 +22,13 @@ SMALL = [
 @pytest.fixture
 def _mode(composed):
     """The rollout mode chosen when the default config with ``overrides`` set is typed."""
-    return lambda *overrides: typed_ppo_config(composed((), overrides)).actor_rollout_ref.rollout.mode
+
+    def mode(*overrides):
+        engine = [o for o in overrides if o.startswith(f"{R}.name=")]  # composed: an interpolation copies it
+        changes = [o for o in overrides if o not in engine]
+        return typed_ppo_config(composed(engine, changes)).actor_rollout_ref.rollout.mode
+
+    return mode
 
 
 def test_rollout_mode_unset_follows_verl_where_it_runs(caplog, _mode):
