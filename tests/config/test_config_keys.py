@@ -272,20 +272,20 @@ def test_notes_say_why(base_cfg, key, value, reason):
     assert len(notes) == 1 and notes[0].startswith(f"{key}=") and reason in notes[0]
 
 
-@pytest.mark.parametrize("key", [f"{R}.use_fire_sampling", "distillation.enabled", "data.image_key"])
+@pytest.mark.parametrize("key", [f"{R}.use_fire_sampling", "data.image_key"])
 def test_features_that_change_results_are_refused(base_cfg, key):
     assert key in schema.NOT_YET_SUPPORTED
     assert key not in schema.IGNORED_KEYS
 
 
 def test_a_key_copied_by_interpolation_is_noted_once():
-    """save_contents / use_torch_compile are copied into other keys by ${...}: one note, not several."""
-    cfg = load_config(BASE + [f"{A}.checkpoint.save_contents=[model]", f"{A}.use_torch_compile=false"])
+    """save_contents / strategy are copied into other keys by ${...}: one note, not several."""
+    cfg = load_config(BASE + [f"{A}.checkpoint.save_contents=[model]", f"{A}.strategy=fsdp2"])
     notes = validate_ppo_config(cfg)
-    assert sorted(n.split("=")[0] for n in notes) == [f"{A}.checkpoint.save_contents", f"{A}.use_torch_compile"]
+    assert sorted(n.split("=")[0] for n in notes) == [f"{A}.checkpoint.save_contents", f"{A}.strategy"]
     # set directly to something else than its source, the copying key gets its own note
-    cfg = load_config(BASE + ["actor_rollout_ref.ref.use_torch_compile=false"])
-    assert [n.split("=")[0] for n in validate_ppo_config(cfg)] == ["actor_rollout_ref.ref.use_torch_compile"]
+    cfg = load_config(BASE + ["actor_rollout_ref.ref.strategy=fsdp2"])
+    assert [n.split("=")[0] for n in validate_ppo_config(cfg)] == ["actor_rollout_ref.ref.strategy"]
 
 
 @pytest.mark.parametrize(

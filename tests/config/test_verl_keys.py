@@ -102,7 +102,6 @@ def test_a_refused_subtree_is_one_line_naming_the_feature_and_the_fix():
         ("actor_rollout_ref.rollout.expert_parallel_size=8", "expert parallelism"),
         ("actor_rollout_ref.rollout.data_parallel_size=2", "data parallelism inside one rollout engine"),
         ("critic.veomni.expert_parallel_size=2", "VeOmni"),
-        ("distillation.teacher_models.teacher_model.model_path=/m", "distillation"),
     ],
 )
 def test_a_refused_key_never_gets_a_did_you_mean(override, feature):

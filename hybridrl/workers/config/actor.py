@@ -23,7 +23,6 @@ from .profiler import ProfilerConfig, check_profiler
 from .rollout import RolloutConfig
 
 FSDP_EITHER = "fsdp and fsdp2 both mean FSDP2 (fully_shard) here"
-EAGER = "models run in eager mode"
 IN_ORDER = "mini batches are taken in batch order"
 
 __all__ = ["PolicyLossConfig", "ActorConfig", "RefConfig", "ActorRolloutRefConfig"]
@@ -83,7 +82,7 @@ class ActorConfig(ActorLossKnobs):
     loss_scale_factor: Optional[float] = None
     entropy_coeff: float = 0
     use_kl_loss: bool = False
-    use_torch_compile: bool = ignored(True, EAGER)
+    use_torch_compile: bool = True  # log-prob/entropy kernels compiled on CUDA (logit_stat_fns); eager on CPU
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     ppo_epochs: int = 1
@@ -114,7 +113,7 @@ class RefConfig:
 
     strategy: str = ignored(ACTOR + "strategy}", FSDP_EITHER)
     fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
-    use_torch_compile: bool = ignored(ACTOR + "use_torch_compile}", EAGER)
+    use_torch_compile: bool = ACTOR + "use_torch_compile}"
     log_prob_micro_batch_size: Optional[int] = None
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
     log_prob_use_dynamic_bsz: bool = ACTOR + "use_dynamic_bsz}"
