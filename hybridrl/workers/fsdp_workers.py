@@ -21,71 +21,25 @@ from hybridrl.controller.decorator import Dispatch, register
 from hybridrl.controller.worker import Worker
 from hybridrl.models import load_causal_lm, load_tokenizer, load_value_model, resolve_model_path
 from hybridrl.models.external import import_external_lib
-from hybridrl.models.flops import device_peak_flops, update_mfu
 from hybridrl.models.lora import AdapterDisabled, apply_lora, lora_settings
 from hybridrl.protocol import DataProto
 from hybridrl.workers.actor import PPOActor
 from hybridrl.workers.checkpoint_io import load_worker_state, save_worker_state
 from hybridrl.workers.config.distillation import distillation_loss_config, resolve_teachers
-from hybridrl.workers.config.fsdp import cpu_offload
 from hybridrl.workers.critic import PPOCritic
 from hybridrl.workers.engine_lock import EngineLock
 from hybridrl.workers.memory import memory_metrics, release_cached_memory
 from hybridrl.workers.optim import build_lr_scheduler, build_optimizer
 from hybridrl.workers.pass_specs import critic_specs, policy_specs
+from hybridrl.workers.perf_metrics import mfu_metrics
 from hybridrl.workers.profiler import ProfiledWorker, role_profiler
 from hybridrl.workers.reward_model import load_reward_model
 from hybridrl.workers.rollout.base import get_rollout_cls, policy_weights
-from hybridrl.workers.sharding import apply_fsdp2, optimizer_on_device
+from hybridrl.workers.sharding import optimizer_on_device, sharder
 from hybridrl.workers.stream_methods import StreamingMethods
 from hybridrl.workers.teacher import check_same_vocabulary, route_rows, teacher_scores, teacher_spec
 
 logger = logging.getLogger(__name__)
-
-
-def mfu_metrics(role: str, module, batch, start: float, device: str, epochs: int, lm_head: bool = True) -> dict:
-    """verl's ``perf/mfu/<role>``: this worker's update MFU (:func:`hybridrl.models.flops.update_mfu`)
-    over ``batch`` (its shard) since ``start`` (``time.perf_counter()``; CUDA synchronised first),
-    as a one-entry list so that the driver averages the workers; {} where the device has no
-    promised peak (a CPU without ``HYBRIDRL_DEVICE_PEAK_TFLOPS``, an unknown GPU)."""
-    peak = device_peak_flops(device)
-    if peak is None:
-        return {}
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-    seconds = time.perf_counter() - start
-    mfu = update_mfu(getattr(module, "config", None), batch, seconds, peak, epochs, lm_head)
-    return {f"perf/mfu/{role}": [mfu]} if mfu is not None else {}
-
-
-def needs_fsdp(world_size: int, device: str, fsdp_config) -> bool:
-    """Whether a role is wrapped with FSDP2: with more than one worker (sharding), and with one
-    worker on CUDA when ``param_offload`` (or verl's ``offload_policy``) asks for FSDP2's CPU offload
-    (as verl, at any world size)."""
-    return world_size > 1 or (device == "cuda" and cpu_offload(fsdp_config))
-
-
-def sharder(world_size: int, device: str, fsdp_config, reduce_dtype: str = "fp32"):
-    """The ``shard`` a model loader applies to a role's empty model (:func:`shard_module` with the
-    role's ``fsdp_config``), or None when the role stays a plain module (:func:`needs_fsdp`)."""
-    if not needs_fsdp(world_size, device, fsdp_config):
-        return None
-    return functools.partial(shard_module, fsdp_config=fsdp_config, device=device, reduce_dtype=reduce_dtype)
-
-
-def shard_module(module, fsdp_config, device: str, reduce_dtype: str = "fp32"):
-    """FSDP2-shards ``module`` over the worker group with the role's typed ``fsdp_config``
-    (``hybridrl.workers.config.FSDPConfig``); ``reduce_dtype``: a trained role's
-    ``mixed_precision.reduce_dtype`` (forward-only roles never reduce gradients)."""
-    return apply_fsdp2(
-        module,
-        device,
-        fsdp_size=fsdp_config.fsdp_size,
-        reshard_after_forward=fsdp_config.reshard_after_forward,
-        param_offload=cpu_offload(fsdp_config),
-        param_dtype=fsdp_config.mixed_precision.param_dtype,
-        reduce_dtype=reduce_dtype,
-    )
 
 
 class ActorRolloutRefWorker(StreamingMethods, ProfiledWorker, Worker):

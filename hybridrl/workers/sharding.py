@@ -11,11 +11,13 @@ sharding on DTensors; hybrid sharding (HSDP) with a 2-D device mesh as in verl's
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 import torch.distributed as dist
 
 from hybridrl.models import to_torch_dtype
+from hybridrl.workers.config.fsdp import cpu_offload
 from hybridrl.workers.memory import release_cached_memory
 
 
@@ -184,3 +186,33 @@ def optimizer_on_device(optimizer: torch.optim.Optimizer, device: str, offload: 
     finally:
         offload_optimizer(optimizer, "cpu")
         release_cached_memory(device)
+
+
+def needs_fsdp(world_size: int, device: str, fsdp_config) -> bool:
+    """Whether a role is wrapped with FSDP2: with more than one worker (sharding), and with one
+    worker on CUDA when ``param_offload`` (or verl's ``offload_policy``) asks for FSDP2's CPU offload
+    (as verl, at any world size)."""
+    return world_size > 1 or (device == "cuda" and cpu_offload(fsdp_config))
+
+
+def sharder(world_size: int, device: str, fsdp_config, reduce_dtype: str = "fp32"):
+    """The ``shard`` a model loader applies to a role's empty model (:func:`shard_module` with the
+    role's ``fsdp_config``), or None when the role stays a plain module (:func:`needs_fsdp`)."""
+    if not needs_fsdp(world_size, device, fsdp_config):
+        return None
+    return functools.partial(shard_module, fsdp_config=fsdp_config, device=device, reduce_dtype=reduce_dtype)
+
+
+def shard_module(module, fsdp_config, device: str, reduce_dtype: str = "fp32"):
+    """FSDP2-shards ``module`` over the worker group with the role's typed ``fsdp_config``
+    (``hybridrl.workers.config.FSDPConfig``); ``reduce_dtype``: a trained role's
+    ``mixed_precision.reduce_dtype`` (forward-only roles never reduce gradients)."""
+    return apply_fsdp2(
+        module,
+        device,
+        fsdp_size=fsdp_config.fsdp_size,
+        reshard_after_forward=fsdp_config.reshard_after_forward,
+        param_offload=cpu_offload(fsdp_config),
+        param_dtype=fsdp_config.mixed_precision.param_dtype,
+        reduce_dtype=reduce_dtype,
+    )

@@ -10,7 +10,7 @@ import torch
 
 from hybridrl.models import flops
 from hybridrl.models.flops import PEAK_ENV, device_peak_flops, forward_flops, peak_flops_of, update_mfu
-from hybridrl.workers.fsdp_workers import mfu_metrics
+from hybridrl.workers.perf_metrics import mfu_metrics
 
 # d=8, 2 layers, 2 heads of 4 with 1 kv head (kv width 4), mlp 16, vocab 10
 CONFIG = SimpleNamespace(hidden_size=8, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)

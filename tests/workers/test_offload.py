@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hybridrl.workers.fsdp_workers import needs_fsdp
+from hybridrl.workers.sharding import needs_fsdp
 
 
 def _fsdp(param_offload: bool, offload_policy: bool = False) -> SimpleNamespace:
@@ -36,15 +36,15 @@ def test_which_roles_are_wrapped_with_fsdp2(world_size, device, offload, expecte
 
 
 def test_offload_policy_turns_on_fsdp2s_cpu_offload(monkeypatch):
-    from hybridrl.workers import fsdp_workers
+    from hybridrl.workers import sharding
 
     seen = {}
-    monkeypatch.setattr(fsdp_workers, "apply_fsdp2", lambda module, device, **kw: seen.update(kw))
+    monkeypatch.setattr(sharding, "apply_fsdp2", lambda module, device, **kw: seen.update(kw))
     fsdp = SimpleNamespace(
         fsdp_size=-1, reshard_after_forward=True, param_offload=False, offload_policy=True,
         mixed_precision=SimpleNamespace(param_dtype="fp32"),
     )  # fmt: skip
-    fsdp_workers.shard_module(object(), fsdp, "cuda")
+    sharding.shard_module(object(), fsdp, "cuda")
     assert seen["param_offload"] is True
 
 
@@ -52,7 +52,7 @@ GROUP_OF_ONE = """
 import functools, torch, torch.distributed as dist
 from types import SimpleNamespace
 from hybridrl.models import load_causal_lm
-from hybridrl.workers.fsdp_workers import shard_module
+from hybridrl.workers.sharding import shard_module
 from hybridrl.workers.sharding import is_sharded
 fsdp = SimpleNamespace(fsdp_size=-1, reshard_after_forward=True, param_offload=True,
                        mixed_precision=SimpleNamespace(param_dtype="fp32"))
