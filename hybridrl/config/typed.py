@@ -35,6 +35,13 @@ REFUSED = "refused"  # field metadata: the feature the key asks for, which this 
 When = Literal["always", "single", "hf", "cpu"]
 
 
+def same_as(interpolation: str) -> Any:
+    """The default of a field that copies another key (an OmegaConf ``${...}`` interpolation,
+    resolved when the config is composed): typed ``Any`` so that a field of another type may hold
+    the string until then."""
+    return interpolation
+
+
 def ignored(
     default=dataclasses.MISSING,
     reason: str = "",

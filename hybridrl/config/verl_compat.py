@@ -448,7 +448,7 @@ def verl_values(overrides: list[str]) -> list[str]:
       command line: verl's ``get_custom_reward_fn`` returns before it reads the name (no file, the
       default scorers), so the override is dropped.
     """
-    path_null = any(_split(text) in (("custom_reward_function.path", v) for v in _NULL) for text in overrides)
+    path_null = any(_split(text) in [("custom_reward_function.path", v) for v in _NULL] for text in overrides)
     out = []
     for text in overrides:
         key, value = _split(text)

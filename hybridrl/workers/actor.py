@@ -343,9 +343,11 @@ class PPOActor:
         """:func:`~hybridrl.algorithms.distillation.distillation_ppo_loss` of one micro batch: the
         task's policy loss (``use_task_rewards``) plus the distillation loss against the batch's
         teacher scores; a top-k loss reads the student's log-softmax at the teacher's top-k ids."""
+        assert self.distillation is not None  # the update calls this only with a distillation loss
         topk = {}
         teacher = mb.get("teacher_log_prob", None)
         if self.distillation_topk:
+            assert out.logits is not None  # asked for (return_logits) when the loss is a top-k one
             teacher_ids = mb[TOPK_KEYS[1]].long()
             log_softmax = torch.log_softmax(out.logits.float(), dim=-1)
             ids = teacher_ids if log_softmax.dim() == 3 else teacher_ids[out.slots]

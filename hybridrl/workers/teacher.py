@@ -89,6 +89,7 @@ def teacher_scores(policy, data: DataProto, spec, topk: int | None) -> dict[str,
         out = forward_response(
             policy.actor_module, micro, spec.temperature, policy.compute_dtype, options, return_logits=True
         )
+        assert out.logits is not None  # return_logits=True
         values, ids = topk_from_logits(out.logits, topk)
         parts["teacher_log_prob"].append(out.log_probs)
         parts[TOPK_KEYS[0]].append(slots_to_rows(values, out.slots))

@@ -74,7 +74,7 @@ def test_reward_keys_without_machinery_here_are_noted_or_refused():
 @pytest.mark.parametrize(
     "key, value, message",
     [
-        ("distillation.enabled", "true", "on-policy distillation"),
+        ("data.datagen.path", "/tmp/gen.py", "dynamic data generation"),  # distillation.*: supported since issue 32
     ],
 )
 def test_verl_09_machinery_that_is_not_here_is_refused(key, value, message):

@@ -14,7 +14,7 @@ from typing import Optional
 
 from hybridrl.algorithms.policy_loss.config import ActorLossKnobs, PolicyLossConfig
 from hybridrl.config.rules import at_least, number_above, one_of
-from hybridrl.config.typed import ignored
+from hybridrl.config.typed import ignored, same_as
 from hybridrl.errors import ConfigError
 
 from .fsdp import CheckpointConfig, OptimConfig, RefFSDPConfig, TrainingFSDPConfig
@@ -113,12 +113,12 @@ class RefConfig:
 
     strategy: str = ignored(ACTOR + "strategy}", FSDP_EITHER)
     fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
-    use_torch_compile: bool = ACTOR + "use_torch_compile}"
+    use_torch_compile: bool = same_as(ACTOR + "use_torch_compile}")
     log_prob_micro_batch_size: Optional[int] = None
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
-    log_prob_use_dynamic_bsz: bool = ACTOR + "use_dynamic_bsz}"
-    log_prob_max_token_len_per_gpu: int = ACTOR + "ppo_max_token_len_per_gpu}"
-    ulysses_sequence_parallel_size: int = ACTOR + "ulysses_sequence_parallel_size}"
+    log_prob_use_dynamic_bsz: bool = same_as(ACTOR + "use_dynamic_bsz}")
+    log_prob_max_token_len_per_gpu: int = same_as(ACTOR + "ppo_max_token_len_per_gpu}")
+    ulysses_sequence_parallel_size: int = same_as(ACTOR + "ulysses_sequence_parallel_size}")
     entropy_from_logits_with_chunking: bool = False
     entropy_checkpointing: bool = False
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)

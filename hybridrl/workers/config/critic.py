@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from hybridrl.config.rules import at_least, one_of, positive
-from hybridrl.config.typed import ignored
+from hybridrl.config.typed import ignored, same_as
 
 from .actor import FSDP_EITHER, IN_ORDER, STRATEGIES, check_optim_lr, check_sequence_parallel_size
 from .fsdp import CheckpointConfig, OptimConfig
@@ -30,21 +30,21 @@ class CriticConfig:
     strategy: str = ignored("fsdp", FSDP_EITHER)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5, min_lr_ratio=None))
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
-    ppo_mini_batch_size: int = ACTOR + "ppo_mini_batch_size}"
+    ppo_mini_batch_size: int = same_as(ACTOR + "ppo_mini_batch_size}")
     ppo_micro_batch_size: Optional[int] = None
     ppo_micro_batch_size_per_gpu: Optional[int] = None
     forward_micro_batch_size: Optional[int] = "${critic.ppo_micro_batch_size}"
     forward_micro_batch_size_per_gpu: Optional[int] = "${critic.ppo_micro_batch_size_per_gpu}"
-    use_dynamic_bsz: bool = ACTOR + "use_dynamic_bsz}"
+    use_dynamic_bsz: bool = same_as(ACTOR + "use_dynamic_bsz}")
     ppo_max_token_len_per_gpu: int = 32768
     forward_max_token_len_per_gpu: int = "${critic.ppo_max_token_len_per_gpu}"
     ulysses_sequence_parallel_size: int = 1
-    ppo_epochs: int = ACTOR + "ppo_epochs}"
+    ppo_epochs: int = same_as(ACTOR + "ppo_epochs}")
     shuffle: bool = ignored(ACTOR + "shuffle}", IN_ORDER)
     grad_clip: float = 1.0
     cliprange_value: float = 0.5
-    loss_agg_mode: str = ACTOR + "loss_agg_mode}"
-    loss_scale_factor: Optional[float] = ACTOR + "loss_scale_factor}"
+    loss_agg_mode: str = same_as(ACTOR + "loss_agg_mode}")
+    loss_scale_factor: Optional[float] = same_as(ACTOR + "loss_scale_factor}")
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from hybridrl.algorithms.distillation import DistillationLossConfig
+from hybridrl.config.typed import same_as
 from hybridrl.errors import ConfigError
 
 __all__ = [
@@ -85,8 +86,8 @@ class TeacherInferenceConfig:
     trainer's workers: ``dtype`` is the dtype it computes in and ``temperature`` divides its
     logits (both follow the rollout's, as in verl); the engine keys are not read."""
 
-    name: Optional[str] = ROLLOUT + "name}"
-    dtype: Optional[str] = ROLLOUT + "dtype}"
+    name: Optional[str] = same_as(ROLLOUT + "name}")
+    dtype: Optional[str] = same_as(ROLLOUT + "dtype}")
     gpu_memory_utilization: float = 0.5
     enforce_eager: bool = True
     cudagraph_capture_sizes: Optional[Any] = None
@@ -104,9 +105,9 @@ class TeacherInferenceConfig:
     enable_prefix_caching: bool = True
     disable_log_stats: bool = True
     skip_tokenizer_init: bool = True
-    prompt_length: Optional[int] = ROLLOUT + "prompt_length}"
-    response_length: Optional[int] = ROLLOUT + "response_length}"
-    temperature: Optional[float] = ROLLOUT + "temperature}"
+    prompt_length: Optional[int] = same_as(ROLLOUT + "prompt_length}")
+    response_length: Optional[int] = same_as(ROLLOUT + "response_length}")
+    temperature: Optional[float] = same_as(ROLLOUT + "temperature}")
 
 
 @dataclass

@@ -10,7 +10,7 @@ from typing import Any, Dict, Optional
 
 from hybridrl.agents.config import AgentLoopConfig, MultiTurnConfig
 from hybridrl.config.rules import at_least, number_above, one_of
-from hybridrl.config.typed import ignored, refused
+from hybridrl.config.typed import ignored, refused, same_as
 from hybridrl.errors import ConfigError
 
 from .profiler import ProfilerConfig, check_profiler, rollout_profiler
@@ -118,8 +118,8 @@ class RolloutConfig(EngineConfig):
     layered_summon: bool = ignored(False, _ONE_STAGE)
     log_prob_micro_batch_size: Optional[int] = None
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
-    log_prob_use_dynamic_bsz: bool = ACTOR + "use_dynamic_bsz}"
-    log_prob_max_token_len_per_gpu: int = ACTOR + "ppo_max_token_len_per_gpu}"
+    log_prob_use_dynamic_bsz: bool = same_as(ACTOR + "use_dynamic_bsz}")
+    log_prob_max_token_len_per_gpu: int = same_as(ACTOR + "ppo_max_token_len_per_gpu}")
     n: int = 1
     multi_stage_wake_up: bool = ignored(False, _ONE_STAGE)
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
