@@ -13,6 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # distribution -> import name, for every package of pyproject's optional-dependencies
 IMPORT_NAMES = {
     "pytest": "pytest",
+    "pytest-xdist": None,  # a pytest plugin (-n auto): nothing imports it
     "gguf": "gguf",
     "accelerate": None,
     "peft": "peft",
