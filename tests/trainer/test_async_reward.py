@@ -158,7 +158,7 @@ def test_async_scoring_in_a_pool_trains_exactly_like_serial_scoring(
     for name, keys in {"serial": [], "async": overlapped_in_a_pool}.items():
         with monkeypatch.context() as patch:
             steps, windows = _record_steps(patch)
-            assert main(_overrides(gsm8k_parquet, tiny_model_dir, tmp_path / name, *extra, *keys)) == 0
+            assert main(_overrides("cpu", gsm8k_parquet, tiny_model_dir, tmp_path / name, *extra, *keys)) == 0
         runs[name] = (steps, windows)
     (serial, serial_windows), (overlapped, windows) = runs["serial"], runs["async"]
     assert len(serial) == len(overlapped) == 2
