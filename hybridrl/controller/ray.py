@@ -392,16 +392,15 @@ class RayWorkerGroup(WorkerGroup):
             try:
                 ray.get(done[0])
             except RayTaskError as exc:
+                # A rank's collective fails ("connection closed by peer") when a peer process died:
+                # the death is the cause to report, so give it a moment to surface.
+                self._raise_if_a_rank_died(refs, pending)
                 cause = getattr(exc, "cause", None)
                 if isinstance(cause, WorkerError):
                     raise type(cause)(str(cause)) from None
                 raise WorkerError(str(exc)) from None
             except RayActorError as exc:
-                rank = refs.index(done[0])
-                raise WorkerError(
-                    f"{self.worker_cls.__name__} worker process of rank {rank} died: {exc}. The run cannot go on "
-                    "without it; look above for its last output (out of memory is a common cause)"
-                ) from None
+                self._raise_died(refs.index(done[0]), exc)
             except RayError as exc:  # e.g. Ray's memory monitor killed the task
                 rank = refs.index(done[0])
                 first_line = str(exc).strip().splitlines()[0]
@@ -409,6 +408,28 @@ class RayWorkerGroup(WorkerGroup):
                     f"{self.worker_cls.__name__} call on rank {rank} failed in Ray: {first_line}"
                 ) from None
         return ray.get(refs)
+
+    def _raise_if_a_rank_died(self, refs: list, pending: list, grace_s: float = 3.0) -> None:
+        """Raises the death of a pending rank that ends within ``grace_s`` seconds; returns otherwise."""
+        import ray
+        from ray.exceptions import RayActorError, RayError
+
+        if not pending:
+            return
+        done, _ = ray.wait(pending, num_returns=len(pending), timeout=grace_s)
+        for ref in done:
+            try:
+                ray.get(ref)
+            except RayActorError as exc:
+                self._raise_died(refs.index(ref), exc)
+            except RayError:  # only a death outranks the error already in hand
+                continue
+
+    def _raise_died(self, rank: int, exc: Exception) -> None:
+        raise WorkerError(
+            f"{self.worker_cls.__name__} worker process of rank {rank} died: {exc}. The run cannot go on "
+            "without it; look above for its last output (out of memory is a common cause)"
+        ) from None
 
     def shutdown(self) -> None:
         """Kills the processes and frees the placement groups (also ends the spawned groups).

@@ -76,6 +76,13 @@ class ToyWorker(Worker):
         dist.barrier()  # rank 0 waits for a peer that is gone
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def die_after_rank_zero_fails(self):
+        if self.rank == 1:  # rank 0's error reaches the driver first, the death a moment later
+            time.sleep(0.5)
+            os._exit(3)
+        raise RuntimeError("Connection closed by peer")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def stop_on_rank_one(self):
         import signal
 
@@ -172,6 +179,16 @@ def test_a_dying_worker_fails_the_call_without_hanging(ray_cluster):
         with pytest.raises(WorkerError, match="rank 1 died"):
             wg.die_on_rank_one()
         assert time.time() - start < 30  # well before the 60 s collective timeout
+    finally:
+        wg.shutdown()
+
+
+def test_a_peer_death_is_reported_over_the_error_it_caused(ray_cluster):
+    pool = RayResourcePool([2])
+    wg = RayWorkerGroup(pool, RayClassWithInitArgs(ToyWorker))
+    try:
+        with pytest.raises(WorkerError, match="rank 1 died"):
+            wg.die_after_rank_zero_fails()
     finally:
         wg.shutdown()
 
