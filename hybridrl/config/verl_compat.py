@@ -170,13 +170,6 @@ RULES: list[tuple[tuple[str, ...], Answer]] = [
         _ref("reusing dumped rollouts (skip) is not in hybridrl; trainer.rollout_data_dir dumps each step's samples"),
     ),
     (
-        ("*.rollout.checkpoint_engine.*",),
-        _ign(
-            "weights move from the actor into its rollout engine inside the worker, in hybridrl's own buckets; "
-            "verl's checkpoint-engine transports are not used"
-        ),
-    ),
-    (
         (
             "*.rollout.cudagraph_capture_sizes",
             "*.rollout.full_determinism",

@@ -34,7 +34,8 @@ from hybridrl.workers.pass_specs import critic_specs, policy_specs
 from hybridrl.workers.perf_metrics import mfu_metrics
 from hybridrl.workers.profiler import ProfiledWorker, role_profiler
 from hybridrl.workers.reward_model import load_reward_model
-from hybridrl.workers.rollout.base import get_rollout_cls, policy_weights
+from hybridrl.workers.rollout.base import BaseRollout, get_rollout_cls, policy_weights
+from hybridrl.workers.rollout.tp_group import RolloutTPGroup, TPFollowerRollout, check_tp_size
 from hybridrl.workers.sharding import optimizer_on_device, sharder
 from hybridrl.workers.stream_methods import StreamingMethods
 from hybridrl.workers.teacher import check_same_vocabulary, route_rows, teacher_scores, teacher_spec
@@ -112,13 +113,26 @@ class ActorRolloutRefWorker(StreamingMethods, ProfiledWorker, Worker):
         self._start_engine_bookkeeping()
         if not self._is_rollout:
             return
-        rollout_cls = get_rollout_cls(self.config.rollout.name, self.config.rollout.mode)
-        self.rollout = rollout_cls(
-            module, self.config.rollout, self.tokenizer, getattr(module, "generation_config", None)
-        )
+        self._start_engine(module)
         self.agent_loop_manager = None  # multi-turn agent loops (hybridrl.agents)
         if self.config.rollout.multi_turn.enable:
             self._agent_loops(force=True)  # at start-up, so a bad tool/interaction file fails early
+
+    def _start_engine(self, module) -> None:
+        """The rollout engine: this worker's own, or with ``rollout.tensor_model_parallel_size`` T > 1
+        one per T workers, held by the first of them (:mod:`~hybridrl.workers.rollout.tp_group`)."""
+        rollout = self.config.rollout
+        tp_size = int(rollout.tensor_model_parallel_size) if rollout.name == "vllm" else 1
+        self.tp_group = RolloutTPGroup(tp_size, self.rank, self.world_size)
+        base = module.get_base_model() if hasattr(module, "get_base_model") else module  # LoRA
+        check_tp_size(tp_size, self.world_size, getattr(base.config, "num_attention_heads", None))
+        self.rollout: BaseRollout
+        if not self.tp_group.is_leader:
+            self.rollout = TPFollowerRollout(module)
+            return
+        rollout_cls = get_rollout_cls(rollout.name, rollout.mode, in_process_group=self.world_size > 1)
+        with self.tp_group.engine_devices():
+            self.rollout = rollout_cls(module, rollout, self.tokenizer, getattr(module, "generation_config", None))
 
     def _model_options(self, fsdp_config, reduce_dtype: str = "fp32") -> dict:
         """``load_causal_lm`` options shared by the actor and the reference: the model section's,
@@ -216,9 +230,12 @@ class ActorRolloutRefWorker(StreamingMethods, ProfiledWorker, Worker):
         with self.engine_lock.hold("a generation"):
             release_cached_memory(self.device)  # the trainer's cached blocks, for the engine that wakes
             version = self.rollout_param_version
-            output = (self._agent_loops(prompts) or self.rollout).generate_sequences(prompts).to("cpu")
+            output = self.tp_group.run_on_leader(prompts, self._generate).to("cpu")
         output.non_tensor_batch["param_version"] = np.full(len(output), version, dtype=object)
         return output
+
+    def _generate(self, prompts: DataProto) -> DataProto:
+        return (self._agent_loops(prompts) or self.rollout).generate_sequences(prompts)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sync_rollout_weights(self) -> int:

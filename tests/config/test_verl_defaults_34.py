@@ -46,12 +46,11 @@ def test_rollout_mode_unset_follows_verl_where_it_runs(caplog, _mode):
     assert _mode(f"{R}.name=vllm", f"{R}.mode=sync", "trainer.n_gpus_per_node=4") == "sync"
 
 
-def test_a_verl_vllm_command_on_several_workers_passes_and_explicit_sync_is_one_line(composed):
+def test_a_verl_vllm_command_on_several_workers_passes_in_either_mode(composed):
     cfg = load_config([*SMALL, f"{R}.name=vllm", "trainer.n_gpus_per_node=4"])
     validate_ppo_config(cfg, world_size=4)
-    with pytest.raises(ConfigError, match=f"{R}.name=vllm with 4 workers needs {R}.mode=async") as err:
-        validate_ppo_config(composed([*SMALL, f"{R}.name=vllm"], [f"{R}.mode=sync", "trainer.n_gpus_per_node=4"]), 4)
-    assert "\n" not in str(err.value)
+    # sync: each worker's engine runs in a process of its own as in async mode (issue 30)
+    validate_ppo_config(composed([*SMALL, f"{R}.name=vllm"], [f"{R}.mode=sync", "trainer.n_gpus_per_node=4"]), 4)
 
 
 def test_sglang_async_runs_on_the_hf_engine_in_sync_mode(caplog, _mode, composed):
@@ -61,10 +60,19 @@ def test_sglang_async_runs_on_the_hf_engine_in_sync_mode(caplog, _mode, composed
         _mode(f"{R}.mode=async") and validate_ppo_config(composed((), [f"{R}.mode=async"]))
 
 
-def test_vllm_tensor_parallelism_runs_one_engine_per_worker_with_a_note(composed):
+def test_vllm_tensor_parallelism_divides_the_workers_and_runs_with_the_sync_schedule(composed):
     cfg = composed([*SMALL, f"{R}.name=vllm"], [f"{R}.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2"])
-    notes = validate_ppo_config(cfg, world_size=2)
-    assert any(n.startswith(f"{R}.tensor_model_parallel_size=2 is ignored") and "whole model" in n for n in notes)
+    assert not any("tensor_model_parallel_size" in n for n in validate_ppo_config(cfg, world_size=2))
+    odd = composed([*SMALL, f"{R}.name=vllm"], [f"{R}.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=3"])
+    with pytest.raises(ConfigError, match=f"{R}.tensor_model_parallel_size=2 must be >= 1 and divide the number of "):
+        validate_ppo_config(odd, world_size=3)
+    stale = composed(
+        [*SMALL, f"{R}.name=vllm"],
+        [f"{R}.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2", "trainer.one_step_off_policy=true"],
+    )
+    with pytest.raises(ConfigError, match="tensor_model_parallel_size=2 with trainer.one_step_off_policy=true") as err:
+        validate_ppo_config(stale, world_size=2)
+    assert "\n" not in str(err.value)
 
 
 def test_tool_call_formats(composed):

@@ -115,13 +115,13 @@ def test_a_refused_key_at_verls_default_and_an_ignored_key_run_with_a_note(caplo
         config = load_config(
             [
                 "actor_rollout_ref.rollout.expert_parallel_size=1",
-                "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+                "actor_rollout_ref.rollout.prometheus.enable=true",
             ],
             resolve_auto_dtypes=False,
         )
     typed_ppo_config(config)
     notes = [r.getMessage() for r in caplog.records]
-    assert any("checkpoint_engine.backend=nccl is ignored: weights move" in n for n in notes)
+    assert any("prometheus.enable=true is ignored: no Prometheus server" in n for n in notes)
     assert not any("expert_parallel_size" in n for n in notes)
 
 
@@ -129,6 +129,7 @@ def test_verl_keys_in_a_config_file_get_the_same_answers(tmp_path, caplog):
     (tmp_path / "mine.yaml").write_text(
         "defaults: [ppo_trainer, _self_]\n"
         "actor_rollout_ref:\n  rollout:\n"
+        "    prometheus: {enable: true}\n"
         "    checkpoint_engine: {backend: naive, update_weights_bucket_megabytes: 4096}\n"
         "  actor:\n    megatron: {tensor_model_parallel_size: 1, param_offload: false}\n"
     )
@@ -137,7 +138,8 @@ def test_verl_keys_in_a_config_file_get_the_same_answers(tmp_path, caplog):
             load_config([], config_name="mine", config_dir=str(tmp_path), resolve_auto_dtypes=False)
         )
     assert typed.actor_rollout_ref.rollout.n == 1
-    assert any("checkpoint_engine is ignored" in r.getMessage() for r in caplog.records)
+    assert typed.actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes == 4096
+    assert any("prometheus is ignored" in r.getMessage() for r in caplog.records)
     (tmp_path / "bad.yaml").write_text(
         "defaults: [ppo_trainer, _self_]\nactor_rollout_ref:\n  actor:\n    megatron: {tensor_model_parallel_size: 4}\n"
     )
@@ -145,3 +147,14 @@ def test_verl_keys_in_a_config_file_get_the_same_answers(tmp_path, caplog):
         ConfigError, match="megatron.tensor_model_parallel_size=4: strategy megatron is not in hybridrl"
     ):
         typed_ppo_config(load_config([], config_name="bad", config_dir=str(tmp_path), resolve_auto_dtypes=False))
+
+
+def test_the_weight_bucket_has_verls_two_spellings():
+    R = "actor_rollout_ref.rollout"
+    bucket = lambda *o: typed_ppo_config(load_config(list(o), resolve_auto_dtypes=False)).actor_rollout_ref.rollout  # noqa: E731
+    assert bucket().checkpoint_engine.update_weights_bucket_megabytes == 2048  # verl main's default
+    assert bucket(f"{R}.update_weights_bucket_megabytes=512").checkpoint_engine.update_weights_bucket_megabytes == 512
+    with pytest.raises(ConfigError, match="are verl's two spellings of one setting"):
+        bucket(f"{R}.update_weights_bucket_megabytes=512", f"{R}.checkpoint_engine.update_weights_bucket_megabytes=64")
+    with pytest.raises(ConfigError, match="checkpoint_engine.update_weights_bucket_megabytes"):
+        bucket(f"{R}.checkpoint_engine.update_weights_bucket_megabytes=0")

@@ -93,10 +93,12 @@ def test_two_nodes_train_then_resume_on_one_worker(ray_cluster, gsm8k_parquet, t
 
 
 @pytest.mark.slow
-def test_two_workers_each_run_their_own_async_vllm_engine(ray_cluster, gsm8k_parquet, vllm_model_dir, tmp_path):
-    """GRPO with an FSDP2-sharded actor on two Ray workers, each generating its half of the batch
-    with its own vLLM engine process; after each update both engines get the gathered weights,
-    so in fp32 the engines' log-probs stay the actor's."""
+@pytest.mark.parametrize("mode, tp_size", [("async", 1), ("sync", 2)])
+def test_two_workers_generate_with_vllm(ray_cluster, gsm8k_parquet, vllm_model_dir, tmp_path, mode, tp_size):
+    """GRPO with an FSDP2-sharded actor on two Ray workers. TP 1: each generates its half of the batch
+    with its own vLLM engine process. TP 2 (issue 30): one engine spans both, the rows gathered on
+    rank 0. After each update the engines get the gathered weights, so in fp32 their log-probs
+    stay the actor's."""
     pytest.importorskip("vllm", reason="the vllm extra is not installed")
     reward = tmp_path / "reward.py"
     reward.write_text(REWARD_FILE)
@@ -110,7 +112,8 @@ def test_two_workers_each_run_their_own_async_vllm_engine(ray_cluster, gsm8k_par
         "actor_rollout_ref.actor.use_kl_loss=False",
         "trainer.save_freq=-1",
         "actor_rollout_ref.rollout.name=vllm",
-        "actor_rollout_ref.rollout.mode=async",
+        f"actor_rollout_ref.rollout.mode={mode}",
+        f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp_size}",
         "actor_rollout_ref.rollout.kv_cache_memory_gb=0.05",
         "actor_rollout_ref.rollout.dtype=fp32",
         "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",

@@ -169,10 +169,12 @@ class SlowEngine:
 
 def _worker(engine, timeout_s=30):
     from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker
+    from hybridrl.workers.rollout.tp_group import RolloutTPGroup
 
     worker = ActorRolloutRefWorker.__new__(ActorRolloutRefWorker)  # the real methods around a stand-in engine
     worker.config = ppo_section("actor_rollout_ref", {"rollout": {"engine_timeout_s": timeout_s}})
     worker.device, worker.agent_loop_manager, worker.rollout = "cpu", None, engine
+    worker.tp_group = RolloutTPGroup(1, rank=0, world_size=1)  # its own engine
     worker.actor = SimpleNamespace(actor_module=torch.nn.Linear(1, 1))
     worker._start_engine_bookkeeping()
     return worker

@@ -29,7 +29,8 @@ from vllm_helpers import (
     make_prompts,
 )
 
-from hybridrl.workers.rollout.base import RolloutEngineError, SampledIds
+from hybridrl.workers.rollout.base import RolloutEngineError, SampledIds, policy_weights
+from hybridrl.workers.rollout.vllm_async import weight_buckets
 
 
 @pytest.fixture
@@ -111,6 +112,33 @@ def test_agent_loops_send_one_request_per_turn_with_log_probs(engine, vllm_model
 
 def test_sync_weights_changes_and_restores_greedy_output(engine, vllm_model, tokenizer):
     check_weight_sync(engine, vllm_model, tokenizer)
+
+
+def test_bucketed_sync_keeps_each_layer_whole_and_reaches_every_weight(engine, vllm_model, tokenizer):
+    """Buckets (rollout.checkpoint_engine.update_weights_bucket_megabytes, issue 30) too small for the
+    whole model, one of them ending where a layer's k_proj ends: the layer moves whole to the next
+    bucket (split there, the fused qkv_proj lost its v part: log-probs off by 45 nats)."""
+    sizes = {name: t.numel() * 4 for name, t in policy_weights(vllm_model, everything=True)}
+    names = list(sizes)
+    limit = sum(sizes[name] for name in names[: next(i for i, n in enumerate(names) if "k_proj" in n) + 1])
+    buckets = list(weight_buckets(policy_weights(vllm_model, everything=True), limit, torch.float32))
+    layer_of = {name: name.split(".layers.")[1].split(".")[0] for name in names if ".layers." in name}
+    homes: dict[str, set[int]] = {}
+    for i, bucket in enumerate(buckets):
+        for name in bucket:
+            homes.setdefault(layer_of.get(name, name), set()).add(i)
+    assert len(buckets) >= 2 and all(len(home) == 1 for home in homes.values())
+    assert [n for b in buckets for n in b] == names and all(sum(sizes[n] for n in b) <= limit for b in buckets)
+    before = engine.bucket_bytes
+    engine.bucket_bytes = limit
+    try:
+        check_weight_sync(engine, vllm_model, tokenizer)
+        engine.bucket_bytes = limit // 4  # smaller than the embedding: one line naming the key
+        with pytest.raises(RolloutEngineError, match="update_weights_bucket_megabytes=.*more than a bucket"):
+            engine.sync_weights(vllm_model)
+    finally:
+        engine.bucket_bytes = before
+    engine.sync_weights(vllm_model)
 
 
 def test_lora_actor_syncs_its_merged_weights(engine, vllm_model, tokenizer):

@@ -258,14 +258,12 @@ def _rollout(config, device_memory_gb: float, cuda: bool, actor: Role, per_worke
         kv_gb = rollout.kv_cache_memory_gb
         if kv_gb is not None and float(kv_gb) <= 0:
             raise ConfigError(f"{ROLLOUT}.kv_cache_memory_gb={kv_gb} must be > 0 (GiB) or null")
-        weights_gb = params * dtype / GiB
+        weights_gb = params * dtype / GiB / int(rollout.tensor_model_parallel_size)  # each TP rank's share
         if cuda:
             vllm_gb = fraction * device_memory_gb if kv_gb is None else weights_gb + float(kv_gb)
         else:
             vllm_gb = weights_gb + (float(kv_gb) if kv_gb is not None else 1.0)
-    bucket = float(rollout.update_weights_bucket_megabytes)
-    if bucket <= 0:
-        raise ConfigError(f"{ROLLOUT}.update_weights_bucket_megabytes={bucket:g} must be > 0 (MB)")
+    bucket = float(rollout.checkpoint_engine.update_weights_bucket_megabytes)  # >= 1: checked when typed
     return Rollout(
         shape=actor.shape,
         params=params,
@@ -295,10 +293,6 @@ def _notes(config, device: str, workers: int) -> list[str]:
         notes.append(f"on CPU the device memory is the host memory: {', '.join(offloaded)} saves nothing (not counted)")
     if int(config.actor_rollout_ref.model.lora_rank) > 0 and needs_reference_policy(config):
         notes.append("the reference is the actor with its LoRA adapters off: no copy of its own")
-    if int(config.actor_rollout_ref.rollout.tensor_model_parallel_size) > 1:
-        notes.append(
-            f"{ROLLOUT}.tensor_model_parallel_size > 1 is not in this build; planned as 1 (one engine per worker)"
-        )
     if config.reward_model.reward_manager == "judge":
         notes.append("the LLM judge of reward_model.reward_manager=judge is not planned")
     if device == "cpu" and config.trainer.cpu_malloc_reuse:

@@ -238,7 +238,8 @@ def prepare_ppo_config(config) -> None:
 
 def merge_verl_spellings(config) -> None:
     """verl's second spelling of a role key (``optim.clip_grad`` of ``grad_clip``, ``fsdp_config.*``
-    of the role's ``entropy_checkpointing`` / ``ulysses_sequence_parallel_size``): the one set wins.
+    of the role's ``entropy_checkpointing`` / ``ulysses_sequence_parallel_size``, the rollout's
+    ``checkpoint_engine.update_weights_bucket_megabytes``): the one set wins.
 
     Raises:
         ConfigError: both spellings set to different values.
@@ -248,6 +249,17 @@ def merge_verl_spellings(config) -> None:
         role.grad_clip = two_spellings(
             f"{key}.grad_clip", role.grad_clip, 1.0, f"{key}.optim.clip_grad", role.optim.clip_grad, 1.0
         )
+    rollout, key = policy.rollout, "actor_rollout_ref.rollout"
+    bucket = two_spellings(
+        f"{key}.update_weights_bucket_megabytes",
+        rollout.update_weights_bucket_megabytes,
+        None,
+        f"{key}.checkpoint_engine.update_weights_bucket_megabytes",
+        rollout.checkpoint_engine.update_weights_bucket_megabytes,
+        2048,
+    )
+    if bucket is not None:
+        rollout.checkpoint_engine.update_weights_bucket_megabytes = bucket
     before = getattr(policy.actor, sp)
     for key, role in (("actor_rollout_ref.actor", policy.actor), ("actor_rollout_ref.ref", policy.ref)):
         for name, default in (("entropy_checkpointing", False), (sp, 1)):

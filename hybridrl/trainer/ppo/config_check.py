@@ -43,6 +43,7 @@ from hybridrl.workers.actor import build_policy_loss_config
 from hybridrl.workers.config import CriticConfig
 from hybridrl.workers.config.distillation import DistillationConfig, distillation_notes
 from hybridrl.workers.rollout import OPTIONAL_ENGINES, ROLLOUT_REGISTRY
+from hybridrl.workers.rollout.tp_group import check_tp_size
 from hybridrl.workers.sequence_parallel import check_sequence_parallel
 
 # From the typed config's field metadata: key -> (reason, when) for keys that mean nothing here,
@@ -87,13 +88,13 @@ def validate_ppo_config(config, world_size: int = 1, algo: AlgoConfig | None = N
     _check_lora_package(config, uses_critic)
     _check_reward_model(config.reward_model)
     scoring_notes = _check_reward_scoring(config)
-    engine_notes = _check_rollout_engine(config.actor_rollout_ref.rollout, world_size)
+    _check_rollout_engine(config, world_size)
     async_notes = check_async_modes(config, algo.rollout_correction)
     _check_multi_turn(config)
     sp_notes = check_sequence_parallel(config, world_size, uses_critic)
     check_batch_sizes(config, world_size, uses_critic)
     group_notes = _group_of_one_notes(config) + _check_distillation(config)
-    return scoring_notes + engine_notes + async_notes + sp_notes + group_notes + ignored_key_notes(config, world_size)
+    return scoring_notes + async_notes + sp_notes + group_notes + ignored_key_notes(config, world_size)
 
 
 def _typed(config):
@@ -258,30 +259,33 @@ def _check_lora_package(config, uses_critic: bool) -> None:
             )
 
 
-def _check_rollout_engine(rollout, world_size: int) -> list[str]:
-    """Settings the chosen engine (``actor_rollout_ref.rollout``) cannot run, refused before any model loads;
-    returns a note for verl's tensor parallelism inside the vLLM engine, which runs as one engine per worker."""
+def _check_rollout_engine(config, world_size: int) -> None:
+    """Settings the chosen engine (``actor_rollout_ref.rollout``) cannot run, refused before any model
+    loads: an async mode for an engine without one; a vLLM tensor-parallel size that does not divide the
+    workers (:func:`~hybridrl.workers.rollout.tp_group.check_tp_size`; the heads are checked when the
+    model loads) or that meets an asynchronous schedule (its engines serve their own rank's requests)."""
+    rollout = config.actor_rollout_ref.rollout
     name, mode = rollout.name, rollout.mode
     if mode == "async" and name != "vllm":
         raise ConfigError(
             f"{ROLLOUT}.mode=async: the {name!r} engine has no async server mode; "
             f"set {ROLLOUT}.name=vllm (pip install -e '.[vllm]') or {ROLLOUT}.mode=sync"
         )
-    if name == "vllm" and mode != "async" and world_size > 1:
+    tp_size = int(rollout.tensor_model_parallel_size)
+    if name != "vllm" or tp_size == 1:
+        return
+    check_tp_size(tp_size, world_size)
+    schedule = config.trainer.v1.trainer_mode if config.trainer.v1.trainer_mode != "sync" else None
+    if config.trainer.one_step_off_policy:
+        schedule = "trainer.one_step_off_policy=true"
+    elif schedule:
+        schedule = f"trainer.v1.trainer_mode={schedule}"
+    if schedule:
         raise ConfigError(
-            f"{ROLLOUT}.name=vllm with {world_size} workers needs {ROLLOUT}.mode=async: the colocated (sync) engine "
-            "runs in the worker's process and would start a process group beside the trainer's; the async engine "
-            "runs in a process of its own, one per worker"
+            f"{ROLLOUT}.tensor_model_parallel_size={tp_size} with {schedule}: an engine that spans several workers "
+            f"runs with the synchronous schedule only in this build; set {ROLLOUT}.tensor_model_parallel_size=1 "
+            "(one engine per worker) or drop the asynchronous schedule"
         )
-    tp = rollout.tensor_model_parallel_size
-    if name == "vllm" and tp > 1:
-        # the samples do not depend on how an engine splits the model; only its memory per device does
-        return [
-            f"{ROLLOUT}.tensor_model_parallel_size={tp} is ignored: tensor parallelism inside a vLLM engine is not in "
-            "this build; each worker runs its own engine, with the whole model, on its share of the batch (the "
-            "same samples; the engine holds tp times the weights per device; the start-up memory plan counts them)"
-        ]
-    return []
 
 
 def _check_multi_turn(config) -> None:

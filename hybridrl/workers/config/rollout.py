@@ -93,6 +93,20 @@ class TraceConfig:
 
 
 @dataclass
+class CheckpointEngineConfig:
+    """``rollout.checkpoint_engine``: how the actor's weights reach the engine after an update. Here
+    they always go the same way, the vLLM engine of its own process taking them in buckets of
+    ``update_weights_bucket_megabytes`` (MB, verl's default 2048; also spelled
+    ``rollout.update_weights_bucket_megabytes``, verl's older key), the colocated engine one tensor
+    at a time."""
+
+    backend: str = ignored("naive", "weights go from the actor to its engine in buckets inside the worker")
+    custom_backend_module: Optional[str] = ignored(None, "weights go from the actor to its engine inside the worker")
+    engine_kwargs: Dict[str, Any] = ignored(factory=dict, reason="no checkpoint-engine transport to configure")
+    update_weights_bucket_megabytes: int = 2048
+
+
+@dataclass
 class RolloutConfig(EngineConfig):
     """``actor_rollout_ref.rollout``: the policy's engine, the samples per prompt (``n``), its
     log-prob passes, agent loops (``multi_turn``, ``agent``) and validation sampling."""
@@ -126,7 +140,9 @@ class RolloutConfig(EngineConfig):
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     calculate_log_probs: bool = True
     agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
-    update_weights_bucket_megabytes: int = ignored(512, "the whole state dict goes to the engine in one call")
+    # verl's older key of checkpoint_engine's (merged into it: merge_verl_spellings)
+    update_weights_bucket_megabytes: Optional[int] = None
+    checkpoint_engine: CheckpointEngineConfig = field(default_factory=CheckpointEngineConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
     profiler: ProfilerConfig = field(default_factory=rollout_profiler)
 
@@ -147,6 +163,11 @@ class RolloutConfig(EngineConfig):
                 f"{key}.temperature={self.temperature!r} must be a number > 0 (training samples and their "
                 f"log-probs divide the logits by it); for greedy decoding set {key}.val_kwargs.temperature=0"
             )
+        at_least(
+            f"{key}.checkpoint_engine.update_weights_bucket_megabytes",
+            self.checkpoint_engine.update_weights_bucket_megabytes,
+            1,
+        )
         if self.val_kwargs.temperature < 0:
             raise ConfigError(
                 f"{key}.val_kwargs.temperature={self.val_kwargs.temperature!r} must be a number >= 0 (0: greedy "
@@ -161,8 +182,9 @@ def resolve_rollout_mode(rollout, world_size: int) -> str | None:
 
     verl's default is ``async`` (its rollout.yaml: ``mode: async``). Unset (null) here it is:
 
-    - ``async`` for ``name=vllm`` on more than one worker: one vLLM engine process per worker, the
-      only way vLLM runs beside the trainer's process group (the colocated engine cannot);
+    - ``async`` for ``name=vllm`` on more than one worker: one vLLM engine process per worker (or per
+      ``tensor_model_parallel_size`` workers); ``sync`` there runs the same engines batch by batch
+      (the colocated engine cannot run beside the trainer's process group);
     - ``sync`` for ``name=vllm`` on one worker: the colocated engine, as before (a note says how to
       get verl's async engine); and for every other engine (``hf`` has only ``sync``).
 
@@ -187,7 +209,7 @@ def resolve_rollout_mode(rollout, world_size: int) -> str | None:
         rollout.mode = "async"
         return (
             f"{key}.mode unset: async, verl's default - {key}.name=vllm on {world_size} workers runs one vLLM "
-            "engine process per worker"
+            "engine process per worker (per tensor_model_parallel_size workers)"
         )
     rollout.mode = "sync"
     return (

@@ -72,12 +72,16 @@ def register_rollout(name: str, mode: str = "sync"):
     return (ASYNC_ROLLOUTS if mode == "async" else ROLLOUTS).register(name)
 
 
-def get_rollout_cls(name: str, mode: str = "sync") -> type[BaseRollout]:
+def get_rollout_cls(name: str, mode: str = "sync", in_process_group: bool = False) -> type[BaseRollout]:
     """Engine class for ``actor_rollout_ref.rollout.name`` and ``.mode``.
 
     A name in :data:`OPTIONAL_ENGINES` (sglang, sglang_async) with no
     engine registered under it falls back to the HF engine; the config check notes it once at
-    start-up.
+    start-up. ``in_process_group``: the worker is one of several in a process group (or its
+    engine spans several): a sync engine that cannot share a process with one
+    (``runs_in_a_process_group = False``, the colocated vLLM engine, which would start a process
+    group of its own) is replaced by the async engine of the same name, whose engine runs in a
+    process of its own and serves ``generate_sequences`` the same way.
 
     Raises:
         RolloutEngineError: ``mode=async`` for an engine that has no async server mode.
@@ -92,7 +96,10 @@ def get_rollout_cls(name: str, mode: str = "sync") -> type[BaseRollout]:
         )
     if name in OPTIONAL_ENGINES and name not in ROLLOUTS:
         return ROLLOUTS.get("hf")
-    return ROLLOUTS.get(name)
+    engine = ROLLOUTS.get(name)
+    if in_process_group and not engine.runs_in_a_process_group and name in ASYNC_ROLLOUTS:
+        return ASYNC_ROLLOUTS.get(name)
+    return engine
 
 
 class BaseRollout(abc.ABC):
@@ -137,6 +144,8 @@ class BaseRollout(abc.ABC):
     ``async agenerate(prompt_ids, sampling_kwargs, max_new_tokens, stop_strings) -> SampledIds``,
     one request per sequence and turn.
     """
+
+    runs_in_a_process_group = True  # False: the worker of a process group runs the async engine instead
 
     @abc.abstractmethod
     def generate_sequences(self, prompts: DataProto) -> DataProto:

@@ -228,13 +228,15 @@ class VLLMRollout(BaseRollout):
     temperature and top-k/top-p), as the HF engine's.
 
     Raises (at construction):
-        RolloutEngineError: vLLM missing. (Tensor parallelism is refused at start-up by the
-            config check.)
+        RolloutEngineError: vLLM missing. (Tensor parallelism runs in the async engine, which
+            :func:`~hybridrl.workers.rollout.base.get_rollout_cls` picks for a process group.)
         EngineStartError (a RolloutEngineError): vLLM refused to start: its own reason (e.g.
             ``max_num_batched_tokens (352) must be greater than or equal to max_num_seqs (1024)``)
             and the rollout keys that set the values it names, or ``rollout.name=hf`` when it
             names none (an architecture vLLM cannot run).
     """
+
+    runs_in_a_process_group = False  # its in-process engine core would start a process group of its own
 
     def __init__(self, actor_module: torch.nn.Module, config, tokenizer, generation_config=None) -> None:
         self.vllm = import_vllm()
@@ -249,6 +251,7 @@ class VLLMRollout(BaseRollout):
         self.sleep_mode = bool(config.free_cache_engine) and self.device.type == "cuda"
         self.sleeping = False
         self.max_model_len = int(config.max_model_len or (config.prompt_length + config.response_length))
+        self.tp_size = int(config.tensor_model_parallel_size)
         base = actor_module.get_base_model() if hasattr(actor_module, "get_base_model") else actor_module  # LoRA
         self.architectures = ", ".join(base.config.architectures or [type(base).__name__])
         self._start(actor_module, base)
@@ -281,7 +284,9 @@ class VLLMRollout(BaseRollout):
             enable_prefix_caching=bool(cfg.enable_prefix_caching),
             disable_log_stats=bool(cfg.disable_log_stats),
             use_tqdm_on_load=False,
-            distributed_executor_backend="uni",
+            tensor_parallel_size=self.tp_size,
+            # one in-process worker; with tensor parallelism (the async engine) one process per TP rank
+            distributed_executor_backend="uni" if self.tp_size == 1 else "mp",
             logprobs_mode="processed_logprobs",
             generation_config="vllm",  # no sampling defaults from the model folder
             enable_sleep_mode=self.sleep_mode,

@@ -28,12 +28,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import itertools
 import os
+import re
 import tempfile
 import threading
 import time
 import uuid
 import weakref
+from collections.abc import Iterable, Iterator
 
 import torch
 
@@ -56,6 +59,59 @@ FOLDER_PREFIX = "hybridrl-vllm-async-"
 
 
 WEIGHTS_DIR_ENV = "HYBRIDRL_ASYNC_WEIGHTS_DIR"  # a folder of the user's choice for the weights file
+
+
+BUCKET_KEY = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"
+
+
+def bucket_bytes(config) -> int:
+    """The weight-sync bucket of a rollout section, in bytes (verl's MB are MiB); an engine section
+    without the key (the judge's, ``hybridrl gen``'s) loads its weights in one bucket."""
+    engine = getattr(config, "checkpoint_engine", None)
+    megabytes = getattr(engine, "update_weights_bucket_megabytes", None)
+    return int(megabytes) * 2**20 if megabytes else 2**62
+
+
+_LAYER = re.compile(r"^(.*\.layers\.\d+)\.")
+
+
+def weight_buckets(
+    pairs: Iterable[tuple[str, torch.Tensor]], limit_bytes: int, dtype: torch.dtype
+) -> Iterator[dict[str, torch.Tensor]]:
+    """``(name, tensor)`` pairs grouped in order into dicts of at most ``limit_bytes`` (sized in the
+    engine's ``dtype``), a decoder layer's tensors (``*.layers.<i>.*``) always in one bucket: vLLM
+    fuses q/k/v and gate/up as it loads them, and a reload that brings part of a fused group
+    leaves the rest of it wrong (measured: log-probs off by 45 nats). A bucket is yielded before
+    the next layer is taken, so a lazy ``pairs`` (gathered shards) holds one bucket at a time.
+
+    Raises:
+        RolloutEngineError: a layer or tensor larger than ``limit_bytes``, naming it and
+            ``rollout.checkpoint_engine.update_weights_bucket_megabytes``.
+    """
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    bucket: dict[str, torch.Tensor] = {}
+    size = 0
+    for unit_name, group in itertools.groupby(pairs, key=lambda pair: _unit(pair[0])):
+        unit = dict(group)
+        unit_size = sum(t.numel() for t in unit.values()) * itemsize
+        if unit_size > limit_bytes:
+            raise RolloutEngineError(
+                f"{BUCKET_KEY}={limit_bytes // 2**20}: {unit_name} takes {unit_size / 2**20:.1f} MB, more than "
+                f"a bucket (a layer's tensors go in one); raise it to at least {-(-unit_size // 2**20)}"
+            )
+        if bucket and size + unit_size > limit_bytes:
+            yield bucket
+            bucket, size = {}, 0
+        bucket.update(unit)
+        size += unit_size
+    if bucket:
+        yield bucket
+
+
+def _unit(name: str) -> str:
+    """The decoder layer a parameter belongs to (``model.layers.3``), or the name itself."""
+    match = _LAYER.match(name)
+    return match.group(1) if match else name
 
 
 def _ram_dir() -> str | None:
@@ -168,6 +224,7 @@ class AsyncVLLMRollout(VLLMRollout):
 
     def _start(self, actor_module: torch.nn.Module, base: torch.nn.Module) -> None:
         self.timeout_s = float(self.config.engine_timeout_s)
+        self.bucket_bytes = bucket_bytes(self.config)
         sweep_orphan_folders(_ram_dir())
         self._folder = tempfile.TemporaryDirectory(prefix=f"{FOLDER_PREFIX}{os.getpid()}-", dir=_ram_dir())
         write_model_folder(base, self.tokenizer, self._folder.name, weights=False)
@@ -295,19 +352,29 @@ class AsyncVLLMRollout(VLLMRollout):
 
     @torch.no_grad()
     def sync_weights(self, actor_module: torch.nn.Module, everything: bool = False) -> None:
-        """Hands the actor's weights to the engine process through the folder in RAM (a collective
-        when the actor is FSDP-sharded: every rank calls this) and resets its prefix cache. The
-        file holds them all at once: the engine process reads one file (issue 30 streams it)."""
-        self.load_weights(dict(policy_weights(actor_module, everything)))
+        """Hands the actor's weights to the engine process through the folder in RAM, in buckets of
+        ``rollout.checkpoint_engine.update_weights_bucket_megabytes`` (a collective when the actor is
+        FSDP-sharded: every rank calls this), and resets its prefix cache. At most one bucket of
+        gathered tensors is held at a time, in this process and in RAM."""
+        self.load_weights(policy_weights(actor_module, everything))
 
     @torch.no_grad()
-    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
-        """Loads ``state`` (parameter name -> tensor, all or some of the model's) into the engine
-        process through the folder in RAM and resets its prefix cache."""
-        self._write_weights(state)
+    def load_weights(self, weights: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Loads ``weights`` (parameter name -> tensor, all or some of the model's, as a dict or as
+        pairs) into the engine process bucket by bucket (:func:`weight_buckets`) through the folder
+        in RAM, then resets its prefix cache.
+
+        Raises:
+            RolloutEngineError: a tensor larger than a bucket (naming the key), no room in RAM for a
+                bucket, or the engine died or missed its deadline while loading one.
+        """
         self._wake_up()
-        self._call(self._reload(), "the engine to reload the weights", "reloading weights")
-        self._drop_weights_file()
+        pairs = weights.items() if isinstance(weights, dict) else weights
+        for bucket in weight_buckets(pairs, self.bucket_bytes, self.dtype):
+            self._write_weights(bucket)
+            self._call(self._reload(), "the engine to reload the weights", "reloading weights")
+            self._drop_weights_file()
+        self._call(self._reset_prefix_cache(), "the engine to reset its prefix cache", "reloading weights")
 
     def _drop_weights_file(self) -> None:
         """The engine has read the weights: their file leaves RAM at once. (The folder goes when
@@ -323,6 +390,13 @@ class AsyncVLLMRollout(VLLMRollout):
             await self.llm.collective_rpc(
                 "reload_weights", kwargs={"weights_path": self._folder.name, "is_checkpoint_format": True}
             )
+        except EngineDeadError:
+            raise self._died("reloading weights") from None
+
+    async def _reset_prefix_cache(self) -> None:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        try:
             await self.llm.reset_prefix_cache()
         except EngineDeadError:
             raise self._died("reloading weights") from None
