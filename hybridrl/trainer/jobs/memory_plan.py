@@ -48,7 +48,7 @@ What is modelled (``W`` workers, ``F`` = ``fsdp_size`` when 0 < fsdp_size < W, e
   generates (the plan does not fit when that share cannot hold the weights), and keeps it between
   generations unless ``free_cache_engine``; vLLM on CPU keeps
   its weights and KV cache (``kv_cache_memory_gb``, 1 GiB by default). A weight sync moves one
-  bucket (``update_weights_bucket_megabytes``) at a time.
+  bucket (``checkpoint_engine.update_weights_bucket_megabytes``) at a time.
 * **Process baseline**: the CUDA context, or on CPU the worker process's own resident memory,
   plus, with ``trainer.cpu_malloc_reuse``, the freed blocks glibc keeps (``malloc_kept``).
 

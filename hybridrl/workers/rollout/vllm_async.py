@@ -72,6 +72,7 @@ def bucket_bytes(config) -> int:
     return int(megabytes) * 2**20 if megabytes else 2**62
 
 
+_LAYER_WHOLE = " (a layer's tensors go in one: vLLM fuses q/k/v and gate/up)"
 _LAYER = re.compile(r"^(.*\.layers\.\d+)\.")
 
 
@@ -97,7 +98,7 @@ def weight_buckets(
         if unit_size > limit_bytes:
             raise RolloutEngineError(
                 f"{BUCKET_KEY}={limit_bytes // 2**20}: {unit_name} takes {unit_size / 2**20:.1f} MB, more than "
-                f"a bucket (a layer's tensors go in one); raise it to at least {-(-unit_size // 2**20)}"
+                f"a bucket{_LAYER_WHOLE if len(unit) > 1 else ''}; raise it to at least {-(-unit_size // 2**20)}"
             )
         if bucket and size + unit_size > limit_bytes:
             yield bucket
