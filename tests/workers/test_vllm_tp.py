@@ -23,7 +23,10 @@ def tp_engine(vllm_model, tokenizer):
 
     engine = AsyncVLLMRollout(
         copy.deepcopy(vllm_model),
-        engine_config(mode="async", tensor_model_parallel_size=2),
+        # 30 MB buckets: the engine starts from two weight files (embedding + layers, output layer)
+        engine_config(
+            mode="async", tensor_model_parallel_size=2, checkpoint_engine={"update_weights_bucket_megabytes": 30}
+        ),
         tokenizer,
         vllm_model.generation_config,
     )

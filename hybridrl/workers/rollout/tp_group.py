@@ -44,6 +44,16 @@ def check_tp_size(tp_size: int, world_size: int, num_attention_heads: int | None
         )
 
 
+def _physical_device() -> str:
+    """This worker's CUDA device as the machine numbers it ("" without CUDA): its index among the
+    devices Ray (``CUDA_VISIBLE_DEVICES``) left it, mapped back."""
+    if not torch.cuda.is_available():
+        return ""
+    index = torch.cuda.current_device()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return visible.split(",")[index].strip() if visible else str(index)
+
+
 class _LeaderFailed:
     """What a failed leader sends its followers instead of their rows."""
 
@@ -76,11 +86,10 @@ class RolloutTPGroup:
             group = dist.new_group(list(range(start, start + tp_size)), backend="gloo")
             if start == self.leader:
                 self.group = group
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
         devices: list = [None] * tp_size
-        dist.all_gather_object(devices, visible, group=self.group)
+        dist.all_gather_object(devices, _physical_device(), group=self.group)
         if all(devices):  # the engine's T workers run on the group's devices
-            self.devices = [d.split(",")[0] for d in devices]
+            self.devices = devices
 
     @contextlib.contextmanager
     def engine_devices(self):

@@ -229,7 +229,10 @@ class AsyncVLLMRollout(VLLMRollout):
         sweep_orphan_folders(_ram_dir())
         self._folder = tempfile.TemporaryDirectory(prefix=f"{FOLDER_PREFIX}{os.getpid()}-", dir=_ram_dir())
         write_model_folder(base, self.tokenizer, self._folder.name, weights=False)
-        self._write_weights(dict(policy_weights(actor_module, everything=True)))
+        # the engine starts from the weights as bucket-sized files: one bucket in this process at a time
+        buckets = weight_buckets(policy_weights(actor_module, everything=True), self.bucket_bytes, self.dtype)
+        for i, bucket in enumerate(buckets):
+            self._write_weights(bucket, f"model-{i:05d}.safetensors")
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="hybridrl-vllm-async", daemon=True)
         self._thread.start()
@@ -330,8 +333,8 @@ class AsyncVLLMRollout(VLLMRollout):
         return final
 
     # ------------------------------------------------------------------ weights and memory
-    def _write_weights(self, state: dict[str, torch.Tensor]) -> None:
-        """``state`` in the engine's dtype as the folder's one safetensors file, replaced atomically.
+    def _write_weights(self, state: dict[str, torch.Tensor], filename: str = WEIGHTS_FILE) -> None:
+        """``state`` in the engine's dtype as the safetensors file ``filename`` of the folder, written atomically.
 
         Tied tensors (one storage under two names, e.g. ``lm_head`` and ``embed_tokens``) are
         written under both names, the second as a copy (safetensors stores no shared tensors):
@@ -347,7 +350,7 @@ class AsyncVLLMRollout(VLLMRollout):
             key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
             tensors[name] = tensor.clone() if key in seen else tensor
             seen.add(key)
-        path = os.path.join(self._folder.name, WEIGHTS_FILE)
+        path = os.path.join(self._folder.name, filename)
         save_file(tensors, path + ".tmp", metadata={"format": "pt"})
         os.replace(path + ".tmp", path)
 
@@ -378,11 +381,13 @@ class AsyncVLLMRollout(VLLMRollout):
         self._call(self._reset_prefix_cache(), "the engine to reset its prefix cache", "reloading weights")
 
     def _drop_weights_file(self) -> None:
-        """The engine has read the weights: their file leaves RAM at once. (The folder goes when
+        """The engine has read the weights: their files leave RAM at once. (The folder goes when
         the rollout is shut down or collected; the folder of a process killed before that is
         removed by the next engine's start, :func:`sweep_orphan_folders`.)"""
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(self._folder.name, WEIGHTS_FILE))
+        for name in os.listdir(self._folder.name):
+            if name.endswith(".safetensors"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(self._folder.name, name))
 
     async def _reload(self) -> None:
         from vllm.v1.engine.exceptions import EngineDeadError
