@@ -14,7 +14,7 @@ from typing import Any
 
 from hybridrl.errors import ConfigError, UserError
 
-__all__ = ["import_user_file", "user_file_path"]
+__all__ = ["import_user_file", "load_user_object", "user_file_path"]
 
 # full path -> ((mtime_ns, size) of the file when imported, module)
 _LOADED: dict[str, tuple[tuple[int, int], Any]] = {}
@@ -70,3 +70,28 @@ def import_user_file(path: str, key: str, error: type[UserError] = ConfigError) 
         ) from exc
     _LOADED[path] = (stamp, module)
     return module
+
+
+def load_user_object(key: str, path, name, what: str, error: type[UserError] = ConfigError) -> Any:
+    """The object ``name`` that ``<key>=<path>`` points at, as verl loads one: ``pkg://a.b.c`` is the
+    importable module ``a.b.c``, anything else a Python file (:func:`import_user_file`); ``what``:
+    what it should be, for the messages.
+
+    Raises:
+        error: no name, a module that does not import, no such file, or no ``name`` in it (one line
+            naming ``key``).
+    """
+    if not name:
+        raise error(f"{key}={path!r} needs the name of {what} in it; set the key's class_name / name beside it")
+    if str(path).startswith("pkg://"):
+        module_name = str(path)[len("pkg://") :]
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise error(f"{key}={path!r}: module {module_name} does not import ({exc}); fix the path") from exc
+    else:
+        module = import_user_file(user_file_path(key, path, what, error), key, error)
+    found = getattr(module, str(name), None)
+    if found is None:
+        raise error(f"{key}={path!r} defines no {name!r}; set the name of {what} defined there")
+    return found

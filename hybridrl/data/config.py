@@ -25,9 +25,10 @@ class ClassRefConfig:
 
 @dataclass
 class SamplerRefConfig:
-    """verl's custom sampler: a class by ``class_path`` and ``class_name``."""
+    """verl's custom sampler: the class ``class_name`` of ``class_path`` (a .py file or
+    ``pkg://<module>``), :mod:`hybridrl.data.sampler`."""
 
-    class_path: Optional[str] = refused(None, "custom samplers")
+    class_path: Optional[str] = None
     class_name: Optional[str] = None
 
 
@@ -78,6 +79,11 @@ class DataConfig:
         if self.gen_batch_size is not None:
             at_least("data.gen_batch_size", self.gen_batch_size, 1)
         one_of("data.truncation", self.truncation, TRUNCATIONS)
+        if self.sampler.class_path and not self.sampler.class_name:
+            raise ConfigError(
+                f"data.sampler.class_name is not set (data.sampler.class_path={self.sampler.class_path!r}); "
+                "set it to your Sampler class's name"
+            )
         if self.custom_cls.path and not self.custom_cls.name:
             raise ConfigError(
                 f"data.custom_cls.name is not set (data.custom_cls.path={self.custom_cls.path!r}); "

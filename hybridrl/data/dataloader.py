@@ -18,6 +18,7 @@ def create_rl_dataloader(
     num_workers: int = 0,
     drop_last: bool = True,
     config_key: str = "data.train_batch_size",
+    sampler=None,
 ) -> StatefulDataLoader:
     """Build a ``StatefulDataLoader`` whose ``state_dict()`` resumes mid-epoch exactly.
 
@@ -33,6 +34,8 @@ def create_rl_dataloader(
         num_workers: DataLoader worker processes (0: load in the caller).
         drop_last: drop the last incomplete batch.
         config_key: the key ``batch_size`` came from, named in errors.
+        sampler: the order of the rows in place of ``shuffle`` / ``seed`` (``data.sampler``,
+            :func:`hybridrl.data.sampler.create_custom_sampler`).
 
     Returns:
         StatefulDataLoader yielding ``collate_fn`` dicts (tensors ``(batch_size, ...)``,
@@ -49,7 +52,9 @@ def create_rl_dataloader(
             f"{config_key}={batch_size} is larger than the dataset ({n} rows after filtering); "
             f"lower {config_key} or use more data"
         )
-    if shuffle:
+    if sampler is not None:
+        pass
+    elif shuffle:
         generator = torch.Generator().manual_seed(1 if seed is None else int(seed))
         sampler = RandomSampler(dataset, generator=generator)
     else:

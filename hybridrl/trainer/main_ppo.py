@@ -15,6 +15,7 @@ from hybridrl.algorithms.config import AlgoConfig, algo_config
 from hybridrl.data import collate_fn, create_rl_dataloader, create_rl_dataset
 from hybridrl.data.dataloader import stateful_dataloader
 from hybridrl.data.errors import DataError
+from hybridrl.data.sampler import create_custom_sampler
 from hybridrl.errors import ConfigError
 from hybridrl.models import load_tokenizer, resolve_model_path
 from hybridrl.models.external import import_external_lib
@@ -48,6 +49,7 @@ def _build_dataloaders(config, tokenizer):
         shuffle=data_cfg.shuffle,
         seed=data_cfg.seed,
         num_workers=data_cfg.dataloader_num_workers,
+        sampler=create_custom_sampler(data_cfg, train_dataset),
     )
     val_dataloader = None
     if data_cfg.val_files:

@@ -17,6 +17,7 @@ from hybridrl.algorithms.config import AlgoConfig
 from hybridrl.algorithms.kl import apply_kl_penalty
 from hybridrl.algorithms.policy_loss import agg_loss
 from hybridrl.algorithms.rollout_corr import compute_offpolicy_metrics
+from hybridrl.data.sampler import curriculum_update
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.manager import RewardFunctionError
 from hybridrl.trainer.ppo.async_reward import PendingReward, reward_deadline_s, scores_async
@@ -239,6 +240,7 @@ class PPOTrainer:
         if self._profiling and stops(cfg.global_profiler, self.global_steps):
             self.set_profiling(False)  # writes the traces (outside timing_s/step)
 
+        curriculum_update(self.train_dataloader, batch)  # verl's curriculum sampler sees the trained batch
         metrics.update(compute_data_metrics(batch, use_critic=self.plan.use_critic))
         dump_rollouts(cfg.trainer, batch, self.tokenizer, self.global_steps, reward_extra_info)
         metrics.update(compute_timing_metrics(batch, timing_raw))
@@ -250,12 +252,8 @@ class PPOTrainer:
         """Starts (``on``) or stops the workers' torch profiler (verl's ``start_profile`` /
         ``stop_profile``; :mod:`hybridrl.workers.profiler`): the roles whose ``profiler.enable`` record
         the steps of ``global_profiler.steps``."""
-        groups = [self.actor_rollout_wg]
-        if self.plan.use_critic:
-            groups.append(self.critic_wg)
-        if self.rm_wg is not None:
-            groups.append(self.rm_wg)
-        for group in groups:
+        critic = [self.critic_wg] if self.plan.use_critic else []
+        for group in [self.actor_rollout_wg, *critic, *([self.rm_wg] if self.rm_wg is not None else [])]:
             if on:
                 group.start_profile(self.global_steps)
             else:
