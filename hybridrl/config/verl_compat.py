@@ -97,8 +97,11 @@ RULES: list[tuple[tuple[str, ...], Answer]] = [
         ),
     ),
     (
-        ("*.model.lora_adapter_path",),
-        _ref("starting from a saved LoRA adapter is not in hybridrl; resume from a checkpoint (trainer.resume_mode)"),
+        ("critic.model.lora_adapter_path", "reward_model.model.lora_adapter_path"),
+        _ref(
+            "starting the critic from a saved LoRA adapter is not in hybridrl (the policy's "
+            "actor_rollout_ref.model.lora_adapter_path is); resume from a checkpoint (trainer.resume_mode)"
+        ),
     ),
     (
         ("*.model.hf_config_path",),

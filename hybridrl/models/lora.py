@@ -19,7 +19,7 @@ import torch
 
 from hybridrl.errors import ConfigError
 from hybridrl.models.loader import ModelDependencyError
-from hybridrl.models.materialize import checkpoint_name, full_tensor
+from hybridrl.models.materialize import checkpoint_name, full_tensor, is_adapter_param
 
 LORA_ADAPTER_DIR = "lora_adapter"  # peft's adapter_config.json + adapter_model.safetensors
 ADAPTER = "default"  # peft's name of the one adapter
@@ -37,7 +37,11 @@ def _peft():
 
 def lora_settings(model_cfg) -> dict | None:
     """``{lora_rank, lora_alpha, target_modules, exclude_modules}`` of a ``model`` config section,
-    or None when ``lora_rank`` is 0 (full fine-tuning)."""
+    ``{adapter_path}`` when it names a saved adapter (``lora_adapter_path``: its own rank and
+    targets), or None when ``lora_rank`` is 0 (full fine-tuning)."""
+    adapter_path = getattr(model_cfg, "lora_adapter_path", None)
+    if adapter_path:
+        return {"adapter_path": str(adapter_path)}
     rank = int(model_cfg.lora_rank)
     if rank <= 0:
         return None
@@ -49,6 +53,62 @@ def lora_settings(model_cfg) -> dict | None:
         "target_modules": targets if isinstance(targets, str) else list(targets),
         "exclude_modules": excluded if excluded is None or isinstance(excluded, str) else list(excluded),
     }
+
+
+def load_lora_adapter(model: torch.nn.Module, adapter_path: str, config_key: str = "model", seed: int | None = None):
+    """Wraps ``model`` (empty or not) with the adapters of the saved peft folder ``adapter_path``:
+    its rank, alpha and target modules (``adapter_config.json``), trainable. The saved weights go
+    in with :func:`fill_saved_adapter` once the model's weights exist. ``seed`` is unused.
+
+    Raises:
+        ModelDependencyError: ``peft`` is not installed.
+        ConfigError: the folder holds no adapter config (one line naming
+            ``<config_key>.lora_adapter_path``).
+    """
+    peft = _peft()
+    folder = _adapter_folder(adapter_path, config_key)
+    config = peft.LoraConfig.from_pretrained(folder)
+    config.inference_mode = False
+    return peft.get_peft_model(model, config)
+
+
+@torch.no_grad()
+def fill_saved_adapter(module: torch.nn.Module, adapter_path: str, config_key: str = "model") -> None:
+    """Copies the saved adapter weights of ``adapter_path`` into the adapter parameters of ``module``
+    (wrapped by :func:`load_lora_adapter`; plain or FSDP2-sharded: each rank copies its shard).
+
+    Raises:
+        ConfigError: the saved weights do not match the adapter's parameters (names or shapes).
+    """
+    from safetensors.torch import load_file
+
+    from hybridrl.models.materialize import write_full_tensor
+
+    folder = _adapter_folder(adapter_path, config_key)
+    files = [f for f in ("adapter_model.safetensors",) if os.path.isfile(os.path.join(folder, f))]
+    if not files:
+        raise ConfigError(f"{config_key}.lora_adapter_path={adapter_path}: no adapter_model.safetensors there")
+    saved = load_file(os.path.join(folder, files[0]))
+    params = {name: p for name, p in module.named_parameters() if is_adapter_param(name)}
+    for name, param in params.items():
+        key = name.replace(f".{ADAPTER}.", ".")
+        if key not in saved or tuple(saved[key].shape) != tuple(param.shape):
+            found = tuple(saved[key].shape) if key in saved else "missing"
+            raise ConfigError(
+                f"{config_key}.lora_adapter_path={adapter_path}: {key} is {found} in the saved adapter, "
+                f"the model needs {tuple(param.shape)}; save the adapter from this model"
+            )
+        write_full_tensor(param, saved[key])
+
+
+def _adapter_folder(adapter_path: str, config_key: str) -> str:
+    folder = os.path.expanduser(str(adapter_path))
+    if not os.path.isfile(os.path.join(folder, "adapter_config.json")):
+        raise ConfigError(
+            f"{config_key}.lora_adapter_path={adapter_path}: no adapter_config.json there; point it at a folder "
+            f"peft's save_pretrained wrote (a checkpoint's actor/{LORA_ADAPTER_DIR})"
+        )
+    return folder
 
 
 def apply_lora(

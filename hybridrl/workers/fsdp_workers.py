@@ -21,7 +21,7 @@ from hybridrl.controller.decorator import Dispatch, register
 from hybridrl.controller.worker import Worker
 from hybridrl.models import load_causal_lm, load_tokenizer, load_value_model, resolve_model_path
 from hybridrl.models.external import import_external_lib
-from hybridrl.models.lora import AdapterDisabled, apply_lora, lora_settings
+from hybridrl.models.lora import AdapterDisabled, apply_lora, fill_saved_adapter, load_lora_adapter, lora_settings
 from hybridrl.protocol import DataProto
 from hybridrl.workers.actor import PPOActor
 from hybridrl.workers.checkpoint_io import load_worker_state, save_worker_state
@@ -152,14 +152,18 @@ class ActorRolloutRefWorker(StreamingMethods, ProfiledWorker, Worker):
         fsdp_config = self.config.actor.fsdp_config
         wrap = None
         if lora:
-            wrap = functools.partial(apply_lora, **lora, config_key="actor_rollout_ref.model")
-        return load_causal_lm(
+            adapter = load_lora_adapter if "adapter_path" in lora else apply_lora
+            wrap = functools.partial(adapter, **lora, config_key="actor_rollout_ref.model")
+        module = load_causal_lm(
             self.model_path,
             dtype=fsdp_config.model_dtype,
             wrap=wrap,
             enable_gradient_checkpointing=self.config.model.enable_gradient_checkpointing,
             **self._model_options(fsdp_config, fsdp_config.mixed_precision.reduce_dtype),
         )
+        if lora and "adapter_path" in lora:  # the saved adapter's weights, once the model's exist
+            fill_saved_adapter(module, lora["adapter_path"], "actor_rollout_ref.model")
+        return module
 
     def _load_reference(self):
         """The frozen initial policy, in the dtype it computes in (``ref.fsdp_config.mixed_precision.

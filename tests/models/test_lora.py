@@ -179,3 +179,23 @@ def test_critic_lora_keys_checked_only_with_a_critic(grpo_cfg):
         validate_ppo_config(
             _with(grpo_cfg, **bad, **{"algorithm.adv_estimator": "gae", "critic.ppo_micro_batch_size_per_gpu": 2})
         )
+
+
+def test_a_saved_adapter_is_trained_on_and_a_missing_one_is_one_line(base, inputs, tmp_path):
+    """``actor_rollout_ref.model.lora_adapter_path`` (verl's key): the saved adapter's own weights,
+    trainable, and its own rank; lora_settings picks it over lora_rank."""
+    from hybridrl.models.lora import fill_saved_adapter, load_lora_adapter
+
+    trained = _trained_lora(base)
+    trained.save_pretrained(str(tmp_path / "adapter"))
+    model = load_lora_adapter(copy.deepcopy(base), str(tmp_path / "adapter"), "actor_rollout_ref.model")
+    fill_saved_adapter(model, str(tmp_path / "adapter"), "actor_rollout_ref.model")
+    torch.testing.assert_close(_logits(model, inputs), _logits(trained, inputs), atol=1e-6, rtol=0)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_A" in n or "lora_B" in n for n in trainable)
+    cfg = OmegaConf.create({"lora_rank": 0, "lora_adapter_path": str(tmp_path / "adapter")})
+    assert lora_settings(cfg) == {"adapter_path": str(tmp_path / "adapter")}
+    with pytest.raises(ConfigError, match="actor_rollout_ref.model.lora_adapter_path=.*no adapter_config.json") as err:
+        load_lora_adapter(copy.deepcopy(base), str(tmp_path), "actor_rollout_ref.model")
+    assert "\n" not in str(err.value)
+    load_config([f"actor_rollout_ref.model.lora_adapter_path={tmp_path / 'adapter'}"])  # verl's key: accepted

@@ -199,6 +199,27 @@ def test_checkpoint_holds_the_adapter_and_resumes(trained, actor_config, batch, 
 
 
 @pytest.mark.cuda
+def test_a_saved_adapter_starts_the_policy_and_the_reference_stays_the_base(trained, tiny_model_dir, batch, device):
+    """``actor_rollout_ref.model.lora_adapter_path`` (verl's key) with ``lora_rank`` 0: the trained
+    adapter's log-probs, the base model as the reference, and only the adapter trains on."""
+    overrides = _overrides(tiny_model_dir, 0) + [f"{M}.lora_adapter_path={trained['dir'] / 'lora_adapter'}"]
+    config = load_config(overrides).actor_rollout_ref
+    group = LocalWorkerGroup(
+        ActorRolloutRefWorker, config, actor_batch_sizes(config), role="actor_rollout_ref", device=device
+    )
+    group.init_model()
+    torch.testing.assert_close(group.compute_log_prob(batch).batch["old_log_probs"], trained["logp"], atol=ATOL, rtol=0)
+    torch.testing.assert_close(
+        group.compute_ref_log_prob(batch).batch["ref_log_prob"], trained["ref_logp"], atol=ATOL, rtol=0
+    )
+    worker = group.workers[0]
+    before = {n: p.detach().clone() for n, p in worker.actor.actor_module.named_parameters()}
+    group.update_actor(batch)
+    moved = [n for n, p in worker.actor.actor_module.named_parameters() if not torch.equal(p, before[n])]
+    assert moved and all("lora_" in n for n in moved)
+
+
+@pytest.mark.cuda
 def test_resume_with_another_lora_rank_is_refused(trained, tiny_model_dir, device):
     full_config = load_config(_overrides(tiny_model_dir, 0)).actor_rollout_ref
     full = LocalWorkerGroup(

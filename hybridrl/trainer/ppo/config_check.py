@@ -250,13 +250,12 @@ def _check_lora_package(config, uses_critic: bool) -> None:
     if uses_critic:
         models.append(("critic.model", config.critic.model))
     for prefix, model in models:
-        if model.lora_rank == 0:
+        adapter = getattr(model, "lora_adapter_path", None)
+        if model.lora_rank == 0 and not adapter:
             continue
         if importlib.util.find_spec("peft") is None:
-            raise ConfigError(
-                f"{prefix}.lora_rank={model.lora_rank} needs the peft package: pip install 'hybridrl[lora]', "
-                "or set lora_rank=0"
-            )
+            key = f"{prefix}.lora_adapter_path={adapter}" if adapter else f"{prefix}.lora_rank={model.lora_rank}"
+            raise ConfigError(f"{key} needs the peft package: pip install 'hybridrl[lora]', or set lora_rank=0")
 
 
 def _check_rollout_engine(config, world_size: int) -> None:

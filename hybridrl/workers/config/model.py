@@ -57,7 +57,9 @@ class PolicyModelConfig:
     """``actor_rollout_ref.model``: the policy (actor, rollout and reference share it).
 
     ``lora_rank`` > 0 trains LoRA adapters (``lora_alpha``, ``target_modules``: ``all-linear`` or
-    a list of names, ``exclude_modules``: names or a regex) instead of the whole model.
+    a list of names, ``exclude_modules``: names or a regex) instead of the whole model;
+    ``lora_adapter_path`` (verl's key) trains a saved peft adapter folder on, with its own rank and
+    targets (the reference is the model without it).
     """
 
     path: str = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -72,6 +74,7 @@ class PolicyModelConfig:
     lora_alpha: float = 16
     target_modules: Any = "all-linear"
     exclude_modules: Any = None
+    lora_adapter_path: Optional[str] = None
     use_liger: bool = ignored(False, "no Liger kernels in this build")
     use_fused_kernels: bool = ignored(False, _NO_FUSED)
     fused_kernel_options: FusedKernelConfig = field(default_factory=FusedKernelConfig)
