@@ -61,7 +61,7 @@ def _ref(text: str) -> Answer:
 _ROLES = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model")
 _MULTIMODAL = _ref("multimodal inputs (images, video, audio) are not in hybridrl; train on text prompts")
 _TORCH_TRACES = "global_profiler.tool=torch with global_profiler.steps writes torch.profiler traces"
-_PROFILER_TOOLS = ("nsys", "npu", "torch_memory", "precision_debugger")
+_PROFILER_TOOLS = ("npu", "precision_debugger")
 _ENGINE_COPY = (
     "verl's engine workers' copy of the role's keys; hybridrl reads the role's own key "
     "(actor.<key>, model.<key>) - set that one"
@@ -302,6 +302,20 @@ RULES: list[tuple[tuple[str, ...], Answer]] = [
             _ref(f"verl's {tool} profiler is not in hybridrl; {_TORCH_TRACES}"),
         )
         for tool in _PROFILER_TOOLS
+    ),
+    (
+        ("*.profiler.tool_config.nsys.*", "global_profiler.global_tool_config.nsys.*"),
+        _ign(
+            "nsys records each chosen step as one capture range (torch.cuda.profiler.start / stop around the "
+            "step); run the trainer under `nsys profile --capture-range=cudaProfilerApi`"
+        ),
+    ),
+    (
+        ("*.profiler.tool_config.torch_memory.*", "global_profiler.global_tool_config.torch_memory.*"),
+        _ref(
+            "torch_memory settings other than verl's defaults (100000 allocator events, stacks 32 deep) are not "
+            "in hybridrl; drop them"
+        ),
     ),
     (
         ("*.profiler.*", "global_profiler.*"),

@@ -1,4 +1,13 @@
-"""verl's torch profiler tool: a ``torch.profiler`` trace of a worker's process per chosen step.
+"""verl's profiler tools, per chosen step of a worker's process (``global_profiler.tool``):
+
+- ``torch``: a ``torch.profiler`` trace (below);
+- ``torch_memory``: a snapshot of the CUDA caching allocator's history over the step
+  (``torch.cuda.memory._record_memory_history`` / ``_dump_snapshot``; open it at
+  https://pytorch.org/memory_viz), ``<roles>_rank<r>.pickle`` where the trace would go;
+- ``nsys``: the step as one Nsight Systems capture range (``torch.cuda.profiler.start`` / ``stop``);
+  nsys writes the report of a run started under ``nsys profile --capture-range=cudaProfilerApi``.
+
+The last two record CUDA only: on CPU they record nothing (the config check notes it).
 
 The driver calls ``start_profile(step)`` before and ``stop_profile()`` after each step of
 ``global_profiler.steps`` (:class:`ProfiledWorker`, the workers' registered methods); a worker whose
@@ -25,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridrl.controller.decorator import Dispatch, register
+from hybridrl.workers.config.profiler import TOOLS
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +54,7 @@ class RoleProfiler:
     rank: int
     save_path: str
     contents: tuple[str, ...] = ()
+    tool: str = "torch"
 
     def options(self) -> dict:
         """``torch.profiler.profile``'s arguments for ``contents`` (verl's mapping: ``cpu`` / ``cuda``
@@ -65,7 +76,7 @@ class RoleProfiler:
 
 
 def _selected(section, rank: int) -> bool:
-    if not section.enable or section.tool != "torch":
+    if not section.enable or section.tool not in TOOLS:
         return False
     if section.all_ranks:
         return True
@@ -81,14 +92,92 @@ def role_profiler(role: str, sections: list, rank: int) -> RoleProfiler | None:
         return None
     first = chosen[0]
     contents = sorted({item for section in chosen for item in section.tool_config.torch.contents})
-    return RoleProfiler(role=role, rank=rank, save_path=first.save_path, contents=tuple(contents))
+    return RoleProfiler(role=role, rank=rank, save_path=first.save_path, contents=tuple(contents), tool=first.tool)
+
+
+class _MemoryHistory:
+    """``torch_memory``: the CUDA allocator's events from start to stop, dumped as a snapshot."""
+
+    writes_a_file = True
+
+    def start(self) -> None:
+        import torch
+
+        if torch.cuda.is_available():  # verl's defaults: 100000 events, every frame of Python and C++
+            torch.cuda.memory._record_memory_history(max_entries=100_000, stacks="all")
+
+    def stop(self) -> None:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.memory._record_memory_history(enabled=None)
+
+    def export(self, path: str) -> str | None:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        torch.cuda.synchronize()
+        torch.cuda.memory._dump_snapshot(path)
+        return path
+
+
+class _CaptureRange:
+    """``nsys``: the step as one capture range of the Nsight Systems run around the process."""
+
+    writes_a_file = False
+
+    def start(self) -> None:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.profiler.start()
+
+    def stop(self) -> None:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
+
+    def export(self, path: str) -> str | None:
+        return None  # nsys writes its own report
+
+
+class _TorchTrace:
+    """``torch``: a ``torch.profiler`` trace, exported as Chrome JSON."""
+
+    writes_a_file = True
+
+    def __init__(self, options: dict) -> None:
+        import torch
+
+        self.profile = torch.profiler.profile(**options)
+
+    def start(self) -> None:
+        self.profile.start()
+
+    def stop(self) -> None:
+        self.profile.stop()
+
+    def export(self, path: str) -> str | None:
+        self.profile.export_chrome_trace(path)
+        return path
+
+
+def _recorder(profiler: RoleProfiler):
+    if profiler.tool == "torch_memory":
+        return _MemoryHistory()
+    if profiler.tool == "nsys":
+        return _CaptureRange()
+    return _TorchTrace(profiler.options())
 
 
 @dataclass
 class _Session:
     """The process's one running ``torch.profiler.profile`` and the workers recording into it."""
 
-    profile: Any  # torch.profiler.profile
+    profile: Any  # the tool's recorder: start / stop / export
     step: int
     save_path: str
     members: list[RoleProfiler] = field(default_factory=list)  # recording now
@@ -102,11 +191,9 @@ def start(profiler: RoleProfiler, step: int) -> None:
     """Starts the process's trace for ``step`` (or joins the one another worker started)."""
     global _SESSION
     if _SESSION is None:
-        import torch
-
-        profile = torch.profiler.profile(**profiler.options())
-        profile.start()
-        _SESSION = _Session(profile, step, profiler.save_path)
+        recorder = _recorder(profiler)
+        recorder.start()
+        _SESSION = _Session(recorder, step, profiler.save_path)
     if profiler not in _SESSION.members:
         _SESSION.members.append(profiler)
     if profiler.role not in _SESSION.roles:
@@ -126,10 +213,14 @@ def stop(profiler: RoleProfiler) -> str | None:
     _SESSION = None
     session.profile.stop()
     path = trace_path(session.save_path, session.step, session.roles, profiler.rank)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    session.profile.export_chrome_trace(path)
-    logger.info("profiler: wrote %s", path)
-    return path
+    if profiler.tool == "torch_memory":
+        path = path[: -len(".json")] + ".pickle"
+    if session.profile.writes_a_file:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    written = session.profile.export(path)
+    if written:
+        logger.info("profiler: wrote %s", written)
+    return written
 
 
 class ProfiledWorker:

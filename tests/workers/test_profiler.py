@@ -51,9 +51,9 @@ def test_the_role_sections_follow_global_profiler():
     assert policy.rollout.profiler.tool_config.torch.contents == []  # the actor's
 
 
-@pytest.mark.parametrize("tool", ["nsys", "npu", "torch_memory"])
+@pytest.mark.parametrize("tool", ["npu", "precision_debugger"])
 def test_another_tool_is_refused_in_one_line_naming_it(tool):
-    with pytest.raises(ConfigError, match=f"global_profiler.tool={tool}: verl's {tool} profiler is not in hybridrl"):
+    with pytest.raises(ConfigError, match=f"global_profiler.tool={tool}: verl's {tool} profiler"):
         GlobalProfilerConfig(tool=tool)
     with pytest.raises(ConfigError, match=f"critic.profiler.tool={tool}: verl's {tool} profiler"):
         _config({"critic": {"profiler": {"tool": tool}}})
@@ -67,11 +67,12 @@ def test_bad_profiler_values_get_one_line():
 
 
 def test_the_other_tools_keys_are_refused_naming_the_tool_and_accepted_at_verl_defaults():
-    with pytest.raises(ConfigError, match="verl's nsys profiler is not in hybridrl"):
-        check_verl_only("global_profiler.global_tool_config.nsys.discrete", True)
+    assert check_verl_only("global_profiler.global_tool_config.nsys.discrete", True).kind == "ignored"
     with pytest.raises(ConfigError, match="verl's npu profiler is not in hybridrl"):
         check_verl_only("actor_rollout_ref.actor.profiler.tool_config.npu.level", "level1")
     assert check_verl_only("global_profiler.global_tool_config.torch_memory.stack_depth", 32).kind == "ignored"
+    with pytest.raises(ConfigError, match="torch_memory settings other than verl's defaults"):
+        check_verl_only("global_profiler.global_tool_config.torch_memory.stack_depth", 8)
 
 
 def test_which_steps_start_and_stop_a_trace():
@@ -123,3 +124,55 @@ def test_without_profiling_nothing_is_recorded_or_written(tmp_path):
     _work()
     assert worker.stop_profile() is None
     assert os.listdir(tmp_path) == []
+
+
+class _FakeCuda:
+    """What the CUDA-only tools call, recorded (this machine may have no GPU)."""
+
+    def __init__(self, monkeypatch):
+        self.calls = []
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+        monkeypatch.setattr(torch.cuda.profiler, "start", lambda: self.calls.append("capture start"))
+        monkeypatch.setattr(torch.cuda.profiler, "stop", lambda: self.calls.append("capture stop"))
+        monkeypatch.setattr(
+            torch.cuda.memory,
+            "_record_memory_history",
+            lambda enabled="all", **kw: self.calls.append(("history", enabled, kw)),
+        )
+
+        def dump(path):
+            self.calls.append(("dump", path))
+            open(path, "wb").close()
+
+        monkeypatch.setattr(torch.cuda.memory, "_dump_snapshot", dump)
+
+
+def test_torch_memory_dumps_the_allocator_history_of_the_step(tmp_path, monkeypatch):
+    cuda = _FakeCuda(monkeypatch)
+    worker = _Worker("actor_rollout_ref", [_section(tool="torch_memory", save_path=str(tmp_path))])
+    worker.start_profile(2)
+    path = worker.stop_profile()
+    assert path.endswith(os.path.join("step_2", "actor_rollout_ref_rank0.pickle")) and os.path.isfile(path)
+    assert cuda.calls == [
+        ("history", "all", {"max_entries": 100_000, "stacks": "all"}),
+        ("history", None, {}),
+        ("dump", path),
+    ]
+
+
+def test_nsys_makes_each_chosen_step_a_capture_range(tmp_path, monkeypatch):
+    cuda = _FakeCuda(monkeypatch)
+    worker = _Worker("critic", [_section(tool="nsys", save_path=str(tmp_path))])
+    worker.start_profile(1)
+    assert cuda.calls == ["capture start"]
+    assert worker.stop_profile() is None and cuda.calls == ["capture start", "capture stop"]
+    assert os.listdir(tmp_path) == []  # nsys writes its own report
+
+
+def test_the_cuda_tools_record_nothing_on_cpu(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for tool in ("torch_memory", "nsys"):
+        worker = _Worker("critic", [_section(tool=tool, save_path=str(tmp_path))])
+        worker.start_profile(1)
+        assert worker.stop_profile() is None

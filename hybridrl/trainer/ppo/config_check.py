@@ -449,6 +449,9 @@ def ignored_key_notes(config, world_size: int = 1) -> list[str]:
         if source is not None and value == plain(value_at(config, source)):
             continue  # it still copies its source key; that key's own note (if any) says it once
         notes.append(f"{key}={value!r} is ignored: {reason}")
+    tool = config.global_profiler.tool
+    if tool in ("torch_memory", "nsys") and not _on_cuda(config):
+        notes.append(f"global_profiler.tool={tool} records CUDA only: on the CPU nothing is recorded")
     name = config.actor_rollout_ref.rollout.name
     if isinstance(name, str) and name in OPTIONAL_ENGINES and name not in ROLLOUT_REGISTRY:
         notes.append(

@@ -2,8 +2,9 @@
 ``TorchProfilerToolConfig``): ``global_profiler`` (which steps, which tool, where) and each role's
 ``profiler`` (whether the role's workers take part, on which ranks, what the trace records).
 
-Only verl's ``torch`` tool is here (:mod:`hybridrl.workers.profiler`: ``torch.profiler`` traces);
-``nsys``, ``npu``, ``torch_memory`` and ``precision_debugger`` are refused naming the tool, and their
+verl's ``torch`` (``torch.profiler`` traces), ``torch_memory`` (CUDA memory snapshots) and ``nsys``
+(Nsight Systems capture ranges) tools are here (:mod:`hybridrl.workers.profiler`); ``npu`` (Ascend
+NPUs) and ``precision_debugger`` are refused naming the tool, and the other tools'
 ``tool_config`` / ``global_tool_config`` keys are answered by :mod:`hybridrl.config.verl_compat`.
 """
 
@@ -33,26 +34,32 @@ __all__ = [
 
 # what a torch trace may record (verl's TorchProfilerToolConfig.contents); none: CPU and CUDA activity
 TORCH_CONTENTS = ("cpu", "cuda", "memory", "shapes", "stack")
-OTHER_TOOLS = ("nsys", "npu", "torch_memory", "precision_debugger")
+TOOLS = ("torch", "torch_memory", "nsys")
+OTHER_TOOLS = ("npu", "precision_debugger")
 GLOBAL = "${oc.select:global_profiler."
 ACTOR_PROFILER = "${oc.select:actor_rollout_ref.actor.profiler."
 _ACTOR_KEYS = {"enable": "false", "all_ranks": "false", "ranks": "[]", "tool_config": "null"}  # the rollout's defaults
 
 
 def check_tool(key: str, tool) -> None:
-    """``tool`` is None (no profiling) or ``torch``.
+    """``tool`` is None (no profiling) or one of :data:`TOOLS`.
 
     Raises:
         ConfigError: one line naming ``key`` and the tool.
     """
-    if tool is None or tool == "torch" or is_unresolved(tool):
+    if tool is None or tool in TOOLS or is_unresolved(tool):
         return
+    if tool == "npu":
+        raise ConfigError(
+            f"{key}=npu: verl's npu profiler records Ascend NPUs, which hybridrl does not run on; set {key}=torch "
+            "(torch.profiler traces) or nsys (CUDA), docs/logging_and_inspection.md"
+        )
     if tool in OTHER_TOOLS:
         raise ConfigError(
             f"{key}={tool}: verl's {tool} profiler is not in hybridrl; set {key}=torch "
             "(torch.profiler traces, docs/logging_and_inspection.md)"
         )
-    raise ConfigError(f"{key}={tool!r} is not a profiler; set torch (or null: no profiling)")
+    raise ConfigError(f"{key}={tool!r} is not a profiler; set one of {', '.join(TOOLS)} (or null: no profiling)")
 
 
 @dataclass
