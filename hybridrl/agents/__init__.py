@@ -39,6 +39,7 @@ from hybridrl.agents.base import (
     get_agent_loop_cls,
     known_agent_loops,
     register_agent_loop,
+    register_agent_loops_from_file,
 )
 from hybridrl.agents.errors import AgentConfigError
 
@@ -51,4 +52,5 @@ __all__ = [
     "get_agent_loop_cls",
     "known_agent_loops",
     "register_agent_loop",
+    "register_agent_loops_from_file",
 ]

@@ -24,6 +24,7 @@ __all__ = [
     "ResponseBuilder",
     "AGENT_LOOPS",
     "register_agent_loop",
+    "register_agent_loops_from_file",
     "get_agent_loop_cls",
     "known_agent_loops",
 ]
@@ -185,6 +186,39 @@ def register_agent_loop(name: str):
     if not isinstance(name, str) or not name:
         raise AgentConfigError(f"register_agent_loop({name!r}): give a non-empty name, e.g. 'my_agent'")
     return AGENT_LOOPS.register(name)
+
+
+def register_agent_loops_from_file(path: str, key: str = "actor_rollout_ref.rollout.agent.agent_loop_config_path"):
+    """Registers the loops that verl's agent loop config file lists: a YAML list of
+    ``{name: <agent_name>, _target_: <module>.<Class>}`` (the class, a subclass of
+    :class:`AgentLoopBase`, is imported when a row first names it, so the module must be importable
+    in the workers). Returns the names.
+
+    Raises:
+        AgentConfigError: no such file, or an entry without a ``name`` and a dotted ``_target_`` (one
+            line naming ``key``). AgentNameError: a name another class already has.
+    """
+    import os
+
+    from omegaconf import OmegaConf
+
+    full = os.path.expanduser(str(path))
+    if not os.path.isfile(full):
+        raise AgentConfigError(f"{key}={path}: file not found; fix the path or set {key}=null")
+    entries = OmegaConf.to_container(OmegaConf.load(full))
+    names = []
+    for i, entry in enumerate(entries if isinstance(entries, list) else [entries]):
+        name = entry.get("name") if isinstance(entry, dict) else None
+        target = entry.get("_target_") if isinstance(entry, dict) else None
+        if not name or not isinstance(target, str) or "." not in target:
+            raise AgentConfigError(
+                f"{key}={path}: entry {i} needs a name and a _target_ (module.Class), e.g. "
+                "{name: my_agent, _target_: my_pkg.agents.MyAgentLoop}"
+            )
+        module, _, cls = target.rpartition(".")
+        AGENT_LOOPS.register_lazy(name, f"{module}:{cls}")  # the same target again (a second call) is fine
+        names.append(name)
+    return names
 
 
 def known_agent_loops() -> list[str]:

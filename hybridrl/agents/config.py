@@ -97,6 +97,8 @@ class AgentLoopConfig:
     """``rollout.agent``: the loop of rows without an ``agent_name`` column."""
 
     default_agent_loop: str = "single_turn_agent"
+    # verl's file of loops to register: a YAML list of {name, _target_: module.Class}
+    agent_loop_config_path: Optional[str] = None
     num_workers: int = ignored(8, "the agent loops run as asyncio tasks in the rollout worker")
     custom_async_server: ClassRefConfig = refused(
         factory=ClassRefConfig, subkeys={"path": "a custom async rollout server"}

@@ -13,7 +13,7 @@ import logging
 
 import torch
 
-from hybridrl.agents.base import AgentContext, AgentLoopOutput, get_agent_loop_cls
+from hybridrl.agents.base import AgentContext, AgentLoopOutput, get_agent_loop_cls, register_agent_loops_from_file
 from hybridrl.agents.engine import AsyncBatchEngine, RequestEngine
 from hybridrl.agents.interactions.base import load_interactions
 from hybridrl.agents.retrieval import make_retriever
@@ -110,6 +110,8 @@ class AgentLoopManager:
         self.config = config
         self.multi_turn = config.multi_turn
         self.default_agent = config.agent.default_agent_loop
+        if config.agent.agent_loop_config_path:  # verl's file of loops (this process's registry)
+            register_agent_loops_from_file(config.agent.agent_loop_config_path)
         self.tools, self.interactions = {}, {}
         if self.multi_turn.tool_config_path:  # imported only when used: pydantic, jsonschema (the agents extra)
             from hybridrl.agents.tools.base import load_tools

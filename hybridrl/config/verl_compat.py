@@ -207,14 +207,10 @@ RULES: list[tuple[tuple[str, ...], Answer]] = [
         _ign("there is no TensorRT-LLM engine here; the rollout engine is rollout.name (hf | vllm)"),
     ),
     (
-        (
-            "*.rollout.agent.agent_loop_config_path",
-            "*.rollout.multi_turn.function_tool_path",
-            "data.function_tool_path",
-        ),
+        ("*.rollout.multi_turn.function_tool_path", "data.function_tool_path"),
         _ref(
-            "agent loops and tools from verl's config files are not in hybridrl; register them "
-            "(@register_agent_loop, rollout.multi_turn.tool_config_path; docs/agents.md)"
+            "tools from verl's function files are not in hybridrl; describe them in "
+            "rollout.multi_turn.tool_config_path (docs/agents.md)"
         ),
     ),
     (("data.tool_config_path",), _ign("a copy of rollout.multi_turn.tool_config_path, which hybridrl reads")),

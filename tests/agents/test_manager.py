@@ -1,6 +1,7 @@
 """AgentLoopManager: the rollout's batch layout for agent trajectories, mixed agents in one
 batch, loops running concurrently on one batched engine."""
 
+import pytest
 import torch
 
 from hybridrl.agents.base import AgentLoopOutput
@@ -111,3 +112,53 @@ def test_the_real_engine_generates_within_the_budget(tiny_model_dir, tokenizer):
     assert out.batch["responses"].shape == (2, 24) and out.batch["input_ids"].shape == (2, len(ids) + 24)
     assert (out.batch["response_mask"].sum(-1) <= 6).all()  # one turn of at most 6 tokens, no tools
     assert out.non_tensor_batch["__num_turns__"].tolist() == [2, 2]
+
+
+LOOP_MODULE = '''
+from hybridrl.agents import AgentLoopBase, AgentLoopOutput
+
+
+class EchoOnce(AgentLoopBase):
+    """One model turn, then the prompt's first token appended (marks that this class ran)."""
+
+    async def run(self, sampling_params, **row):
+        prompt = list(row["raw_prompt_ids"])
+        sampled = list(await self.engine.generate(prompt, sampling_params, 2))
+        return AgentLoopOutput(prompt, sampled + [prompt[0]], [1] * len(sampled) + [0])
+'''
+
+
+def test_loops_from_verls_agent_loop_config_file_run_for_their_rows(tokenizer, tmp_path, monkeypatch):
+    """``rollout.agent.agent_loop_config_path`` (verl's key): a YAML list of {name, _target_}; the class
+    is imported when a row names it; a bad file is one line naming the key."""
+    from hybridrl.agents import known_agent_loops, register_agent_loops_from_file
+    from hybridrl.agents.base import AGENT_LOOPS
+    from hybridrl.agents.errors import AgentConfigError
+
+    (tmp_path / "my_loops_30.py").write_text(LOOP_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config_file = tmp_path / "agent.yaml"
+    config_file.write_text("- name: echo_once\n  _target_: my_loops_30.EchoOnce\n")
+    try:
+        rollout = ScriptedRollout({4: [[7, 8]], 2: [[9, tokenizer.eos_token_id]]})
+        cfg = ppo_section(
+            "actor_rollout_ref.rollout",
+            {"response_length": 8, "agent": {"agent_loop_config_path": str(config_file)}},
+        )
+        manager = AgentLoopManager(rollout, tokenizer, cfg)
+        assert "echo_once" in known_agent_loops()
+        prompts = DataProto.from_dict(
+            tensors={"input_ids": torch.tensor([[4, 1, 5], [2, 6, 7]]), "attention_mask": torch.ones(2, 3).long()},
+            non_tensors={"agent_name": ["echo_once", "single_turn_agent"]},
+        )
+        out = manager.generate_sequences(prompts)
+        assert out.non_tensor_batch["__agent_name__"].tolist() == ["echo_once", "single_turn_agent"]
+        assert out.batch["responses"][0, :3].tolist() == [7, 8, 4]  # the loop's own last token: its prompt's first
+        assert out.batch["response_mask"][0, :3].tolist() == [1, 1, 0]
+        (tmp_path / "bad.yaml").write_text("- name: x\n")
+        with pytest.raises(AgentConfigError, match="agent_loop_config_path=.*entry 0 needs a name and a _target_"):
+            register_agent_loops_from_file(str(tmp_path / "bad.yaml"))
+        with pytest.raises(AgentConfigError, match="agent_loop_config_path=nowhere.yaml: file not found"):
+            register_agent_loops_from_file("nowhere.yaml")
+    finally:
+        AGENT_LOOPS.unregister("echo_once")

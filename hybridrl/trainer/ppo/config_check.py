@@ -15,7 +15,7 @@ import importlib.util
 import os
 import re
 
-from hybridrl.agents import known_agent_loops
+from hybridrl.agents import known_agent_loops, register_agent_loops_from_file
 from hybridrl.algorithms import functional
 from hybridrl.algorithms.advantages import ADV_ESTIMATOR_NEEDS_GROUP, ADV_ESTIMATOR_REGISTRY
 from hybridrl.algorithms.config import AlgoConfig, algo_config
@@ -300,6 +300,8 @@ def _check_multi_turn(config) -> None:
     ):
         if path and not os.path.isfile(os.path.expanduser(str(path))):
             raise ConfigError(f"{key}={path}: file not found; fix the path or set {key}=null")
+    if rollout.agent.agent_loop_config_path:  # its names, without importing the classes
+        register_agent_loops_from_file(rollout.agent.agent_loop_config_path)
     default = rollout.agent.default_agent_loop
     if default not in known_agent_loops():
         raise ConfigError(
