@@ -42,6 +42,7 @@ __all__ = [
     "compute_rollout_rejection_mask",
     "compute_rollout_correction_and_rejection_mask",
     "compute_offpolicy_metrics",
+    "rejection_settings",
 ]
 
 SECTION = "algorithm.rollout_correction"
@@ -73,7 +74,7 @@ class RejectionRule:
     lower: Optional[float] = None
 
 
-def parse_rollout_rs(rollout_rs: str, rollout_rs_threshold) -> tuple[RejectionRule, ...]:
+def parse_rollout_rs(rollout_rs: Optional[str], rollout_rs_threshold) -> tuple[RejectionRule, ...]:
     """The rules of a ``rollout_rs`` string (``"token_k1,seq_max_k2"``) and its thresholds (one
     shared value, or one per option, comma separated; ``"lo_hi"`` for k1 options).
 
@@ -155,8 +156,10 @@ class RolloutCorrectionConfig:
 
     Raises:
         UnknownAlgorithmError: an unknown ``rollout_is``, ``rollout_rs`` option or ``loss_type``.
-        AlgorithmConfigError: a bad threshold, or ``rollout_is_batch_normalize`` in bypass mode
-            (its weights come per micro batch there, so one batch mean does not exist).
+        AlgorithmConfigError: a bad threshold.
+
+    In bypass mode the weights come from the current policy one micro batch at a time, so
+    ``rollout_is_batch_normalize`` rescales them to mean 1 over each micro batch (as verl does).
     """
 
     rollout_is: Optional[str] = None
@@ -164,6 +167,8 @@ class RolloutCorrectionConfig:
     rollout_is_batch_normalize: bool = False
     rollout_rs: Optional[str] = None
     rollout_rs_threshold: Any = None
+    rollout_rs_threshold_lower: Optional[float] = None  # verl 0.7's lower bound (see rejection_settings)
+    rollout_token_veto_threshold: Optional[float] = None  # verl 0.7's per-token veto: refused unless null
     bypass_mode: bool = False
     loss_type: str = "ppo_clip"
 
@@ -174,11 +179,12 @@ class RolloutCorrectionConfig:
                 f"unknown {SECTION}.loss_type={self.loss_type!r}; valid: {', '.join(BYPASS_LOSS_TYPES)}"
             )
         if self.rollout_rs is not None:
-            parse_rollout_rs(self.rollout_rs, self.rollout_rs_threshold)
-        if self.bypass_mode and self.rollout_is_batch_normalize:
+            parse_rollout_rs(*rejection_settings(self))
+        if self.rollout_token_veto_threshold is not None:
             raise AlgorithmConfigError(
-                f"{SECTION}.rollout_is_batch_normalize=true does not work with bypass_mode=true: there the "
-                "weights come from the current policy one micro batch at a time; set bypass_mode=false"
+                f"{SECTION}.rollout_token_veto_threshold={self.rollout_token_veto_threshold}: verl 0.7's per-token "
+                "veto is not in hybridrl; bound each token with rollout_rs=token_k1 (rollout_rs_threshold='lo_hi') "
+                "or a sequence's worst token with seq_max_k2 / seq_max_k3"
             )
 
     @classmethod
@@ -195,7 +201,24 @@ class RolloutCorrectionConfig:
 
     @property
     def rejection_rules(self) -> tuple[RejectionRule, ...]:
-        return parse_rollout_rs(self.rollout_rs, self.rollout_rs_threshold) if self.rollout_rs else ()
+        return parse_rollout_rs(*rejection_settings(self)) if self.rollout_rs else ()
+
+
+# verl 0.7's rejection modes: bounds on the ratio of a token, a sequence, the geometric mean
+_V07_RS = {"token": "token_k1", "sequence": "seq_sum_k1", "geometric": "seq_mean_k1"}
+
+
+def rejection_settings(corr) -> tuple[Optional[str], Any]:
+    """``(rollout_rs, rollout_rs_threshold)`` of ``corr`` with verl 0.7's spelling folded in: its
+    modes ``token`` / ``sequence`` / ``geometric`` are ``token_k1`` / ``seq_sum_k1`` / ``seq_mean_k1``,
+    and its ``rollout_rs_threshold_lower`` (default ``1 / upper``) joins the upper bound as ``"lo_hi"``."""
+    rollout_rs, threshold = corr.rollout_rs, corr.rollout_rs_threshold
+    lower = getattr(corr, "rollout_rs_threshold_lower", None)
+    if isinstance(rollout_rs, str):
+        rollout_rs = ",".join(_V07_RS.get(part.strip(), part.strip()) for part in rollout_rs.split(","))
+    if lower is not None and threshold is not None and "_" not in str(threshold) and "," not in str(threshold):
+        threshold = f"{lower}_{threshold}"
+    return rollout_rs, threshold
 
 
 def _check_shapes(name: str, **tensors: torch.Tensor) -> None:

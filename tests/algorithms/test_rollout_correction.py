@@ -16,6 +16,7 @@ from hybridrl.algorithms.rollout_corr import (
     compute_rollout_correction_and_rejection_mask,
     compute_rollout_correction_weights,
     compute_rollout_rejection_mask,
+    rejection_settings,
 )
 
 MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]])
@@ -74,6 +75,24 @@ def test_one_k1_threshold_means_its_inverse_below():
     assert torch.equal(a, b)
 
 
+def test_verl_07_spelling_is_the_k1_options_with_a_lower_bound():
+    """verl 0.7: rollout_rs token | sequence | geometric with rollout_rs_threshold (upper) and
+    rollout_rs_threshold_lower; the masks are those of token_k1 / seq_sum_k1 / seq_mean_k1."""
+    for old, new in (("token", "token_k1"), ("sequence", "seq_sum_k1"), ("geometric", "seq_mean_k1")):
+        corr = RolloutCorrectionConfig(rollout_rs=old, rollout_rs_threshold=1.2, rollout_rs_threshold_lower=0.5)
+        assert rejection_settings(corr) == (new, "0.5_1.2")
+        a, _ = compute_rollout_rejection_mask(LOG_RATIO, MASK, *rejection_settings(corr))
+        b, _ = compute_rollout_rejection_mask(LOG_RATIO, MASK, new, "0.5_1.2")
+        assert torch.equal(a, b)
+    # without a lower bound the upper one's inverse, as in verl 0.7
+    assert rejection_settings(RolloutCorrectionConfig(rollout_rs="token", rollout_rs_threshold=2.0)) == (
+        "token_k1",
+        2.0,
+    )
+    with pytest.raises(AlgorithmConfigError, match="the lower bound exceeds the upper one"):
+        RolloutCorrectionConfig(rollout_rs="token", rollout_rs_threshold=1.2, rollout_rs_threshold_lower=1.5)
+
+
 def test_sequence_options_reject_whole_rows():
     k2_max = [0.5 * 0.9**2, 0.5 * 0.05**2, 0.5 * 1.5**2]  # worst token per row
     mask, m = compute_rollout_rejection_mask(LOG_RATIO, MASK, "seq_max_k2", 1.0)
@@ -123,8 +142,8 @@ def test_the_combined_call_prefixes_metrics_and_keeps_the_mask_for_diagnostics()
     [
         ({"rollout_is": "tokens"}, r"unknown algorithm.rollout_correction.rollout_is='tokens'; valid: token, sequence"),
         (
-            {"rollout_rs": "geometric", "rollout_rs_threshold": 2},
-            r"unknown .*rollout_rs option 'geometric'; valid: token_k1",
+            {"rollout_rs": "seq_k9", "rollout_rs_threshold": 2},
+            r"unknown .*rollout_rs option 'seq_k9'; valid: token_k1",
         ),
         ({"rollout_rs": "token_k2"}, r"rollout_rs_threshold=None: rollout_rs=token_k2 needs a threshold"),
         ({"rollout_rs": "token_k2", "rollout_rs_threshold": "0.5_2"}, r"only k1 options take 'lower_upper'"),
@@ -132,13 +151,10 @@ def test_the_combined_call_prefixes_metrics_and_keeps_the_mask_for_diagnostics()
         ({"rollout_rs": "token_k1", "rollout_rs_threshold": "abc"}, r"'abc' for token_k1 is not a number"),
         ({"rollout_rs": "token_k1", "rollout_rs_threshold": "2_0.5"}, r"the lower bound exceeds the upper one"),
         ({"rollout_is_threshold": 0}, r"rollout_is_threshold=0 must be a number > 0"),
+        ({"rollout_token_veto_threshold": 1e-4}, r"rollout_token_veto_threshold=0.0001: verl 0.7's per-token veto"),
         (
             {"loss_type": "reinforce++"},
             r"unknown algorithm.rollout_correction.loss_type='reinforce\+\+'; valid: ppo_clip",
-        ),
-        (
-            {"bypass_mode": True, "rollout_is": "token", "rollout_is_batch_normalize": True},
-            r"does not work with bypass",
         ),
     ],
 )
@@ -242,6 +258,28 @@ def test_bypass_reinforce_is_the_weighted_policy_gradient():
     w = torch.exp(log_prob.detach() - rollout).clamp(max=1.1)
     assert torch.allclose(grad, -w * adv * mask / mask.sum(), atol=1e-7)
     assert metrics["actor/pg_clipfrac"] == 0.0
+
+
+def test_bypass_with_batch_normalize_rescales_each_micro_batchs_weights_to_mean_one():
+    """verl's behaviour: in bypass mode the weights exist one micro batch at a time, so the batch
+    normalisation is over the micro batch."""
+    x, noise, adv, mask = _inputs(seed=4)
+    log_prob = (-F.softplus(x)).requires_grad_(True)
+    rollout = log_prob.detach() + noise
+    corr = RolloutCorrectionConfig(
+        bypass_mode=True,
+        rollout_is="token",
+        rollout_is_threshold=5.0,
+        rollout_is_batch_normalize=True,
+        loss_type="reinforce",
+    )
+    loss, _ = get_policy_loss_fn("bypass_mode")(
+        rollout, log_prob, adv, mask, "token-mean", PolicyLossParams(rollout_correction=corr)
+    )
+    (grad,) = torch.autograd.grad(loss, log_prob)
+    w = torch.exp(log_prob.detach() - rollout).clamp(max=5.0)
+    w = w / ((w * mask).sum() / mask.sum())  # mean 1 over this micro batch's tokens
+    assert torch.allclose(grad, -w * adv * mask / mask.sum(), atol=1e-6)
 
 
 def test_bypass_ppo_clip_is_vanilla_against_the_rollout_policy():

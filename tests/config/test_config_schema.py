@@ -146,8 +146,8 @@ def test_unknown_adv_estimator_lists_known_ones(base_cfg):
     assert "gae" in msg and "grpo" in msg
 
 
-# grpo with n=1: a note, as verl runs it (a group of one: mean 0, std 1): tests/trainer/test_verl_commands_rules.py
-@pytest.mark.parametrize("estimator", ["rloo", "grpo_passk", "reinforce_plus_plus_baseline", "opo", "gpg"])
+# grpo and rloo with n=1: a note, as verl runs them: tests/trainer/test_verl_commands_rules.py
+@pytest.mark.parametrize("estimator", ["grpo_passk", "reinforce_plus_plus_baseline", "opo", "gpg"])
 def test_group_estimator_with_one_response_per_prompt_fails_at_start_up(base_cfg, estimator):
     msg = error_of(cfg_with(base_cfg, algorithm__adv_estimator=estimator, **{f"{R}__n": 1}))
     assert f"algorithm.adv_estimator={estimator}" in msg and f"{R}.n=1" in msg and "2 or more" in msg

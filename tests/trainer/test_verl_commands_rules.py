@@ -34,13 +34,14 @@ def test_reward_loop_needs_no_micro_batch(caplog):
         check_batch_sizes(loop, 8, False)
 
 
-def test_grpo_with_one_sample_per_prompt_runs_as_verl():
-    """examples/rollout_correction/*: GRPO with rollout.n=1 runs (a note): verl's group of one has
-    mean 0 and std 1, so the advantage is score / (1 + epsilon) - hybridrl's function gives the same;
-    an estimator that needs two responses (rloo) still stops."""
+def test_grpo_and_rloo_with_one_sample_per_prompt_run_as_verl():
+    """examples/rollout_correction/*: GRPO and RLOO with rollout.n=1 run (a note): verl's group of one
+    has mean 0 and std 1, so the GRPO advantage is score / (1 + epsilon), and RLOO has no leave-one-out
+    baseline, so its advantage is the score - hybridrl's functions give the same; an estimator that
+    needs two responses (reinforce_plus_plus_baseline) still stops."""
     import torch
 
-    from hybridrl.algorithms.advantages import compute_grpo_outcome_advantage
+    from hybridrl.algorithms.advantages import compute_grpo_outcome_advantage, compute_rloo_outcome_advantage
     from hybridrl.trainer.ppo.config_check import validate_ppo_config
 
     base = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1"]
@@ -50,6 +51,9 @@ def test_grpo_with_one_sample_per_prompt_runs_as_verl():
     notes = validate_ppo_config(cfg)
     assert any("rollout.n=1: each prompt's group holds one response" in n and "(1 + epsilon)" in n for n in notes)
     cfg.algorithm.adv_estimator = "rloo"
+    notes = validate_ppo_config(cfg)
+    assert any("rollout.n=1: each prompt's group holds one response" in n and "no other response" in n for n in notes)
+    cfg.algorithm.adv_estimator = "reinforce_plus_plus_baseline"
     with pytest.raises(ConfigError, match="samples one per prompt"):
         validate_ppo_config(cfg)
 
@@ -59,6 +63,8 @@ def test_grpo_with_one_sample_per_prompt_runs_as_verl():
     adv, _ = compute_grpo_outcome_advantage(rewards, mask, index=["a", "b", "c"], epsilon=1e-6)
     expected = torch.tensor([0.5, -1.0, 2.0]) / (1.0 + 1e-6)  # verl: (score - 0) / (1 + eps)
     torch.testing.assert_close(adv, expected[:, None].expand(3, 4))
+    adv, _ = compute_rloo_outcome_advantage(rewards, mask, index=["a", "b", "c"])
+    torch.testing.assert_close(adv, torch.tensor([0.5, -1.0, 2.0])[:, None].expand(3, 4))  # verl: score - 0
 
 
 def test_trtllm_is_an_engine_refusal():

@@ -12,7 +12,7 @@ import torch
 
 from ..errors import AlgorithmConfigError
 from ..functional import Number, agg_loss, masked_mean
-from ..rollout_corr import compute_rollout_correction_and_rejection_mask
+from ..rollout_corr import compute_rollout_correction_and_rejection_mask, rejection_settings
 from .base import LossOutput, apply_rollout_is_weights, loss_config, pg_metrics, register_policy_loss
 from .config import PolicyLossParams
 from .vanilla import compute_policy_loss_vanilla
@@ -103,8 +103,7 @@ def compute_policy_loss_bypass_mode(
             corr.rollout_is,
             corr.rollout_is_threshold,
             corr.rollout_is_batch_normalize,
-            corr.rollout_rs,
-            corr.rollout_rs_threshold,
+            *rejection_settings(corr),
         )
     if corr.loss_type == "reinforce":
         pg_loss, metrics = compute_policy_loss_reinforce(

@@ -53,7 +53,7 @@ NOT_YET_SUPPORTED: dict[str, str] = marked_keys(PPOConfig, REFUSED)
 _UNSET = object()  # "the packaged defaults have no such key"
 # group estimators whose function treats a group of one as verl's does (mean 0, std 1: A = score),
 # so rollout.n=1 runs with a note instead of stopping
-GROUP_OF_ONE_AS_VERL = frozenset({"grpo", "grpo_vectorized"})
+GROUP_OF_ONE_AS_VERL = frozenset({"grpo", "grpo_vectorized", "rloo", "rloo_vectorized"})
 
 
 def validate_ppo_config(config, world_size: int = 1, algo: AlgoConfig | None = None) -> list[str]:
@@ -367,14 +367,17 @@ def _check_registered(key: str, value, known, register: str, shown: str | None =
 def _group_of_one_notes(config) -> list[str]:
     """``rollout.n=1`` with an estimator of :data:`GROUP_OF_ONE_AS_VERL` runs as verl runs it (its
     examples/rollout_correction scripts): each prompt's group holds one response, whose baseline is
-    0 and std 1 (verl's ``compute_grpo_outcome_advantage``), so the advantage is the score itself."""
+    0 (and std 1: verl's ``compute_grpo_outcome_advantage``; RLOO has no leave-one-out baseline), so
+    the advantage is the score itself."""
     estimator, n = config.algorithm.adv_estimator, config.actor_rollout_ref.rollout.n
     if estimator not in GROUP_OF_ONE_AS_VERL or n >= 2:
         return []
-    scaled = " / (1 + epsilon)" if config.algorithm.norm_adv_by_std_in_grpo else ""
+    grpo = not estimator.startswith("rloo")
+    scaled = " / (1 + epsilon)" if grpo and config.algorithm.norm_adv_by_std_in_grpo else ""
+    baseline = "its mean is 0 and its std 1" if grpo else "no other response makes a baseline"
     return [
         f"algorithm.adv_estimator={estimator} with {ROLLOUT}.n={n}: each prompt's group holds one response, "
-        f"so (as verl) its mean is 0 and its std 1 - the advantage is the response's score{scaled}, "
+        f"so (as verl) {baseline} - the advantage is the response's score{scaled}, "
         f"not a comparison with other responses ({ROLLOUT}.n >= 2 compares them)"
     ]
 

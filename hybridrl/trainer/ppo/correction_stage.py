@@ -10,7 +10,11 @@ the rejection from the current policy. The formulas are in :mod:`hybridrl.algori
 from __future__ import annotations
 
 from hybridrl.algorithms.errors import AlgorithmInputError
-from hybridrl.algorithms.rollout_corr import RolloutCorrectionConfig, compute_rollout_correction_and_rejection_mask
+from hybridrl.algorithms.rollout_corr import (
+    RolloutCorrectionConfig,
+    compute_rollout_correction_and_rejection_mask,
+    rejection_settings,
+)
 from hybridrl.protocol import DataProto
 
 __all__ = [
@@ -77,8 +81,7 @@ def compute_rollout_correction_and_add_to_batch(
         cfg.rollout_is,
         cfg.rollout_is_threshold,
         cfg.rollout_is_batch_normalize,
-        cfg.rollout_rs,
-        cfg.rollout_rs_threshold,
+        *rejection_settings(cfg),
     )
     batch.batch["response_mask"] = mask
     if weights is not None:
