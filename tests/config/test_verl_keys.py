@@ -151,7 +151,10 @@ def test_verl_keys_in_a_config_file_get_the_same_answers(tmp_path, caplog):
 
 def test_the_weight_bucket_has_verls_two_spellings():
     R = "actor_rollout_ref.rollout"
-    bucket = lambda *o: typed_ppo_config(load_config(list(o), resolve_auto_dtypes=False)).actor_rollout_ref.rollout  # noqa: E731
+
+    def bucket(*overrides):
+        return typed_ppo_config(load_config(list(overrides), resolve_auto_dtypes=False)).actor_rollout_ref.rollout
+
     assert bucket().checkpoint_engine.update_weights_bucket_megabytes == 2048  # verl main's default
     assert bucket(f"{R}.update_weights_bucket_megabytes=512").checkpoint_engine.update_weights_bucket_megabytes == 512
     with pytest.raises(ConfigError, match="are verl's two spellings of one setting"):
