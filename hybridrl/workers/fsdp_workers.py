@@ -3,6 +3,8 @@
 ``ActorRolloutRefWorker`` holds the policy (trained), its rollout engine and, when asked, the
 frozen reference policy. ``CriticWorker`` holds the value model. Both run unchanged in the
 local backend (world size 1) and are written against ``self.rank`` / ``self.world_size``.
+``RewardModelWorker`` lives in :mod:`hybridrl.workers.reward_model` and is importable from here,
+where verl users look for it.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from hybridrl.workers.optim import build_lr_scheduler, build_optimizer
 from hybridrl.workers.pass_specs import critic_specs, policy_specs
 from hybridrl.workers.perf_metrics import mfu_metrics
 from hybridrl.workers.profiler import ProfiledWorker, role_profiler
-from hybridrl.workers.reward_model import load_reward_model
+from hybridrl.workers.reward_model import RewardModelWorker  # its home in verl: verl.workers.fsdp_workers
 from hybridrl.workers.rollout.base import BaseRollout, get_rollout_cls, policy_weights
 from hybridrl.workers.rollout.tp_group import RolloutTPGroup, TPFollowerRollout, check_tp_size
 from hybridrl.workers.sharding import optimizer_on_device, sharder
@@ -41,6 +43,8 @@ from hybridrl.workers.stream_methods import StreamingMethods
 from hybridrl.workers.teacher import check_same_vocabulary, route_rows, teacher_scores, teacher_spec
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["ActorRolloutRefWorker", "CriticWorker", "RewardModelWorker"]
 
 
 class ActorRolloutRefWorker(StreamingMethods, ProfiledWorker, Worker):
@@ -476,46 +480,3 @@ class CriticWorker(ProfiledWorker, Worker):
             self.rank,
             self.world_size,
         )
-
-
-class RewardModelWorker(ProfiledWorker, Worker):
-    """Reward-model worker: scores each (prompt, response) with a scalar-head model.
-
-    ``config`` is the ``reward_model`` section. The model is frozen; ``compute_rm_score`` returns
-    ``rm_scores`` ``(bs, response_length)``: the score on the last response token, zero elsewhere.
-    When ``model.input_tokenizer`` (the policy's) differs from the reward model's tokenizer, each
-    row is decoded and re-templated with the reward model's chat template (needs
-    ``data.return_raw_chat=True``); see ``hybridrl/workers/reward_model.py``.
-    """
-
-    def __init__(self, config, device: str = "auto") -> None:
-        super().__init__(config, device)
-        self.profiler = role_profiler("reward_model", [config.profiler], self.rank)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def init_model(self) -> None:
-        import_external_lib(self.config.model.external_lib)
-        fsdp_config = self.config.model.fsdp_config
-        self.reward_model = load_reward_model(
-            self.config, self.device, shard=sharder(self.world_size, self.device, fsdp_config)
-        )
-
-    def _micro_batch_size(self, n_rows: int) -> int:
-        """``micro_batch_size_per_gpu``, else the deprecated global ``micro_batch_size`` / workers,
-        else (``use_dynamic_bsz``, not in this build yet) all rows at once."""
-        cfg = self.config
-        if cfg.micro_batch_size_per_gpu:
-            return int(cfg.micro_batch_size_per_gpu)
-        if cfg.micro_batch_size:
-            return max(1, int(cfg.micro_batch_size) // self.world_size)
-        return max(1, n_rows)
-
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def compute_rm_score(self, data: DataProto) -> DataProto:
-        """``rm_scores`` ``(bs, response_length)`` fp32 of a rollout batch, and this process's memory in
-        ``meta_info["metrics"]`` (GiB, :func:`~hybridrl.workers.memory.memory_metrics`; the driver pops it)."""
-        data = data.to(self.device)
-        scores = self.reward_model.compute_rm_score(data, self._micro_batch_size(len(data)))
-        return DataProto.from_dict(
-            tensors={"rm_scores": scores}, meta_info={"metrics": memory_metrics(self.device)}
-        ).to("cpu")

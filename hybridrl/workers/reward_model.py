@@ -17,12 +17,18 @@ import os
 
 import torch
 
+from hybridrl.controller.decorator import Dispatch, register
+from hybridrl.controller.worker import Worker
 from hybridrl.data.preference_dataset import encode_rm_inputs, right_pad
 from hybridrl.errors import ConfigError
 from hybridrl.models import load_tokenizer, load_value_model, resolve_model_path
+from hybridrl.models.external import import_external_lib
 from hybridrl.models.materialize import full_tensor
 from hybridrl.protocol import DataProto
+from hybridrl.workers.memory import memory_metrics
 from hybridrl.workers.model_forward import autocast, compute_dtype_of
+from hybridrl.workers.profiler import ProfiledWorker, role_profiler
+from hybridrl.workers.sharding import sharder
 
 logger = logging.getLogger(__name__)
 
@@ -208,3 +214,46 @@ def load_reward_model(config, device: str, shard=None) -> RewardModel:
                 "reward model: its tokenizer differs from %s; rows are re-templated for it", model_cfg.input_tokenizer
             )
     return RewardModel(module, tokenizer, input_tokenizer, config.max_length, compute_dtype_of(fsdp_config))
+
+
+class RewardModelWorker(ProfiledWorker, Worker):
+    """Reward-model worker: scores each (prompt, response) with a scalar-head model.
+
+    ``config`` is the ``reward_model`` section. The model is frozen; ``compute_rm_score`` returns
+    ``rm_scores`` ``(bs, response_length)``: the score on the last response token, zero elsewhere.
+    When ``model.input_tokenizer`` (the policy's) differs from the reward model's tokenizer, each
+    row is decoded and re-templated with the reward model's chat template (needs
+    ``data.return_raw_chat=True``); see ``hybridrl/workers/reward_model.py``.
+    """
+
+    def __init__(self, config, device: str = "auto") -> None:
+        super().__init__(config, device)
+        self.profiler = role_profiler("reward_model", [config.profiler], self.rank)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        import_external_lib(self.config.model.external_lib)
+        fsdp_config = self.config.model.fsdp_config
+        self.reward_model = load_reward_model(
+            self.config, self.device, shard=sharder(self.world_size, self.device, fsdp_config)
+        )
+
+    def _micro_batch_size(self, n_rows: int) -> int:
+        """``micro_batch_size_per_gpu``, else the deprecated global ``micro_batch_size`` / workers,
+        else (``use_dynamic_bsz``, not in this build yet) all rows at once."""
+        cfg = self.config
+        if cfg.micro_batch_size_per_gpu:
+            return int(cfg.micro_batch_size_per_gpu)
+        if cfg.micro_batch_size:
+            return max(1, int(cfg.micro_batch_size) // self.world_size)
+        return max(1, n_rows)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_rm_score(self, data: DataProto) -> DataProto:
+        """``rm_scores`` ``(bs, response_length)`` fp32 of a rollout batch, and this process's memory in
+        ``meta_info["metrics"]`` (GiB, :func:`~hybridrl.workers.memory.memory_metrics`; the driver pops it)."""
+        data = data.to(self.device)
+        scores = self.reward_model.compute_rm_score(data, self._micro_batch_size(len(data)))
+        return DataProto.from_dict(
+            tensors={"rm_scores": scores}, meta_info={"metrics": memory_metrics(self.device)}
+        ).to("cpu")
