@@ -366,3 +366,40 @@ def test_a_vllm_share_that_cannot_hold_the_weights_does_not_fit(base):
     weights_gb = SHAPE_360M.param_count() * 2 / GiB  # bf16, more than 0.1 x 4 GB
     assert plan.roles["rollout"]["engine_weights_and_kv_cache"] == pytest.approx(weights_gb)
     assert not plan.fits and any("cannot hold the weights" in note for note in plan.notes)
+
+
+def test_a_distillation_teacher_is_one_more_frozen_role_sharded_like_the_reference(base, model_dir, tmp_path):
+    """issue 32: each teacher's weights in its inference dtype over the workers, and a log-prob pass
+    of its own (its vocabulary's logits) in the teacher_log_prob phase."""
+    big = _write_model(tmp_path / "teacher-1.7b", **SHAPES["SmolLM2-1.7B"])
+    D = "distillation"
+    plan = _plan(
+        base,
+        **{
+            f"{D}.enabled": True,
+            f"{D}.teacher_models.teacher_model.model_path": big,
+            f"{D}.teacher_models.teacher_model.inference.dtype": "bf16",
+        },
+    )
+    teacher = plan.roles["teacher:teacher_model"]
+    shape = model_shape_from_dict(SHAPES["SmolLM2-1.7B"])
+    assert teacher["weights"] * GiB == pytest.approx(shape.param_count() * 2 / 2)  # bf16, 2 workers
+    assert plan.phases["teacher_log_prob"] > plan.phases["ref_log_prob"]  # a larger model's pass
+    assert "teacher:teacher_model" not in _plan(base).roles
+
+
+def test_the_weight_sync_holds_one_bucket_in_an_engine_of_its_own_process(base):
+    """issue 30: vLLM on 2 workers runs its engine in a process of its own and takes the weights in
+    buckets of checkpoint_engine.update_weights_bucket_megabytes, at most the whole model; an
+    engine in the worker's process counts the 512 MB it was calibrated with."""
+    R = f"{A}.rollout"
+
+    def bucket_gb(**changes):
+        return _plan(base, **changes).roles["rollout"]["weight_sync_bucket"]
+
+    whole = SHAPE_360M.param_count() * 2 / GiB  # bf16
+    assert bucket_gb(**{f"{R}.name": "vllm"}) == pytest.approx(whole)  # 2048 MB > the model
+    assert bucket_gb(**{f"{R}.name": "vllm", f"{R}.checkpoint_engine.update_weights_bucket_megabytes": 128}) == (
+        pytest.approx(128 / 1024)
+    )
+    assert bucket_gb() == pytest.approx(0.5)  # the HF engine

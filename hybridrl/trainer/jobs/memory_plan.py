@@ -56,7 +56,7 @@ What is modelled (``W`` workers, ``F`` = ``fsdp_size`` when 0 < fsdp_size < W, e
 the device all the time; generation, each log-prob/value pass, each update and each optimizer
 step add their own tensors at different times. The peak is the largest phase::
 
-    peak = resident + max(generate, old_log_prob, ref_log_prob, values, reward_model,
+    peak = resident + max(generate, old_log_prob, ref_log_prob, teacher_log_prob, values, reward_model,
                           update_critic, critic_step, update_actor, actor_step)
 """
 
@@ -91,6 +91,7 @@ PHASES = (
     "generate",
     "old_log_prob",
     "ref_log_prob",
+    "teacher_log_prob",
     "values",
     "reward_model",
     "update_critic",
@@ -195,6 +196,7 @@ class PlanInputs:
     reference: Role | None = None
     critic: Role | None = None
     reward_model: Role | None = None
+    teachers: tuple = ()  # (name, Role) of each distillation teacher
     notes: tuple = ()
     malloc_kept_gb: float = 0.0  # CPU_MALLOC_KEPT_GB when glibc keeps freed blocks (cpu_malloc_reuse)
 
@@ -394,6 +396,9 @@ def plan_items(inputs: PlanInputs) -> tuple[list, dict]:
     if inputs.reference is not None:
         ref_items, host["reference"] = _frozen_role_items("reference", inputs.reference, "ref_log_prob", on_cuda)
         items += ref_items
+    for name, teacher in inputs.teachers:  # distillation: frozen like the reference, one pass each step
+        teacher_items, host[name] = _frozen_role_items(name, teacher, "teacher_log_prob", on_cuda)
+        items += teacher_items
     if inputs.critic is not None:
         critic_items, host["critic"] = _trained_role_items(
             "critic", inputs.critic, "update_critic", "critic_step", "values", on_cuda

@@ -220,11 +220,12 @@ def format_table(plan: MemoryPlan) -> str:
         f"memory plan: {model['model_type']} with {model['params'] / 1e9:.2f}B parameters, {plan.device} x "
         f"{plan.workers} workers, {plan.device_memory_gb:.1f} GB per device"
     )
-    lines = [title, "", f"{'role':<13}{'component':<32}{'GB':>9}  on the device during"]
+    width = max([13, *(len(role) + 1 for role in plan.roles)])  # a teacher's role names the teacher
+    lines = [title, "", f"{'role':<{width}}{'component':<32}{'GB':>9}  on the device during"]
     for role, parts in plan.roles.items():
         for component, gb in parts.items():
             if gb > 0:
-                lines.append(f"{role:<13}{component:<32}{gb:>9.2f}  {plan.when[role][component]}")
+                lines.append(f"{role:<{width}}{component:<32}{gb:>9.2f}  {plan.when[role][component]}")
     lines += ["", "phases (GB per device): " + ", ".join(f"{p} {gb:.1f}" for p, gb in plan.phases.items())]
     for role, parts in plan.host_gb.items():
         held = ", ".join(f"{c} {gb:.2f}" for c, gb in parts.items())

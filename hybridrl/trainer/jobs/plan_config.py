@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+from types import SimpleNamespace
 
 from hybridrl.config import worker_batch_sizes
 from hybridrl.config.batch_sizes import check_batch_sizes
@@ -31,6 +32,11 @@ from hybridrl.trainer.jobs.model_shape import read_model_shape
 from hybridrl.trainer.ppo.step_plan import needs_critic, needs_reference_policy
 
 __all__ = ["build_plan", "default_device_memory_gb", "plan_device"]
+
+# An engine in the worker's process takes the weights one tensor at a time, with transient copies
+# besides; the plan counts 512 MB for them, the figure its measured runs were planned with
+# (docs/scale.md). The engine of its own process holds one bucket of checkpoint_engine's size.
+IN_PROCESS_SYNC_MB = 512.0
 
 _DTYPE_BYTES = {"fp32": 4, "float32": 4, "float": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2}
 MODEL = "actor_rollout_ref.model"
@@ -182,6 +188,37 @@ def _reference_role(config, workers: int, cuda: bool, actor: Role, train_micro: 
     )
 
 
+def _teacher_roles(config, workers: int, cuda: bool, train_micro: int) -> tuple:
+    """``(name, Role)`` of each distillation teacher: frozen, sharded like the reference, in its
+    ``inference.dtype``, scoring the reference pass's micro batches (top-k tensors are small: not counted)."""
+    if not config.distillation.enabled:
+        return ()
+    ref = config.actor_rollout_ref.ref
+    _, response, seq = _lengths(config)
+    rows = _forward_micro(ref, REF, "log_prob_micro_batch_size", workers, train_micro)
+    tokens = int(ref.log_prob_max_token_len_per_gpu) if ref.log_prob_use_dynamic_bsz else rows * seq
+    roles = []
+    for name, teacher in config.distillation.teacher_models.items():
+        if not teacher.model_path:
+            continue
+        key = f"distillation.teacher_models.{name}"
+        shape = _shape(key, SimpleNamespace(path=teacher.model_path))
+        compute = _dtype_bytes(f"{key}.inference.dtype", teacher.inference.dtype)
+        role = Role(
+            shape=shape,
+            params=shape.param_count(),
+            weight_bytes=compute,
+            compute_bytes=compute,
+            shard=_shard(workers, ref.fsdp_config.fsdp_size),
+            param_offload=False,
+            reshard_after_forward=bool(ref.fsdp_config.reshard_after_forward),
+            fsdp=workers > 1,
+            passes={"teacher_log_prob": _tokens_pass(tokens, response / seq, seq, 1)},
+        )
+        roles.append((f"teacher:{name}", role))
+    return tuple(roles)
+
+
 def _critic_role(config, workers: int, cuda: bool) -> Role:
     critic = config.critic
     n = int(config.actor_rollout_ref.rollout.n)
@@ -263,7 +300,11 @@ def _rollout(config, device_memory_gb: float, cuda: bool, actor: Role, per_worke
             vllm_gb = fraction * device_memory_gb if kv_gb is None else weights_gb + float(kv_gb)
         else:
             vllm_gb = weights_gb + (float(kv_gb) if kv_gb is not None else 1.0)
-    bucket = float(rollout.checkpoint_engine.update_weights_bucket_megabytes)  # >= 1: checked when typed
+    workers = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
+    if engine == "vllm" and (rollout.mode == "async" or workers > 1):  # the engine of its own process: buckets
+        bucket = min(float(rollout.checkpoint_engine.update_weights_bucket_megabytes), params * dtype / (1 << 20))
+    else:
+        bucket = IN_PROCESS_SYNC_MB
     return Rollout(
         shape=actor.shape,
         params=params,
@@ -342,6 +383,7 @@ def build_plan(config, device_memory_gb: float | None = None) -> MemoryPlan:
         ),
         critic=_critic_role(config, workers, cuda) if use_critic else None,
         reward_model=_reward_model_role(config, workers, cuda, per_worker_rows) if config.reward_model.enable else None,
+        teachers=_teacher_roles(config, workers, cuda, train_micro),
         notes=tuple(_notes(config, device, workers)),
     )
     return make_plan(inputs)
