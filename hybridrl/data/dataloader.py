@@ -52,12 +52,9 @@ def create_rl_dataloader(
             f"{config_key}={batch_size} is larger than the dataset ({n} rows after filtering); "
             f"lower {config_key} or use more data"
         )
-    if sampler is not None:
-        pass
-    elif shuffle:
-        generator = torch.Generator().manual_seed(1 if seed is None else int(seed))
-        sampler = RandomSampler(dataset, generator=generator)
-    else:
+    if sampler is None and shuffle:
+        sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(1 if seed is None else int(seed)))
+    elif sampler is None:
         sampler = torch.utils.data.SequentialSampler(dataset)
     return stateful_dataloader(
         dataset,

@@ -41,9 +41,9 @@ logger = logging.getLogger(__name__)
 __all__ = ["ProfiledWorker", "RoleProfiler", "role_profiler", "trace_path"]
 
 
-def trace_path(save_path: str, step: int, roles: list[str], rank: int) -> str:
-    """Where a process's trace of ``step`` goes: ``<save_path>/step_<step>/<roles>_rank<rank>.json``."""
-    return os.path.join(save_path, f"step_{step}", f"{'+'.join(roles)}_rank{rank}.json")
+def trace_path(save_path: str, step: int, roles: list[str], rank: int, suffix: str = ".json") -> str:
+    """Where a process's trace of ``step`` goes: ``<save_path>/step_<step>/<roles>_rank<rank><suffix>``."""
+    return os.path.join(save_path, f"step_{step}", f"{'+'.join(roles)}_rank{rank}{suffix}")
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def role_profiler(role: str, sections: list, rank: int) -> RoleProfiler | None:
 class _MemoryHistory:
     """``torch_memory``: the CUDA allocator's events from start to stop, dumped as a snapshot."""
 
-    writes_a_file = True
+    suffix = ".pickle"
 
     def start(self) -> None:
         import torch
@@ -125,7 +125,7 @@ class _MemoryHistory:
 class _CaptureRange:
     """``nsys``: the step as one capture range of the Nsight Systems run around the process."""
 
-    writes_a_file = False
+    suffix = None  # nsys writes its own report
 
     def start(self) -> None:
         import torch
@@ -140,14 +140,11 @@ class _CaptureRange:
             torch.cuda.synchronize()
             torch.cuda.profiler.stop()
 
-    def export(self, path: str) -> str | None:
-        return None  # nsys writes its own report
-
 
 class _TorchTrace:
     """``torch``: a ``torch.profiler`` trace, exported as Chrome JSON."""
 
-    writes_a_file = True
+    suffix = ".json"
 
     def __init__(self, options: dict) -> None:
         import torch
@@ -212,11 +209,10 @@ def stop(profiler: RoleProfiler) -> str | None:
         return None
     _SESSION = None
     session.profile.stop()
-    path = trace_path(session.save_path, session.step, session.roles, profiler.rank)
-    if profiler.tool == "torch_memory":
-        path = path[: -len(".json")] + ".pickle"
-    if session.profile.writes_a_file:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+    if session.profile.suffix is None:
+        return None
+    path = trace_path(session.save_path, session.step, session.roles, profiler.rank, session.profile.suffix)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     written = session.profile.export(path)
     if written:
         logger.info("profiler: wrote %s", written)

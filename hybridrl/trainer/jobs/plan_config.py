@@ -153,11 +153,17 @@ def _actor_role(config, workers: int, cuda: bool, shape, train_micro: int) -> Ro
     )
 
 
+def _ref_pass_tokens(config, workers: int, train_micro: int) -> int:
+    """Tokens per forward of the reference pass (the teachers score the same micro batches)."""
+    ref = config.actor_rollout_ref.ref
+    rows = _forward_micro(ref, REF, "log_prob_micro_batch_size", workers, train_micro)
+    return int(ref.log_prob_max_token_len_per_gpu) if ref.log_prob_use_dynamic_bsz else rows * _lengths(config)[2]
+
+
 def _reference_role(config, workers: int, cuda: bool, actor: Role, train_micro: int) -> Role:
     ref = config.actor_rollout_ref.ref
     _, response, seq = _lengths(config)
-    rows = _forward_micro(ref, REF, "log_prob_micro_batch_size", workers, train_micro)
-    tokens = int(ref.log_prob_max_token_len_per_gpu) if ref.log_prob_use_dynamic_bsz else rows * seq
+    tokens = _ref_pass_tokens(config, workers, train_micro)
     temp_copy = 4 if float(config.actor_rollout_ref.rollout.temperature) != 1.0 else 0
     lora = int(config.actor_rollout_ref.model.lora_rank) > 0
     compute = _dtype_bytes(
@@ -195,8 +201,7 @@ def _teacher_roles(config, workers: int, cuda: bool, train_micro: int) -> tuple:
         return ()
     ref = config.actor_rollout_ref.ref
     _, response, seq = _lengths(config)
-    rows = _forward_micro(ref, REF, "log_prob_micro_batch_size", workers, train_micro)
-    tokens = int(ref.log_prob_max_token_len_per_gpu) if ref.log_prob_use_dynamic_bsz else rows * seq
+    tokens = _ref_pass_tokens(config, workers, train_micro)
     roles = []
     for name, teacher in config.distillation.teacher_models.items():
         if not teacher.model_path:
@@ -279,7 +284,7 @@ def _reward_model_role(config, workers: int, cuda: bool, per_worker_rows: int) -
     )
 
 
-def _rollout(config, device_memory_gb: float, cuda: bool, actor: Role, per_worker_rows: int) -> Rollout:
+def _rollout(config, device_memory_gb: float, cuda: bool, actor: Role, per_worker_rows: int, workers: int) -> Rollout:
     rollout = config.actor_rollout_ref.rollout
     dtype = _dtype_bytes(f"{ROLLOUT}.dtype", rollout.dtype)
     micro = rollout.micro_batch_size
@@ -300,7 +305,6 @@ def _rollout(config, device_memory_gb: float, cuda: bool, actor: Role, per_worke
             vllm_gb = fraction * device_memory_gb if kv_gb is None else weights_gb + float(kv_gb)
         else:
             vllm_gb = weights_gb + (float(kv_gb) if kv_gb is not None else 1.0)
-    workers = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
     if engine == "vllm" and (rollout.mode == "async" or workers > 1):  # the engine of its own process: buckets
         bucket = min(float(rollout.checkpoint_engine.update_weights_bucket_megabytes), params * dtype / (1 << 20))
     else:
@@ -377,7 +381,7 @@ def build_plan(config, device_memory_gb: float | None = None) -> MemoryPlan:
         baseline_gb=CUDA_PROCESS_BASELINE_GB if cuda else CPU_PROCESS_BASELINE_GB,
         malloc_kept_gb=CPU_MALLOC_KEPT_GB if device == "cpu" and config.trainer.cpu_malloc_reuse else 0.0,
         actor=actor,
-        rollout=_rollout(config, float(device_memory_gb), cuda, actor, per_worker_rows),
+        rollout=_rollout(config, float(device_memory_gb), cuda, actor, per_worker_rows, workers),
         reference=(
             _reference_role(config, workers, cuda, actor, train_micro) if needs_reference_policy(config) else None
         ),
