@@ -240,7 +240,14 @@ def ray_cluster():
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 3, "include_dashboard": False})
     cluster.add_node(num_cpus=3)
     cluster.wait_for_nodes()
-    ray.init(address=cluster.address, runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+    # Not forwarded to this process: the workers' and the raylet's log lines (e.g. a disk-space
+    # warning) would land in whichever test's stderr is captured then, and several tests assert
+    # that a bad input prints exactly one line. They stay in the session's log files.
+    ray.init(
+        address=cluster.address,
+        runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
+        log_to_driver=False,
+    )
     yield cluster
     ray.shutdown()
     cluster.shutdown()

@@ -42,6 +42,7 @@ def _rank(rank: int, port: int, out_dir: str) -> None:
     except (RolloutEngineError, ValueError) as exc:
         failure = f"{type(exc).__name__}: {exc}"
     torch.save({"ids": out.batch["input_ids"], "calls": calls, "failure": failure}, f"{out_dir}/rank{rank}.pt")
+    dist.destroy_process_group()  # else Gloo's threads may abort the process as the interpreter exits
 
 
 def test_the_leader_generates_the_groups_rows_and_each_rank_gets_its_own(tmp_path):

@@ -371,6 +371,7 @@ def _two_worker_process(rank: int, port: int, model_dir: str, out_dir: str) -> N
     out = {"kv_repeat": _kv_repeat_check()}
     out.update(_run_workers(2, model_dir, rank))
     torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()  # else Gloo's threads may abort the process as the interpreter exits
 
 
 def _free_port() -> int:
