@@ -151,6 +151,21 @@ def test_the_home_folder_and_the_host_files_stay_untouched(sandbox, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_python_installed_under_tmp_runs_isolated_and_read_only(sandbox):
+    # The jail's root was once mounted over /tmp, which hid such an install: "cannot be isolated".
+    with tempfile.TemporaryDirectory(dir="/tmp") as venv:
+        os.chmod(venv, 0o755)  # as an install is: the program may run as nobody
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True, timeout=60)
+        under_tmp = LocalSandbox(sandbox.limits, python=os.path.join(venv, "bin", "python"))
+        assert local._why_no_isolation(under_tmp) == ""
+        result = under_tmp.run("import sys\nopen('/tmp/scratch', 'w').write('x')\nprint(sys.prefix)")
+        assert result.ok and result.stdout.strip() == venv  # and /tmp stays writable
+        result = under_tmp.run("import sys\nopen(sys.prefix + '/planted', 'w')")
+        assert result.status == "error" and "Read-only file system" in result.reason
+        assert not os.path.exists(os.path.join(venv, "planted"))
+
+
+@pytest.mark.slow
 def test_the_trainers_environment_is_not_visible(sandbox, monkeypatch):
     monkeypatch.setenv("HYBRIDRL_TEST_SECRET_TOKEN", "s3cr3t-value")
     result = sandbox.run("import os\nprint(os.environ.get('HYBRIDRL_TEST_SECRET_TOKEN'))\nprint(sorted(os.environ))")

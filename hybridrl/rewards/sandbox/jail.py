@@ -11,9 +11,10 @@ Three processes, all started here:
 - **the keeper** unshares user, mount, network, PID, IPC and UTS namespaces (so no network but
   a down loopback) and forks
 - **the init** of the new PID namespace, which makes every mount private (nothing reaches the
-  host), builds a new root on a tmpfs over /tmp (the spec's read-only bind mounts of the system
-  libraries and the Python install, /dev/null, /dev/zero, /dev/urandom, /dev/random, and a
-  fresh tmpfs ``/sandbox`` holding ``main.py``, the only writable place, /tmp pointing at it),
+  host), builds a new root on a tmpfs over the run's empty ``root`` folder (a fresh tmpfs
+  ``/sandbox`` holding ``main.py``, the only writable place, also mounted at /tmp; the spec's
+  read-only bind mounts of the system libraries and the Python install, wherever it lives, /tmp
+  included; /dev/null, /dev/zero, /dev/urandom, /dev/random),
   chroots there, sets the resource limits (address space, CPU time, processes, file size, open
   files, no core dumps), gives up every privilege for good (capability bounding set emptied,
   then uid ``nobody`` under root or no capabilities otherwise, no_new_privs), ignores SIGINT (the
@@ -51,7 +52,6 @@ _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 SIGKILL, SIGTERM = 9, 15
 NOBODY = 65534
 SETUP_FAILED = 125
-ROOT = "/tmp"  # the new root's mount point: a directory every Linux has (hidden by the tmpfs)
 DEVICES = ("null", "zero", "urandom", "random")
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -80,8 +80,8 @@ def _kept_flags(path: str) -> int:
     return flags | (MS_RELATIME if f & 4096 else 0)  # ST_RELATIME is 4096, MS_RELATIME is not
 
 
-def _bind_readonly(path: str) -> None:
-    target = ROOT + path
+def _bind_readonly(path: str, root: str) -> None:
+    target = root + path
     if os.path.isdir(path):
         os.makedirs(target, exist_ok=True)
     else:
@@ -97,29 +97,30 @@ def _write(path: str, text: str) -> None:
 
 
 def build_root(spec: dict) -> None:
+    """The jail's root on a tmpfs over ``spec["root"]``, an empty folder of the run's own: no host
+    folder is hidden while the binds are made, so a Python installed under /tmp is found too."""
+    root = spec["root"]
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    _mount("tmpfs", ROOT, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
     for link, target in spec["symlinks"]:
-        os.makedirs(os.path.dirname(ROOT + link), exist_ok=True)
-        os.symlink(target, ROOT + link)
+        os.makedirs(os.path.dirname(root + link), exist_ok=True)
+        os.symlink(target, root + link)
+    # /sandbox first, and /tmp the same mount: a bind below /tmp (a Python installed there) lands
+    # in it, read-only, and the program's /tmp is writable as usual.
+    for place in ("/sandbox", "/tmp"):
+        os.makedirs(root + place)
+    size = f"size={spec['limits']['max_file_size_mb']}m,mode=0777"
+    _mount("tmpfs", root + "/sandbox", "tmpfs", MS_NOSUID | MS_NODEV, size)
+    _mount(root + "/sandbox", root + "/tmp", None, MS_BIND)
+    _write(root + "/sandbox/main.py", spec["source"])
     for path in spec["binds"]:
-        _bind_readonly(path)
-    os.makedirs(ROOT + "/dev")
+        _bind_readonly(path, root)
+    os.makedirs(root + "/dev")
     for name in DEVICES:
-        open(f"{ROOT}/dev/{name}", "a").close()
-        _mount(f"/dev/{name}", f"{ROOT}/dev/{name}", None, MS_BIND)
-    os.makedirs(ROOT + "/sandbox")
-    _mount(
-        "tmpfs",
-        ROOT + "/sandbox",
-        "tmpfs",
-        MS_NOSUID | MS_NODEV,
-        f"size={spec['limits']['max_file_size_mb']}m,mode=0777",
-    )
-    _write(ROOT + "/sandbox/main.py", spec["source"])
-    os.symlink("/sandbox", ROOT + "/tmp")
-    _mount(None, ROOT, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    os.chroot(ROOT)
+        open(f"{root}/dev/{name}", "a").close()
+        _mount(f"/dev/{name}", f"{root}/dev/{name}", None, MS_BIND)
+    _mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    os.chroot(root)
     os.chdir("/sandbox")
 
 

@@ -174,7 +174,9 @@ class LocalSandbox:
 
     def _isolated_popen(self, work: Path, source: str, status_file: Path, cgroup: MemoryCgroup | None) -> dict:
         """Popen arguments of an isolated run (the jail script, with its spec file)."""
+        (work / "root").mkdir()  # the jail's root is mounted here, in its own mount namespace only
         spec = {
+            "root": str(work / "root"),
             "parent_pid": os.getpid(),
             "cgroup": cgroup.path if cgroup else None,
             "status_file": str(status_file),
@@ -216,9 +218,11 @@ class LocalSandbox:
         """Read-only paths of the jail: the system libraries and this Python's install."""
         paths = ["/usr", "/etc/ld.so.cache"]
         paths += [d for d in _TOP_DIRS if os.path.isdir(d) and not os.path.islink(d)]
-        for prefix in {
-            os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(self.python)))
-        }:
+        python = os.path.abspath(self.python)
+        own = [os.path.dirname(python), os.path.dirname(os.path.realpath(python))]
+        if os.path.basename(own[0]) == "bin":  # its install or virtual environment (a venv's bin/python is a link)
+            own.append(os.path.dirname(own[0]))
+        for prefix in {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, *own)}:
             if not any(prefix == p or prefix.startswith(p + "/") for p in paths):
                 paths.append(prefix)
         return [p for p in paths if os.path.exists(p)]
