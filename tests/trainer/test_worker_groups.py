@@ -1,5 +1,10 @@
 """Backend choice from the config, and the resource check of the Ray backend."""
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 from omegaconf import OmegaConf
 
@@ -131,3 +136,41 @@ def test_the_actor_and_critic_schedule_their_learning_rate_over_the_runs_steps(t
     finally:
         groups.shutdown()
     assert config.actor_rollout_ref.actor.optim.total_training_steps == -1  # the packaged (ignored) default
+
+
+_LISTENERS = """
+import json, os, psutil, ray
+from hybridrl.trainer.run.worker_groups import init_ray
+
+assert init_ray({}, 1)
+
+@ray.remote
+class Probe:
+    def ready(self):
+        return True
+
+probe = Probe.remote()
+ray.get(probe.ready.remote(), timeout=60)
+tree = [psutil.Process()] + psutil.Process().children(recursive=True)
+ports = []
+for proc in tree:
+    try:
+        ports += [(proc.name(), c.laddr.ip) for c in proc.net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+    except psutil.Error:
+        pass  # a process that ended meanwhile
+ray.shutdown()
+print(json.dumps(ports))
+"""
+
+
+@pytest.mark.slow
+def test_a_local_ray_instance_listens_on_loopback_only():
+    # Ray 2.60 listened on every interface (issue 33): gcs_server, raylet, the driver and its workers.
+    env = {**os.environ, "RAY_ADDRESS": ""}  # its own instance, whatever else runs here
+    out = subprocess.run(
+        [sys.executable, "-c", _LISTENERS], env=env, capture_output=True, text=True, timeout=180, check=True
+    )
+    ports = json.loads(out.stdout.strip().splitlines()[-1])
+    names = {name for name, _ in ports}
+    assert {"gcs_server", "raylet"} <= names, ports
+    assert all(ip in ("127.0.0.1", "::ffff:127.0.0.1") for _, ip in ports), ports

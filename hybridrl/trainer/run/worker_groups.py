@@ -9,6 +9,7 @@ picks local for one worker and Ray for more. The driver code is the same for bot
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -336,11 +337,32 @@ def write_ray_timeline(path: str) -> None:
     logger.info("ray: timeline written to %s", path)
 
 
+@contextlib.contextmanager
+def _on_loopback_only():
+    """While a local Ray instance starts: its GCS, raylet, driver and workers listen on 127.0.0.1
+    only. Ray (2.60) replaces a loopback ``_node_ip_address`` by the machine's routable address and
+    listens on every interface unless its "no cluster" switch (``ENABLE_RAY_CLUSTER``, read at call
+    time, set from ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` at import) is off; a one-machine instance
+    has no other node to reach it, so nothing else on the network should."""
+    from ray._private import ray_constants
+
+    if not hasattr(ray_constants, "ENABLE_RAY_CLUSTER"):  # another Ray: its own defaults
+        logger.debug("ray: no ENABLE_RAY_CLUSTER switch; the local instance keeps Ray's addresses")
+        yield
+        return
+    before = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before
+
+
 def init_ray(ray_init: dict, cpus_needed: int) -> bool:
     """Connects to the cluster at ``RAY_ADDRESS`` (or ``ray_init["address"]``, the keyword arguments
-    of ``ray.init``: :func:`ray_init_kwargs`), else
-    starts a local Ray instance with at least ``cpus_needed`` logical CPUs. Returns whether
-    this call started Ray (then the run shuts it down at the end).
+    of ``ray.init``: :func:`ray_init_kwargs`; ``auto`` for a ``ray start`` on this machine), else
+    starts a Ray instance of its own, listening on loopback only, with at least ``cpus_needed``
+    logical CPUs. Returns whether this call started Ray (then the run shuts it down at the end).
 
     Raises:
         ModelDependencyError-like ConfigError: Ray is not installed.
@@ -357,9 +379,11 @@ def init_ray(ray_init: dict, cpus_needed: int) -> bool:
     kwargs = dict(ray_init)
     joining = bool(os.environ.get("RAY_ADDRESS") or kwargs.get("address"))
     if not joining:
+        kwargs["address"] = "local"  # not a cluster some other program left running here
         kwargs.setdefault("num_cpus", max(os.cpu_count() or 1, cpus_needed))
         kwargs.setdefault("include_dashboard", False)
     kwargs.setdefault("runtime_env", {"env_vars": dict(RAY_ENV_VARS)})
-    ray.init(**kwargs)
+    with contextlib.nullcontext() if joining else _on_loopback_only():
+        ray.init(**kwargs)
     logger.info("ray: %s cluster, resources %s", "joined" if joining else "started a local", ray.cluster_resources())
     return True
