@@ -172,6 +172,8 @@ def ray_info() -> dict[str, str]:
     else:
         state = "reachable" if _reachable(address) else "NOT reachable"
         out["cluster"] = f"{address} (from {source}): {state}"
+        if "RAY_ADDRESS" not in os.environ:  # hybridrl train starts its own instance then
+            out["cluster"] += "; runs join it with RAY_ADDRESS=auto"
     return out
 
 

@@ -69,6 +69,9 @@ def test_ray_cluster_probe(monkeypatch, tmp_path):
         port = server.getsockname()[1]
         (tmp_path / "ray").mkdir()
         (tmp_path / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{port}\n")
+        found = diagnose.ray_info()["cluster"]
+        assert found.endswith("ray_current_cluster): reachable; runs join it with RAY_ADDRESS=auto"), found
+        monkeypatch.setenv("RAY_ADDRESS", "auto")
         assert diagnose.ray_info()["cluster"].endswith("ray_current_cluster): reachable")
         monkeypatch.setenv("RAY_ADDRESS", f"ray://127.0.0.1:{port}")
         assert diagnose.ray_info()["cluster"] == f"ray://127.0.0.1:{port} (from RAY_ADDRESS): reachable"
