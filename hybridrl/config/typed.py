@@ -226,3 +226,50 @@ def _unknown_key(cls: type, prefix: str, exc) -> None:
         else "remove it (hybridrl config --show lists the keys)"
     )
     raise ConfigError(f"{key} is not a key of {where}; {fix}") from None
+
+
+def _default(f: dataclasses.Field):
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def _changed(value, f: dataclasses.Field) -> bool:
+    """Whether ``value`` differs from the field's default (a ``${...}`` default copies another key)."""
+    default = _default(f)
+    return not (isinstance(default, str) and default.startswith("${")) and value != default
+
+
+def ignored_notes(config, prefix: str = "") -> list[str]:
+    """``"<key>=<value> is ignored: <reason>"`` for each :func:`ignored` field set to a value other
+    than its default, nested sections included."""
+    notes = []
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            notes += ignored_notes(value, f"{prefix}{f.name}.")
+        elif IGNORED in f.metadata and _changed(value, f):
+            reason, _ = f.metadata[IGNORED]
+            notes.append(f"{prefix}{f.name}={value!r} is ignored: {reason}")
+    return notes
+
+
+def refused_errors(config, prefix: str = "", command: str = "hybridrl sft") -> list[str]:
+    """One line for each :func:`refused` field (or refused key inside a section) set to a value
+    other than its default: the key, its value and the feature ``command`` does not have."""
+    errors = []
+    for f in dataclasses.fields(config):
+        value, key = getattr(config, f.name), f"{prefix}{f.name}"
+        marks = f.metadata.get(REFUSED)
+        if isinstance(marks, dict):  # refused keys inside a section
+            defaults = _default(f)
+            for sub, feature in marks.items():
+                if getattr(value, sub) != getattr(defaults, sub):
+                    errors.append(_refusal(f"{key}.{sub}", getattr(value, sub), feature, command))
+        elif marks is not None and _changed(value, f):
+            errors.append(_refusal(key, value, marks, command))
+        elif dataclasses.is_dataclass(value):
+            errors += refused_errors(value, f"{key}.", command)
+    return errors
+
+
+def _refusal(key: str, value, feature: str, command: str) -> str:
+    return f"{key}={value!r} asks for {feature}, which {command} does not have; remove {key}"

@@ -10,23 +10,28 @@ reason as field metadata (:func:`ignored`), and :func:`ignored_notes` reports th
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from hybridrl.config.rules import two_spellings
-from hybridrl.config.typed import IGNORED, REFUSED, ignored, refused, to_dataclass
+from hybridrl.config.rules import one_of, two_spellings
+from hybridrl.config.typed import ignored, ignored_notes, refused, refused_errors, to_dataclass
 from hybridrl.data.config import ClassRefConfig
 from hybridrl.errors import ConfigError
+from hybridrl.trainer.jobs.sft_verl_sections import (
+    ENGINE_DTYPES,
+    MEGATRON_LORA_DEFAULTS,
+    PROFILER_ONLY,
+    FusedKernelOptions,
+    MTPConfig,
+    ProfilerConfig,
+    SFTEngineConfig,
+    TiledMLPConfig,
+    WrapPolicyConfig,
+)
 from hybridrl.workers.config.fsdp import CheckpointConfig
 from hybridrl.workers.optim import LR_SCHEDULES
 
 __all__ = ["SFTConfig", "RMConfig", "sft_config", "rm_config", "ignored_notes", "refused_errors"]
-
-
-def _choice(key: str, value, allowed: tuple) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}")
 
 
 def _whole_numbers(section: str, obj, names: tuple[str, ...]) -> None:
@@ -73,7 +78,7 @@ class SupervisedOptimConfig:
             raise ConfigError(f"optim.clip_grad={self.clip_grad!r} must be a positive number")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"optim.min_lr_ratio={self.min_lr_ratio!r} must be a number in [0, 1]")
-        _choice("optim.lr_scheduler", self.lr_scheduler, LR_SCHEDULES)
+        one_of("optim.lr_scheduler", self.lr_scheduler, LR_SCHEDULES)
 
 
 _ADAMW = "only torch.optim.AdamW is built here"
@@ -154,8 +159,8 @@ class TrainerConfig:
                 raise ConfigError(
                     f"trainer.{key}={value!r} must be a whole number of steps (-1: never) or {AFTER_EACH_EPOCH}"
                 )
-        _choice("trainer.resume_mode", self.resume_mode, ("auto", "disable", "resume_path"))
-        _choice("trainer.backend", self.backend, ("auto", "local", "ray"))
+        one_of("trainer.resume_mode", self.resume_mode, ("auto", "disable", "resume_path"))
+        one_of("trainer.backend", self.backend, ("auto", "local", "ray"))
         if self.resume_mode == "resume_path" and not self.resume_from_path:
             raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<a global_step_N folder>")
         if not self.total_training_steps and self.total_epochs < 1:
@@ -262,8 +267,8 @@ class SFTDataConfig:
 
     def __post_init__(self):
         _check_batches(self, divides=False)
-        _choice("data.truncation", self.truncation, ("error", "left", "right"))
-        _choice("data.pad_mode", self.pad_mode, _PAD_MODES)
+        one_of("data.truncation", self.truncation, ("error", "left", "right"))
+        one_of("data.pad_mode", self.pad_mode, _PAD_MODES)
         if self.enable_thinking_default not in (None, "none", True, False):
             raise ConfigError(
                 f"data.enable_thinking_default={self.enable_thinking_default!r} is not one of none, true, false"
@@ -288,92 +293,6 @@ class SFTDataConfig:
 
 
 @dataclass
-class WrapPolicyConfig:
-    min_num_params: int = ignored(0, "FSDP2 shards every decoder block")
-
-
-@dataclass
-class QATConfig:
-    enable: bool = refused(False, "quantization-aware training")
-    mode: str = ignored("w4a16", "only read with engine.qat.enable")
-    group_size: int = ignored(16, "only read with engine.qat.enable")
-    ignore_patterns: List[str] = ignored(
-        reason="only read with engine.qat.enable", factory=lambda: ["lm_head", "embed_tokens", "re:.*mlp.gate$"]
-    )
-    activation_observer: str = ignored("static_minmax", "only read with engine.qat.enable")
-    quantization_config_path: Optional[str] = ignored(None, "only read with engine.qat.enable")
-
-
-_OFFLOAD = "no parameter offload for SFT in this build"
-_NO_ENTROPY = "SFT computes no entropy"
-_SPEED = "it changes speed or memory, not the update"
-
-
-def _turbo_defaults() -> dict:
-    plan = {
-        "param_dtype": "bf16",
-        "reduce_dtype": "fp32",
-        "output_dtype": "bf16",
-        "fsdp_implementation": "native",
-        "num_to_forward_prefetch": 1,
-        "num_to_backward_prefetch": 1,
-    }
-    parallel = ("fully_shard_parallel_size", "tensor_parallel_size", "expert_parallel_size")
-    sizes = {name: 16 if name == "fully_shard_parallel_size" else 1 for name in parallel}
-    sizes.update(expert_fully_shard_parallel_size=1, ulysses_parallel_size=1)
-    return {"distributed": {**sizes, "fsdp_plan": plan}}
-
-
-@dataclass
-class SFTEngineConfig:
-    """``engine`` of verl's engine SFT trainer (``sft_trainer_engine.yaml``): ``model_dtype`` and
-    ``dtype`` are the current spelling of ``model.fsdp_config.model_dtype`` /
-    ``model.fsdp_config.mixed_precision.param_dtype`` (null: unset); the rest is FSDP tuning that
-    does not change the update here."""
-
-    wrap_policy: WrapPolicyConfig = field(default_factory=WrapPolicyConfig)
-    param_offload: bool = ignored(False, _OFFLOAD)
-    optimizer_offload: bool = ignored(False, _OFFLOAD)
-    offload_policy: bool = ignored(False, _OFFLOAD)
-    reshard_after_forward: bool = ignored(True, "FSDP2 reshards after the forward")
-    fsdp_size: int = ignored(-1, "FSDP2 shards over every worker")
-    forward_prefetch: bool = ignored(False, "FSDP1 only")
-    model_dtype: Optional[str] = None
-    use_orig_params: bool = ignored(False, "FSDP1 only")
-    seed: int = ignored(42, "trainer.seed seeds the run")
-    full_determinism: bool = refused(False, "deterministic CUDA kernels (torch.use_deterministic_algorithms)")
-    ulysses_sequence_parallel_size: int = ignored(1, "no sequence parallelism for SFT in this build")
-    entropy_from_logits_with_chunking: bool = ignored(False, _NO_ENTROPY)
-    entropy_from_logits_chunk_size: int = ignored(2048, _NO_ENTROPY)
-    use_torch_compile: bool = ignored(True, "the model runs eagerly")
-    entropy_checkpointing: bool = ignored(False, _NO_ENTROPY)
-    forward_only: bool = ignored(False, "verl sets it for its own forward-only engines; SFT trains")
-    strategy: str = ignored("fsdp", "FSDP2 shards the model over more than one worker")
-    dtype: Optional[str] = None
-    use_no_sync_for_gradient_accumulation: bool = ignored(False, _SPEED)
-    pad_to_length: bool = ignored(False, _SPEED)
-    pad_to_length_bucket: int = ignored(1024, _SPEED)
-    qat: QATConfig = field(default_factory=QATConfig)
-    turbo_config: Dict[str, Any] = ignored(
-        reason="only read with engine.strategy=fsdp_turbo, which this build does not have", factory=_turbo_defaults
-    )
-
-    def __post_init__(self):
-        _choice("engine.strategy", self.strategy, ("fsdp", "fsdp2"))
-        if self.dtype in ("float16", "fp16"):
-            raise ConfigError(
-                f"engine.dtype={self.dtype!r} asks for fp16 mixed precision (it needs a loss scaler), which "
-                "hybridrl sft does not have; use bfloat16 or float32"
-            )
-        if self.dtype is not None:
-            _choice("engine.dtype", self.dtype, tuple(ENGINE_DTYPES))
-
-
-# verl's engine.dtype -> model.fsdp_config.mixed_precision.param_dtype (float16 needs a loss scaler: refused)
-ENGINE_DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "float32": "fp32", "fp32": "fp32"}
-
-
-@dataclass
 class SFTFSDPConfig:
     model_dtype: str = "fp32"
     mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
@@ -383,58 +302,6 @@ class SFTFSDPConfig:
 
 
 _DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-
-
-@dataclass
-class FusedKernelOptions:
-    impl_backend: str = ignored("torch", "no fused kernels in this build")
-
-
-@dataclass
-class TiledMLPConfig:
-    enabled: bool = ignored(False, "the MLP runs whole (TiledMLP only lowers peak memory)")
-    num_shards: int = ignored(4, "only read with model.tiled_mlp.enabled")
-
-
-_MTP = "only read with model.mtp.enable"
-
-
-@dataclass
-class MTPConfig:
-    """verl's multi-token-prediction section (model/hf_model.yaml)."""
-
-    enable: bool = refused(False, "multi-token prediction (MTP) layers")
-    enable_train: bool = refused(False, "multi-token prediction (MTP) training")
-    enable_rollout: bool = ignored(False, "SFT has no rollout")
-    detach_encoder: bool = ignored(False, _MTP)
-    mtp_loss_scaling_factor: float = ignored(0.1, _MTP)
-    speculative_algorithm: str = ignored("EAGLE", _MTP)
-    speculative_num_steps: int = ignored(2, _MTP)
-    speculative_eagle_topk: int = ignored(2, _MTP)
-    speculative_num_draft_tokens: int = ignored(4, _MTP)
-    method: str = ignored("mtp", _MTP)
-    num_speculative_tokens: int = ignored(1, _MTP)
-
-
-# verl 0.9.1's model.lora (model/hf_model.yaml), read by its Megatron engine
-MEGATRON_LORA_DEFAULTS: Dict[str, Any] = {
-    "type": "lora",
-    "merge": False,
-    "rank": 0,
-    "alpha": 32,
-    "dropout": 0.0,
-    "target_modules": ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
-    "exclude_modules": [],
-    "dropout_position": "pre",
-    "lora_A_init_method": "xavier",
-    "lora_B_init_method": "zero",
-    "a2a_experimental": False,
-    "dtype": None,
-    "adapter_path": None,
-    "freeze_vision_model": True,
-    "freeze_vision_projection": True,
-    "freeze_language_model": True,
-}
 
 
 @dataclass
@@ -482,44 +349,6 @@ class SFTModelConfig:
             )
 
 
-_PROFILER = "only read with profiler.enable, which hybridrl sft refuses"
-
-
-def _profiler_tools() -> dict:
-    token_range = {"profile_token_start": None, "profile_token_end": None}
-    schedule = {"skip_first": 0, "wait": 0, "warmup": 0, "active": 0, "repeat": 0}
-    return {
-        "npu": {"contents": [], "level": "level0", "analysis": True, "discrete": False, "name": "npu", **token_range},
-        "nsys": {"discrete": None, "name": "nsight"},
-        "torch": {"contents": [], "discrete": False, "name": "torch", **token_range, "schedule": schedule},
-        "torch_memory": {
-            "trace_alloc_max_entries": 100000,
-            "stack_depth": 32,
-            "memory_snapshot_num_steps": 1,
-            "name": "torch_memory",
-        },
-        "precision_debugger": {"config_path": None, "steps": None, "stages": None, "name": "precision_debugger"},
-    }
-
-
-@dataclass
-class ProfilerConfig:
-    """verl's ``profiler`` section (profiler/profiler.yaml)."""
-
-    tool: str = ignored("torch", _PROFILER)
-    enable: bool = refused(
-        False, "the profiler (use py-spy or torch.profiler around hybridrl.trainer.sft_trainer.main)"
-    )
-    all_ranks: bool = ignored(False, _PROFILER)
-    ranks: List[int] = ignored(reason=_PROFILER, factory=list)
-    save_path: str = ignored("outputs/profile", _PROFILER)
-    relocate_results: bool = ignored(False, _PROFILER)
-    finish_hook_cmd: Optional[str] = ignored(None, _PROFILER)
-    finish_hook_all_ranks: bool = ignored(False, _PROFILER)
-    finish_hook_ranks: List[int] = ignored(reason=_PROFILER, factory=list)
-    tool_config: Dict[str, Any] = ignored(reason=_PROFILER, factory=_profiler_tools)
-
-
 @dataclass
 class SFTTrainerConfig(TrainerConfig):
     default_local_dir: str = "checkpoints/gsm8k-sft/test"
@@ -529,7 +358,7 @@ class SFTTrainerConfig(TrainerConfig):
     default_hdfs_dir: Optional[str] = ignored(None, "checkpoints stay in trainer.default_local_dir")
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     balance_batch: bool = ignored(True, "every worker's update is normalised by the whole batch's token count")
-    profile_interval: List[int] = ignored(reason=_PROFILER, factory=lambda: [-1, -1])
+    profile_interval: List[int] = ignored(reason=PROFILER_ONLY, factory=lambda: [-1, -1])
 
 
 @dataclass
@@ -592,7 +421,7 @@ class RMDataConfig:
 
     def __post_init__(self):
         _check_batches(self, divides=True)
-        _choice("data.truncation", self.truncation, ("left", "drop", "error"))
+        one_of("data.truncation", self.truncation, ("left", "drop", "error"))
 
 
 @dataclass
@@ -649,50 +478,3 @@ def sft_config(config) -> SFTConfig:
 def rm_config(config) -> RMConfig:
     """The composed ``rm_trainer`` config, typed (raises as :func:`sft_config`)."""
     return to_dataclass(RMConfig, config, "")
-
-
-def _default(f: dataclasses.Field):
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-
-
-def _changed(value, f: dataclasses.Field) -> bool:
-    """Whether ``value`` differs from the field's default (a ``${...}`` default copies another key)."""
-    default = _default(f)
-    return not (isinstance(default, str) and default.startswith("${")) and value != default
-
-
-def ignored_notes(config, prefix: str = "") -> list[str]:
-    """``"<key>=<value> is ignored: <reason>"`` for each :func:`ignored` field set to a value other
-    than its default, nested sections included."""
-    notes = []
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        if dataclasses.is_dataclass(value):
-            notes += ignored_notes(value, f"{prefix}{f.name}.")
-        elif IGNORED in f.metadata and _changed(value, f):
-            reason, _ = f.metadata[IGNORED]
-            notes.append(f"{prefix}{f.name}={value!r} is ignored: {reason}")
-    return notes
-
-
-def refused_errors(config, prefix: str = "") -> list[str]:
-    """One line for each :func:`refused` field (or refused key inside a section) set to a value
-    other than its default: the key, its value and the feature this build does not have."""
-    errors = []
-    for f in dataclasses.fields(config):
-        value, key = getattr(config, f.name), f"{prefix}{f.name}"
-        marks = f.metadata.get(REFUSED)
-        if isinstance(marks, dict):  # refused keys inside a section
-            defaults = _default(f)
-            for sub, feature in marks.items():
-                if getattr(value, sub) != getattr(defaults, sub):
-                    errors.append(_refusal(f"{key}.{sub}", getattr(value, sub), feature))
-        elif marks is not None and _changed(value, f):
-            errors.append(_refusal(key, value, marks))
-        elif dataclasses.is_dataclass(value):
-            errors += refused_errors(value, f"{key}.")
-    return errors
-
-
-def _refusal(key: str, value, feature: str) -> str:
-    return f"{key}={value!r} asks for {feature}, which hybridrl sft does not have; remove {key}"
