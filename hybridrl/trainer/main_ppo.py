@@ -20,7 +20,7 @@ from hybridrl.errors import ConfigError
 from hybridrl.models import load_tokenizer, resolve_model_path
 from hybridrl.models.external import import_external_lib
 from hybridrl.rewards import UnknownDataSourceError, known_data_sources
-from hybridrl.rewards.manager import load_reward_manager
+from hybridrl.rewards.load import load_reward_manager
 from hybridrl.rewards.pool import build_reward_pool
 from hybridrl.rewards.sandbox import build_sandbox, set_sandbox
 from hybridrl.trainer.jobs.plan_cli import startup_line

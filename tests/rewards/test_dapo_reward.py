@@ -5,7 +5,7 @@ import pytest
 
 from hybridrl.rewards.custom import RewardConfigError
 from hybridrl.rewards.dapo import DAPORewardManager, overlong_penalty
-from hybridrl.rewards.manager import load_reward_manager
+from hybridrl.rewards.load import load_reward_manager
 from tests.rewards.test_reward_manager import R, make_batch
 from tests.tiny_models import ppo_config_with
 

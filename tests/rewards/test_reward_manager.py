@@ -11,12 +11,12 @@ import torch
 from hybridrl.errors import ConfigError
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.custom import RewardConfigError
+from hybridrl.rewards.load import load_reward_manager
 from hybridrl.rewards.manager import (
     NaiveRewardManager,
     RewardFunctionError,
     RewardInputError,
     get_reward_manager_cls,
-    load_reward_manager,
     register_reward_manager,
 )
 from tests.tiny_models import ppo_config_with
@@ -363,8 +363,6 @@ def test_a_scorer_that_never_returns_meets_its_deadline(tokenizer):
 
 
 def test_the_deadline_comes_from_the_config(tokenizer):
-    from hybridrl.rewards.manager import load_reward_manager
-
     manager = load_reward_manager(ppo_config_with({"reward_model": {"timeout_s": 7}}), tokenizer)
     assert manager.timeout_s == 7.0
     with pytest.raises(RewardConfigError, match=r"reward_model.timeout_s=0.0 must be a number of seconds > 0"):

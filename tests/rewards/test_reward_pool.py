@@ -12,7 +12,8 @@ import torch
 
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.custom import RewardConfigError, load_custom_reward_fn
-from hybridrl.rewards.manager import NaiveRewardManager, RewardFunctionError, load_reward_manager
+from hybridrl.rewards.load import load_reward_manager
+from hybridrl.rewards.manager import NaiveRewardManager, RewardFunctionError
 from hybridrl.rewards.pool import RewardPool, RewardPoolError, build_reward_pool, check_num_workers
 from hybridrl.trainer.ppo.stages import apply_reward_failures
 from tests.rewards.test_reward_manager import make_batch

@@ -11,7 +11,8 @@ import torch
 from hybridrl.config import ConfigError, load_config
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.custom import RewardConfigError
-from hybridrl.rewards.manager import RewardFunctionError, load_reward_manager
+from hybridrl.rewards.load import load_reward_manager
+from hybridrl.rewards.manager import RewardFunctionError
 from hybridrl.trainer.ppo.config_check import validate_ppo_config
 from hybridrl.workers.llm_judge import JudgeBusyError, JudgeEngine, JudgeRewardManager
 from tests.tiny_models import ppo_config_with
