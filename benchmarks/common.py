@@ -199,7 +199,7 @@ def build_hybridrl_grpo(settings: GRPOSettings, parquet_dir: str, steps: int, ex
     from hybridrl.config import load_config
     from hybridrl.data import RLHFDataset, create_rl_dataloader
     from hybridrl.models import load_tokenizer, resolve_model_path
-    from hybridrl.rewards.manager import load_reward_manager
+    from hybridrl.rewards.load import load_reward_manager
     from hybridrl.trainer.ppo.config_check import validate_ppo_config
     from hybridrl.trainer.ppo.ppo_trainer import PPOTrainer
     from hybridrl.trainer.ppo.step_plan import make_step_plan

@@ -266,7 +266,7 @@ def build_trainer(overrides: list[str], steps: int):
     from hybridrl.config import load_config
     from hybridrl.data import RLHFDataset, create_rl_dataloader
     from hybridrl.models import load_tokenizer
-    from hybridrl.rewards.manager import load_reward_manager
+    from hybridrl.rewards.load import load_reward_manager
     from hybridrl.trainer.ppo.config_check import validate_ppo_config
     from hybridrl.trainer.ppo.ppo_trainer import PPOTrainer
     from hybridrl.trainer.ppo.step_plan import make_step_plan

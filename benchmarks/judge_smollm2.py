@@ -120,7 +120,7 @@ def run(
     from omegaconf import OmegaConf
 
     import hybridrl.workers  # noqa: F401  registers reward_manager=judge (the trainer imports it too)
-    from hybridrl.rewards.manager import load_reward_manager
+    from hybridrl.rewards.load import load_reward_manager
 
     cfg = OmegaConf.create(
         {
