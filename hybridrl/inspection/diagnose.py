@@ -17,7 +17,7 @@ import platform
 import socket
 import sys
 
-from hybridrl.models.loader import embedded_model_gguf
+from hybridrl.models.paths import embedded_model_gguf
 
 CORE_PACKAGES = (
     "torch",

@@ -18,8 +18,8 @@ from typing import Iterator
 import torch
 
 from hybridrl.errors import ConfigError
-from hybridrl.models.loader import ModelDependencyError
 from hybridrl.models.materialize import checkpoint_name, full_tensor, is_adapter_param
+from hybridrl.models.paths import ModelDependencyError
 
 LORA_ADAPTER_DIR = "lora_adapter"  # peft's adapter_config.json + adapter_model.safetensors
 ADAPTER = "default"  # peft's name of the one adapter

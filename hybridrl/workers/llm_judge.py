@@ -27,7 +27,7 @@ from hybridrl.config.precision import resolve_auto_dtype
 from hybridrl.config.typed import to_dataclass
 from hybridrl.controller.worker import resolve_device
 from hybridrl.models import load_causal_lm, load_tokenizer, resolve_model_path
-from hybridrl.models.loader import EMBEDDED_MODEL_NAMES
+from hybridrl.models.paths import EMBEDDED_MODEL_NAMES
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.custom import RewardConfigError
 from hybridrl.rewards.judge import (

@@ -14,7 +14,7 @@ from hybridrl.models import (
     ModelDependencyError,
     ModelPathError,
     embedded_model_gguf,
-    loader,
+    paths,
     resolve_model_path,
 )
 
@@ -29,7 +29,7 @@ def fake_convert(monkeypatch):
         with open(os.path.join(out_dir, "config.json"), "w") as f:
             json.dump({"source": gguf_file}, f)
 
-    monkeypatch.setattr(loader, "_convert_gguf", convert)
+    monkeypatch.setattr(paths, "_convert_gguf", convert)
     return calls
 
 
@@ -93,7 +93,7 @@ def test_crash_during_conversion_leaves_no_cache(tmp_path, monkeypatch):
             f.write("{")  # half-written
         raise RuntimeError("killed")
 
-    monkeypatch.setattr(loader, "_convert_gguf", crash)
+    monkeypatch.setattr(paths, "_convert_gguf", crash)
     with pytest.raises(RuntimeError, match="killed"):
         resolve_model_path(str(gguf), cache_dir=str(tmp_path / "c"))
     assert os.listdir(tmp_path / "c" / "models") == []
@@ -102,7 +102,7 @@ def test_crash_during_conversion_leaves_no_cache(tmp_path, monkeypatch):
 def test_losing_a_race_keeps_the_winners_folder(tmp_path, monkeypatch):
     gguf = _gguf(tmp_path / "src")
     cache = str(tmp_path / "c")
-    final = loader._cache_entry(str(gguf), cache)
+    final = paths._cache_entry(str(gguf), cache)
 
     def slow_convert(gguf_file, out_dir):
         # another process finishes first, while this one is still writing
@@ -112,7 +112,7 @@ def test_losing_a_race_keeps_the_winners_folder(tmp_path, monkeypatch):
         with open(os.path.join(out_dir, "config.json"), "w") as f:
             json.dump({"source": "loser"}, f)
 
-    monkeypatch.setattr(loader, "_convert_gguf", slow_convert)
+    monkeypatch.setattr(paths, "_convert_gguf", slow_convert)
     assert resolve_model_path(str(gguf), cache_dir=cache) == final
     assert _source_of(final) == "winner"
     assert os.listdir(os.path.dirname(final)) == [os.path.basename(final)]
@@ -125,7 +125,7 @@ def test_losing_a_race_keeps_the_winners_folder(tmp_path, monkeypatch):
 def test_embedded_names_use_the_bundled_gguf(name, tmp_path, fake_convert, monkeypatch):
     gguf = _gguf(tmp_path / "wheel")
     monkeypatch.chdir(tmp_path)  # so no local folder of that name can shadow it
-    monkeypatch.setattr(loader, "embedded_model_gguf", lambda: str(gguf))
+    monkeypatch.setattr(paths, "embedded_model_gguf", lambda: str(gguf))
     out = resolve_model_path(name, cache_dir=str(tmp_path / "c"))
     assert _source_of(out) == str(gguf)
 

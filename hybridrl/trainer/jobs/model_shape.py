@@ -15,7 +15,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from hybridrl.models.loader import ModelConfigError, ModelPathError
+from hybridrl.models.paths import ModelConfigError, ModelPathError
 
 __all__ = ["LORA_LINEARS", "SUPPORTED_MODEL_TYPES", "ModelShape", "model_shape_from_dict", "read_model_shape"]
 

@@ -31,7 +31,7 @@ from hybridrl.config.precision import runs_on_ray
 from hybridrl.config.rules import one_of, plain, value_at
 from hybridrl.config.typed import IGNORED, REFUSED, marked_keys
 from hybridrl.errors import ConfigError
-from hybridrl.models.loader import EMBEDDED_MODEL_NAMES
+from hybridrl.models.paths import EMBEDDED_MODEL_NAMES
 from hybridrl.rewards.custom import RewardConfigError
 from hybridrl.rewards.manager import REWARD_MANAGERS, VERL_ONLY_MANAGERS
 from hybridrl.rewards.pool import check_num_workers
