@@ -12,6 +12,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Thread counts stay torch's and vLLM's defaults (no sample of the machine's load at start-up,
 # hybridrl.controller.cpu_threads): a run's numbers must not depend on what else the machine runs.
 os.environ.setdefault("HYBRIDRL_AUTO_THREADS", "0")
+# Idle OpenMP threads sleep, as under the hybridrl command (cli.set_wait_policy; torch is not
+# loaded yet): the slow tier runs two test processes on two cores, whose spinning threads would
+# take each other's cores.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # Test tiers (README): `-m "not slow"` is the fast tier, in-process unit tests only. A test is
 # `slow` when it starts a Ray cluster, a vLLM engine, a training run, worker processes of a process
