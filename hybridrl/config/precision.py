@@ -87,7 +87,8 @@ def _device_name(device: str) -> str:
 def runs_on_ray(config) -> bool:
     """Whether the run's workers are Ray actors (processes of their own, maybe on other machines):
     ``trainer.backend=ray``, or ``auto`` with more than one worker (``trainer.nnodes`` x
-    ``trainer.n_gpus_per_node``) or a rollout pool of its own (``actor_rollout_ref.rollout.nnodes``),
+    ``trainer.n_gpus_per_node``) or a pool of its own (``actor_rollout_ref.rollout.nnodes``,
+    ``distillation.nnodes`` when it distils),
     as :func:`hybridrl.trainer.run.worker_groups.resolve_backend` chooses. False for configs
     without a backend (``hybridrl generate``: one process)."""
     trainer = getattr(config, "trainer", None)
@@ -98,7 +99,9 @@ def runs_on_ray(config) -> bool:
         return True
     workers = int(getattr(trainer, "nnodes", 1) or 1) * int(getattr(trainer, "n_gpus_per_node", 1) or 1)
     rollout = getattr(getattr(config, "actor_rollout_ref", None), "rollout", None)
-    return workers > 1 or int(getattr(rollout, "nnodes", 0) or 0) > 0
+    distillation = getattr(config, "distillation", None)
+    teacher_pool = bool(getattr(distillation, "enabled", False)) and int(getattr(distillation, "nnodes", 0) or 0) > 0
+    return workers > 1 or int(getattr(rollout, "nnodes", 0) or 0) > 0 or teacher_pool
 
 
 def resolved_in_workers(config) -> bool:

@@ -61,10 +61,12 @@ class ResourceError(UserError, RuntimeError):
 class Role(enum.Enum):
     """What a worker group does; ResourcePoolManager maps each role to a resource pool. Every
     trained model (actor, reference, critic, reward model; SFT's and RM's model) is colocated in
-    the ``ActorRolloutRef`` pool; ``Rollout`` is a rollout pool of its own (engines without an actor)."""
+    the ``ActorRolloutRef`` pool; ``Rollout`` is a rollout pool of its own (engines without an actor),
+    ``Teacher`` the distillation teachers' pool of their own."""
 
     ActorRolloutRef = "actor_rollout_ref"
     Rollout = "rollout"
+    Teacher = "teacher"
 
 
 # ---------------------------------------------------------------- resources

@@ -14,10 +14,8 @@ import logging
 import time
 
 import numpy as np
-import torch
 
 from hybridrl.agents.manager import AgentLoopManager
-from hybridrl.algorithms.distillation import get_distillation_loss_settings
 from hybridrl.config.batch_sizes import WorkerBatchSizes
 from hybridrl.controller.decorator import Dispatch, register
 from hybridrl.controller.worker import Worker
@@ -27,7 +25,7 @@ from hybridrl.models.lora import AdapterDisabled, apply_lora, fill_saved_adapter
 from hybridrl.protocol import DataProto
 from hybridrl.workers.actor import PPOActor
 from hybridrl.workers.checkpoint_io import load_worker_state, save_worker_state
-from hybridrl.workers.config.distillation import distillation_loss_config, resolve_teachers
+from hybridrl.workers.config.distillation import distillation_loss_config
 from hybridrl.workers.critic import PPOCritic
 from hybridrl.workers.engine_lock import EngineLock
 from hybridrl.workers.memory import memory_metrics, release_cached_memory
@@ -38,9 +36,9 @@ from hybridrl.workers.profiler import ProfiledWorker, role_profiler
 from hybridrl.workers.reward_model import RewardModelWorker  # its home in verl: verl.workers.fsdp_workers
 from hybridrl.workers.rollout.base import BaseRollout, get_rollout_cls, policy_weights
 from hybridrl.workers.rollout.tp_group import RolloutTPGroup, TPFollowerRollout, check_tp_size
-from hybridrl.workers.sharding import optimizer_on_device, sharder
+from hybridrl.workers.sharding import load_options, optimizer_on_device, sharder
 from hybridrl.workers.stream_methods import StreamingMethods
-from hybridrl.workers.teacher import check_same_vocabulary, route_rows, teacher_scores, teacher_spec
+from hybridrl.workers.teacher_worker import Teachers, teacher_pool_spec
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +111,7 @@ class ActorRolloutRefWorker(StreamingMethods, ProfiledWorker, Worker):
         loss = distillation_loss_config(self.distillation.distillation_loss) if self.distillation else None
         self.actor = PPOActor(self.config.actor, module, self.actor_optimizer, ref_module=ref_module, distillation=loss)
         if self.distillation:
-            self._load_teachers(module, loss)
+            self._load_teachers(module)
         self._start_engine_bookkeeping()
         if not self._is_rollout:
             return
@@ -139,15 +137,8 @@ class ActorRolloutRefWorker(StreamingMethods, ProfiledWorker, Worker):
             self.rollout = rollout_cls(module, rollout, self.tokenizer, getattr(module, "generation_config", None))
 
     def _model_options(self, fsdp_config, reduce_dtype: str = "fp32") -> dict:
-        """``load_causal_lm`` options shared by the actor and the reference: the model section's,
-        on this worker's device, sharded over the group with the role's ``fsdp_config``."""
-        model_cfg = self.config.model
-        return {
-            "trust_remote_code": model_cfg.trust_remote_code,
-            "override_config": model_cfg.override_config,
-            "device": self.device,
-            "shard": sharder(self.world_size, self.device, fsdp_config, reduce_dtype),
-        }
+        """``load_causal_lm`` options shared by the actor and the reference (:func:`load_options`)."""
+        return load_options(self.config.model, self.device, self.world_size, fsdp_config, reduce_dtype)
 
     def _load_actor(self, lora: dict | None):
         """The trained policy: fp32 master weights (``fsdp_config.model_dtype``), LoRA adapters
@@ -178,30 +169,16 @@ class ActorRolloutRefWorker(StreamingMethods, ProfiledWorker, Worker):
         )
         return module.requires_grad_(False)
 
-    def _load_teachers(self, student, loss) -> None:
-        """The distillation teachers (``distillation.teacher_models``), frozen and sharded like the
-        reference, in their ``inference.dtype`` (the rollout's; bf16 where the precision rule picks
-        it); each one's tokenizer checked against the student's."""
-        self.teachers = {}
-        use_topk = bool(get_distillation_loss_settings(loss.loss_mode).use_topk)
-        fsdp_config = self.config.ref.fsdp_config
-        for key, entry in resolve_teachers(self.distillation).items():
-            path = resolve_model_path(entry.model_path, config_key="distillation.teacher_models.<name>.model_path")
-            dtype = entry.inference.dtype
-            dtype = fsdp_config.mixed_precision.param_dtype if dtype in (None, "auto") else dtype
-            module = load_causal_lm(path, dtype=dtype, **self._model_options(fsdp_config)).requires_grad_(False)
-            check_same_vocabulary(
-                key,
-                entry.model_path,
-                load_tokenizer(path, trust_remote_code=self.config.model.trust_remote_code),
-                self.tokenizer,
-                int(module.config.vocab_size),
-                int(student.config.vocab_size),
-                use_topk,
-            )
-            spec = teacher_spec(self.specs.ref_log_prob, entry.inference.temperature)
-            self.teachers[key] = (PPOActor(self.config.ref, module), spec)
-        self.teacher_topk = int(loss.topk) if use_topk else None
+    def _load_teachers(self, student) -> None:
+        """The distillation teachers in this worker (:class:`~hybridrl.workers.teacher_worker.Teachers`),
+        unless they run on a pool of their own (``distillation.nnodes`` > 0)."""
+        self.teachers = None
+        if teacher_pool_spec(self.distillation):
+            return
+        vocab = int(student.config.vocab_size)
+        self.teachers = Teachers(
+            self.distillation, self.config, self.tokenizer, vocab, self.specs.ref_log_prob, self.device, self.world_size
+        )
 
     def _start_engine_bookkeeping(self) -> None:
         """The engine lock and the policy versions (verl's ``param_version``): ``param_version``
@@ -303,31 +280,17 @@ class ActorRolloutRefWorker(StreamingMethods, ProfiledWorker, Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_teacher_log_prob(self, data: DataProto) -> DataProto:
-        """The teachers' scores of the responses (:func:`~hybridrl.workers.teacher.teacher_scores`):
+        """The teachers' scores of the responses (:meth:`~hybridrl.workers.teacher_worker.Teachers.score`):
         ``teacher_log_prob`` ``(bs, response_length)`` and, for a top-k loss, ``teacher_topk_log_probs``
-        / ``teacher_topk_ids`` ``(bs, response_length, topk)``; each row scored by its teacher
-        (:func:`~hybridrl.workers.teacher.route_rows`). With several workers every teacher scores
-        all rows (its collectives need every rank), each row keeps its own teacher's.
+        / ``teacher_topk_ids`` ``(bs, response_length, topk)``.
 
         Raises:
             ConfigError: a row whose ``distillation.teacher_key`` value is no teacher's key.
+            RuntimeError: the teachers run on a pool of their own (ask that pool).
         """
-        data = data.to(self.device)
-        routes = route_rows(data, self.distillation.teacher_key, self.teachers)
-        out: dict[str, torch.Tensor] = {}
-        for key, rows in routes.items():
-            policy, spec = self.teachers[key]
-            if self.world_size == 1 and len(rows) == 0:
-                continue
-            everyone = self.world_size > 1 or len(rows) == len(data)
-            part = data if everyone else data[rows]
-            scores = teacher_scores(policy, part, spec, self.teacher_topk)
-            for name, values in scores.items():
-                index = torch.as_tensor(rows, dtype=torch.long, device=values.device)
-                if name not in out:
-                    out[name] = values.new_zeros((len(data), *values.shape[1:]))
-                out[name][index] = values[index] if everyone else values
-        return DataProto.from_dict(tensors=out).to("cpu")
+        if self.teachers is None:
+            raise RuntimeError("the distillation teachers run on a pool of their own (distillation.nnodes > 0)")
+        return self.teachers.score(data.to(self.device))
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_actor(self, data: DataProto, on_policy: bool = False, sync_rollout_weights: bool = True) -> DataProto:

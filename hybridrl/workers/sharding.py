@@ -216,3 +216,14 @@ def shard_module(module, fsdp_config, device: str, reduce_dtype: str = "fp32"):
         param_dtype=fsdp_config.mixed_precision.param_dtype,
         reduce_dtype=reduce_dtype,
     )
+
+
+def load_options(model_cfg, device: str, world_size: int, fsdp_config, reduce_dtype: str = "fp32") -> dict:
+    """``load_causal_lm`` options of a role: the ``model`` section's, on ``device``, sharded over
+    the worker's group of ``world_size`` with the role's ``fsdp_config`` (:func:`sharder`)."""
+    return {
+        "trust_remote_code": model_cfg.trust_remote_code,
+        "override_config": model_cfg.override_config,
+        "device": device,
+        "shard": sharder(world_size, device, fsdp_config, reduce_dtype),
+    }

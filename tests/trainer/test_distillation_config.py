@@ -4,10 +4,12 @@ distillation command types with only the module name changed, and the teacher ru
 import pytest
 
 from hybridrl.config import ConfigError, load_config
+from hybridrl.config.precision import runs_on_ray
 from hybridrl.config.verl_compat import verl_keys
 from hybridrl.errors import UserError
 from hybridrl.trainer.ppo.config import typed_ppo_config
 from hybridrl.trainer.ppo.config_check import _check_distillation
+from hybridrl.trainer.run.worker_groups import own_pools
 from hybridrl.workers.config.distillation import distillation_loss_config, resolve_teachers
 
 TEACHERS = "distillation.teacher_models"
@@ -50,8 +52,10 @@ def test_a_verl_opd_command_types_and_resolves_one_teacher():
     loss = distillation_loss_config(section.distillation_loss)
     assert (loss.loss_mode, loss.use_policy_gradient, loss.use_task_rewards) == ("k1", True, False)
     assert teachers["default"].inference.temperature == config.actor_rollout_ref.rollout.temperature
-    notes = _check_distillation(config)
-    assert any("no resource pool of its own" in note for note in notes)
+    # verl's teacher pool (nnodes x n_gpus_per_node) is a Ray pool of its own here too
+    _check_distillation(config)
+    assert own_pools(config) == {"teacher": [1]} and runs_on_ray(config)
+    assert own_pools(typed([*VERL_OPD, "distillation.nnodes=0"])) == {}  # verl's default: in the trainer's workers
 
 
 def test_several_teachers_route_by_key():
@@ -124,6 +128,28 @@ def test_several_teachers_route_by_key():
                 "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
             ],
             "a top-k loss needs each row's logits on one rank",
+        ),
+        (
+            ["distillation.enabled=true", f"{TEACHERS}.teacher_model.model_path=/m", "distillation.nnodes=-1"],
+            "distillation.nnodes=-1 must be an integer >= 0",
+        ),
+        (
+            [
+                "distillation.enabled=true",
+                f"{TEACHERS}.teacher_model.model_path=/m",
+                "distillation.nnodes=1",
+                "distillation.n_gpus_per_node=0",
+            ],
+            "leaves the teachers' pool no workers",
+        ),
+        (
+            [
+                "distillation.enabled=true",
+                f"{TEACHERS}.teacher_model.model_path=/m",
+                "distillation.nnodes=1",
+                "trainer.backend=local",
+            ],
+            "the teachers' pool of their own runs on Ray workers; set trainer.backend=ray",
         ),
     ],
 )

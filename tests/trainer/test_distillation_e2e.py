@@ -36,7 +36,7 @@ def _overrides(gsm8k_parquet, model, out, device, loss):
         "algorithm.adv_estimator=grpo",
         f"{D}.enabled=true",
         f"{D}.n_gpus_per_node=1",
-        f"{D}.nnodes=1",
+        f"{D}.nnodes=0",  # the teacher in the trainer's workers (> 0: a Ray pool of its own)
         f"{D}.teacher_models.teacher_model.model_path={model}",
         f"{D}.teacher_models.teacher_model.inference.tensor_model_parallel_size=1",
         *loss,
@@ -130,3 +130,30 @@ def test_opd_on_two_ray_workers_with_a_sharded_teacher(ray_cluster, gsm8k_parque
     assert main(overrides) == 0
     (row,) = _rows(out)
     assert abs(row["distillation/loss"]) < 1e-3 and row["distillation/overlap_ratio"] > 0.99
+
+
+@pytest.mark.slow
+def test_opd_with_the_teacher_on_a_ray_pool_of_its_own(ray_cluster, gsm8k_parquet, tiny_model_dir, tmp_path):
+    """distillation.nnodes=1 x n_gpus_per_node=2: the teacher sharded over two workers of its own
+    pool, the student on one trainer worker (whose worker holds no teacher: a call there fails). The
+    pool scores the student's tokens as the student would (identical models: loss ~0, overlap ~1)."""
+    pytest.importorskip("ray")
+    extra = [
+        f"{D}.distillation_loss.loss_mode=forward_kl_topk",
+        f"{D}.distillation_loss.topk=8",
+        "trainer.backend=ray",
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=1",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
+    ]
+    out = tmp_path / "pool"
+    overrides = _overrides(gsm8k_parquet, tiny_model_dir, out, "cpu", extra)
+    overrides = [
+        o.replace(f"{D}.nnodes=0", f"{D}.nnodes=1").replace(f"{D}.n_gpus_per_node=1", f"{D}.n_gpus_per_node=2")
+        for o in overrides
+    ]
+    overrides = [o.replace("total_training_steps=2", "total_training_steps=1") for o in overrides]
+    assert main(overrides) == 0
+    (row,) = _rows(out)
+    assert abs(row["distillation/loss"]) < 1e-3 and row["distillation/overlap_ratio"] > 0.99
+    assert row["perf/cpu_memory_used_gb"] > 0 and math.isfinite(row["timing_s/teacher"])

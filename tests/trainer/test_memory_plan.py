@@ -386,6 +386,16 @@ def test_a_distillation_teacher_is_one_more_frozen_role_sharded_like_the_referen
     assert teacher["weights"] * GiB == pytest.approx(shape.param_count() * 2 / 2)  # bf16, 2 workers
     assert plan.phases["teacher_log_prob"] > plan.phases["ref_log_prob"]  # a larger model's pass
     assert "teacher:teacher_model" not in _plan(base).roles
+    pooled = _plan(
+        base,
+        **{
+            f"{D}.enabled": True,
+            f"{D}.teacher_models.teacher_model.model_path": big,
+            f"{D}.nnodes": 1,  # a Ray pool of its own: not in the trainer's workers
+        },
+    )
+    assert "teacher:teacher_model" not in pooled.roles and "teacher_log_prob" not in pooled.phases
+    assert any("teachers run on a pool of their own (distillation.nnodes=1" in note for note in pooled.notes)
 
 
 def test_the_weight_sync_holds_one_bucket_in_an_engine_of_its_own_process(base):

@@ -197,7 +197,7 @@ def _reference_role(config, workers: int, cuda: bool, actor: Role, train_micro: 
 def _teacher_roles(config, workers: int, cuda: bool, train_micro: int) -> tuple:
     """``(name, Role)`` of each distillation teacher: frozen, sharded like the reference, in its
     ``inference.dtype``, scoring the reference pass's micro batches (top-k tensors are small: not counted)."""
-    if not config.distillation.enabled:
+    if not config.distillation.enabled or config.distillation.nnodes > 0:  # on a pool of their own: see _notes
         return ()
     ref = config.actor_rollout_ref.ref
     _, response, seq = _lengths(config)
@@ -344,6 +344,12 @@ def _notes(config, device: str, workers: int) -> list[str]:
         notes.append(
             f"trainer.cpu_malloc_reuse=true keeps freed memory resident for speed: "
             f"{CPU_MALLOC_KEPT_GB} GB per process counted (process/malloc_kept); false for the leanest run"
+        )
+    section = config.distillation
+    if section.enabled and section.nnodes > 0:
+        notes.append(
+            f"the distillation teachers run on a pool of their own (distillation.nnodes={section.nnodes} x "
+            f"n_gpus_per_node={section.n_gpus_per_node}): not in this plan of the trainer's workers"
         )
     return notes
 

@@ -41,7 +41,7 @@ from hybridrl.trainer.ppo.step_plan import needs_critic
 from hybridrl.trainer.run.tracking import available_loggers
 from hybridrl.workers.actor import build_policy_loss_config
 from hybridrl.workers.config import CriticConfig
-from hybridrl.workers.config.distillation import DistillationConfig, distillation_notes
+from hybridrl.workers.config.distillation import DistillationConfig, check_teacher_pool, distillation_notes
 from hybridrl.workers.rollout import OPTIONAL_ENGINES, ROLLOUT_REGISTRY
 from hybridrl.workers.rollout.tp_group import check_tp_size
 from hybridrl.workers.sequence_parallel import check_sequence_parallel
@@ -227,6 +227,7 @@ def _check_distillation(config) -> list[str]:
         return []
     DistillationConfig.validate(section)
     trainer = config.trainer
+    check_teacher_pool(section, trainer.backend)
     if trainer.one_step_off_policy or trainer.v1.trainer_mode != "sync":
         raise ConfigError(
             "distillation.enabled=true runs with the synchronous trainer only; set trainer.one_step_off_policy=false "

@@ -69,10 +69,12 @@ class PPOTrainer:
         n_workers: int = 1,
         rm_wg=None,
         rollout_wg=None,
+        teacher_wg=None,
     ):
         self.config = config
-        # the engines: in the actor's workers, or (rollout.nnodes > 0) in a rollout pool of their own
+        # engines and teachers: in the actor's workers, or on pools of their own (rollout/distillation.nnodes > 0)
         self.rollout_wg = rollout_wg if rollout_wg is not None else actor_rollout_wg
+        self.teacher_wg = teacher_wg if teacher_wg is not None else actor_rollout_wg
         self.rm_wg = rm_wg  # reward-model worker group (reward_model.enable) or None
         self.tokenizer = tokenizer
         self.actor_rollout_wg = actor_rollout_wg
@@ -108,9 +110,8 @@ class PPOTrainer:
         return batch, prompts
 
     def generate(self, batch_dict: dict) -> tuple[DataProto, DataProto, DataProto]:
-        """``(rows, prompts, responses)`` of a dataloader batch (:meth:`prepare_generation`) with
-        ``rollout.n`` responses per prompt, each tagged with its ``param_version``. Runs in a
-        driver thread with one-step-off."""
+        """``(rows, prompts, responses)`` of a dataloader batch (:meth:`prepare_generation`), ``rollout.n``
+        responses per prompt, each tagged with its ``param_version``. One-step-off runs it in a thread."""
         batch, prompts = self.prepare_generation(batch_dict)
         n = self.config.actor_rollout_ref.rollout.n
         return batch, prompts, self.actor_rollout_wg.generate_sequences(prompts.repeat(n, interleave=True))
@@ -216,7 +217,7 @@ class PPOTrainer:
 
             if self.plan.teacher:  # on-policy distillation: the teachers score the responses
                 with marked_timer("teacher", timing_raw):
-                    batch = batch.union(self.actor_rollout_wg.compute_teacher_log_prob(batch))
+                    batch = batch.union(self.teacher_wg.compute_teacher_log_prob(batch))
 
             if self.plan.use_critic:
                 with marked_timer("values", timing_raw):
@@ -252,8 +253,8 @@ class PPOTrainer:
         """Starts (``on``) or stops the workers' torch profiler (verl's ``start_profile`` /
         ``stop_profile``; :mod:`hybridrl.workers.profiler`): the roles whose ``profiler.enable`` record
         the steps of ``global_profiler.steps``."""
-        critic = [self.critic_wg] if self.plan.use_critic else []
-        for group in [self.actor_rollout_wg, *critic, *([self.rm_wg] if self.rm_wg is not None else [])]:
+        others = [self.critic_wg] if self.plan.use_critic else []
+        for group in [self.actor_rollout_wg, *others, *([self.rm_wg] if self.rm_wg is not None else [])]:
             if on:
                 group.start_profile(self.global_steps)
             else:
@@ -339,11 +340,10 @@ class PPOTrainer:
         ``perf/cpu_memory_used_gb`` (GiB, :func:`hybridrl.workers.memory.memory_metrics`) into ``metrics``:
         the maximum over every worker of every group. The updates and the reward model's scoring report
         theirs with their results; a group without such a call this step (the actor during
-        ``trainer.critic_warmup``, a rollout pool of its own) is asked once (``get_memory_metrics``).
+        ``trainer.critic_warmup``, a rollout or teacher pool of its own) is asked once (``get_memory_metrics``).
         With the local backend the workers run in the driver's process: theirs is the driver's memory."""
         silent = [self.actor_rollout_wg] if self.config.trainer.critic_warmup > self.global_steps else []
-        if self.rollout_wg is not self.actor_rollout_wg:
-            silent.append(self.rollout_wg)
+        silent += [wg for wg in (self.rollout_wg, self.teacher_wg) if wg is not self.actor_rollout_wg]
         for worker_group in silent:
             merge_metrics(metrics, reduce_worker_metrics(worker_group.get_memory_metrics()))
 

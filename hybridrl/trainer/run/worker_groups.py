@@ -32,6 +32,7 @@ from hybridrl.errors import ConfigError
 from hybridrl.trainer.run.metrics import reduce_worker_metrics
 from hybridrl.workers import fsdp_workers
 from hybridrl.workers.rollout_worker import RolloutWorker
+from hybridrl.workers.teacher_worker import TeacherWorker, teacher_pool_spec
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +66,11 @@ class WorkerGroups:
         """A rollout pool of its own (``actor_rollout_ref.rollout.nnodes > 0``); else None."""
         return self.groups.get("rollout")
 
+    @property
+    def teacher(self):
+        """The distillation teachers' pool of their own (``distillation.nnodes > 0``); else None."""
+        return self.groups.get("teacher")
+
     def shutdown(self) -> None:
         """Stops worker processes, then a Ray instance this run started (no-op for local)."""
         for cleanup in self._cleanups:  # in order: the groups first, Ray last
@@ -72,10 +78,11 @@ class WorkerGroups:
         self._cleanups.clear()
 
 
-def resolve_backend(trainer_cfg, rollout_pool: list[int] = ()) -> tuple[str, int]:
+def resolve_backend(trainer_cfg, other_pools: list[int] = ()) -> tuple[str, int]:
     """``(backend, world_size)`` from ``trainer.backend``, ``trainer.nnodes`` and
     ``trainer.n_gpus_per_node`` of ``trainer_cfg`` (the run's ``trainer`` section); ``auto`` picks Ray
-    when there are several workers or a ``rollout_pool`` (:func:`rollout_pool_spec`).
+    when there are several workers or pools of their own (``other_pools``: their workers per node,
+    :func:`own_pools`).
 
     Raises:
         ConfigError: local backend with more than one worker, or fewer than one worker.
@@ -86,7 +93,7 @@ def resolve_backend(trainer_cfg, rollout_pool: list[int] = ()) -> tuple[str, int
     world_size = nnodes * per_node
     backend = trainer_cfg.backend
     if backend == "auto":
-        backend = "ray" if world_size > 1 or rollout_pool else "local"
+        backend = "ray" if world_size > 1 or other_pools else "local"
     if backend == "local" and world_size > 1:
         raise ConfigError(
             f"trainer.backend=local runs one worker in this process, but trainer.nnodes x trainer.n_gpus_per_node "
@@ -100,6 +107,19 @@ def rollout_pool_spec(config) -> list[int]:
     ``n_gpus_per_node`` of the PPO ``config``); empty when the engines live in the trainer's workers."""
     rollout = config.actor_rollout_ref.rollout
     return [int(rollout.n_gpus_per_node)] * int(rollout.nnodes)
+
+
+def own_pools(config) -> dict[str, list[int]]:
+    """The PPO run's pools of their own beside the trainer's, by role name (``rollout``:
+    :func:`rollout_pool_spec`; ``teacher``: :func:`~hybridrl.workers.teacher_worker.teacher_pool_spec`)
+    with their workers per node; a pool without workers is left out."""
+    pools = {"rollout": rollout_pool_spec(config), "teacher": teacher_pool_spec(getattr(config, "distillation", None))}
+    return {name: spec for name, spec in pools.items() if spec}
+
+
+def all_workers(pools: dict[str, list[int]]) -> list[int]:
+    """The workers per node of every pool of ``pools``, in one list (for :func:`resolve_backend`)."""
+    return [n for spec in pools.values() for n in spec]
 
 
 VERL_NCCL_TIMEOUT = 600  # verl's default of <role>.nccl_timeout
@@ -145,22 +165,22 @@ def _roles(
     use_reference: bool,
     use_reward_model: bool,
     total_training_steps: int,
-    rollout_pool: list[int],
+    pools: dict[str, list[int]],
 ) -> dict[str, tuple]:
     """role name -> (worker class, args, kwargs) of the trainer's pool; ``device`` is filled in by
     the caller. The per-worker batch sizes are computed here, once, for the run's world size;
     ``total_training_steps`` (the LR schedule's length) is handed to the trained roles."""
-    _, world_size = resolve_backend(config.trainer, rollout_pool)
+    _, world_size = resolve_backend(config.trainer, all_workers(pools))
     n = int(config.actor_rollout_ref.rollout.n)
     role = ("actor_rollout_ref" if use_reference else "actor_rollout").replace(
-        "_rollout", "" if rollout_pool else "_rollout"
+        "_rollout", "" if "rollout" in pools else "_rollout"
     )  # with a rollout pool: no engine here
     actor_sizes = worker_batch_sizes(config.actor_rollout_ref.actor, n, world_size)
     roles: dict[str, tuple[type, tuple, dict]] = {
         "actor_rollout": (
             fsdp_workers.ActorRolloutRefWorker,
             (config.actor_rollout_ref, actor_sizes),
-            {"role": role, "total_training_steps": total_training_steps, "distillation": _teachers(config)},
+            {"role": role, "total_training_steps": total_training_steps, "distillation": _distillation(config)},
         )
     }
     if use_critic:
@@ -175,11 +195,25 @@ def _roles(
     return roles
 
 
-def _teachers(config):
-    """The ``distillation`` section when the run distills (the teachers then live in the policy
-    workers, sharded like the reference), else None."""
+def _distillation(config):
+    """The ``distillation`` section when the run distills (the actor trains on its loss; the
+    teachers live in the policy workers, sharded like the reference, or on a pool of their own),
+    else None."""
     section = getattr(config, "distillation", None)
     return section if section is not None and section.enabled else None
+
+
+def _own_pool_roles(config, pools: dict[str, list[int]]) -> dict[str, tuple[list[int], tuple]]:
+    """role name -> (workers per node, (worker class, args, kwargs)) of each pool of its own."""
+    out: dict[str, tuple[list[int], tuple]] = {}
+    if "rollout" in pools:  # verl's standalone rollout: the engines on workers of their own
+        out["rollout"] = (pools["rollout"], (RolloutWorker, (config.actor_rollout_ref,), {}))
+    if "teacher" in pools:  # verl's teacher resource pool
+        n, teacher_world = int(config.actor_rollout_ref.rollout.n), sum(pools["teacher"])
+        sizes = worker_batch_sizes(config.actor_rollout_ref.actor, n, teacher_world)
+        args = (config.actor_rollout_ref, sizes, config.distillation)
+        out["teacher"] = (pools["teacher"], (TeacherWorker, args, {}))
+    return out
 
 
 def build_worker_groups(
@@ -190,13 +224,13 @@ def build_worker_groups(
     # One-step-off: a prefetching generate call (from a driver thread) runs beside the training
     # calls in each process; the worker's engine lock keeps weight syncs out of generations.
     concurrency = 2 if config.trainer.one_step_off_policy else 1
-    pool = rollout_pool_spec(config)
-    roles = _roles(config, use_critic, use_reference, use_reward_model, total_training_steps, pool)
+    pools = own_pools(config)
+    roles = _roles(config, use_critic, use_reference, use_reward_model, total_training_steps, pools)
     groups = launch_worker_groups(
         config,
         roles,
         concurrency,
-        rollout_pool=pool,
+        own_pool_roles=_own_pool_roles(config, pools),
         ray_init=ray_init_kwargs(config),
         pg_timeout_s=process_group_timeout(config),
         ray_timeline=config.ray_kwargs.timeline_json_file,
@@ -219,21 +253,21 @@ def launch_worker_groups(
     config,
     roles: dict[str, tuple],
     max_concurrency: int = 1,
-    rollout_pool: list[int] = (),
+    own_pool_roles: dict[str, tuple[list[int], tuple]] | None = None,
     ray_init: dict | None = None,
     pg_timeout_s: float | None = None,
     ray_timeline: str | None = None,
 ) -> WorkerGroups:
     """Builds one worker group per role, colocated in the same processes (``trainer.backend``,
-    ``trainer.nnodes`` x ``trainer.n_gpus_per_node``), plus a rollout pool of its own when
-    ``rollout_pool`` is given, and calls every group's ``init_model``.
+    ``trainer.nnodes`` x ``trainer.n_gpus_per_node``), plus one group per pool of its own, and
+    calls every group's ``init_model``.
 
     Args:
         config: the run's config (PPO, SFT or RM; its ``trainer`` section says where the workers run).
         roles: role name -> ``(worker class, args, kwargs)``; ``device`` is added here.
         max_concurrency: calls one Ray worker process runs at once.
-        rollout_pool: workers per node of a rollout pool of its own (:func:`rollout_pool_spec`; PPO
-            only, its workers get ``config.actor_rollout_ref``); empty: none.
+        own_pool_roles: role name -> ``(workers per node, (worker class, args, kwargs))`` of each
+            pool of its own (PPO's rollout and teacher pools, :func:`own_pools`; Ray only).
         ray_init: keyword arguments of ``ray.init`` (:func:`ray_init_kwargs`); None: none.
         pg_timeout_s: the workers' process-group timeout (:func:`process_group_timeout`, PPO's
             ``nccl_timeout``); None: ``trainer.dist_timeout_s``.
@@ -243,7 +277,8 @@ def launch_worker_groups(
     Raises:
         ConfigError: see :func:`resolve_backend` and :func:`init_ray`.
     """
-    backend, world_size = resolve_backend(config.trainer, rollout_pool)
+    own = own_pool_roles or {}
+    backend, world_size = resolve_backend(config.trainer, all_workers({k: v[0] for k, v in own.items()}))
     device = config.trainer.device
     # read by every worker process as it starts: keep or return freed memory (cuda: the workers'
     # GPUs, maybe on other nodes than this GPU-less driver's, so not resolved here)
@@ -256,20 +291,10 @@ def launch_worker_groups(
         result = WorkerGroups(groups, world_size=1, backend="local")
     else:
         result = _build_ray_groups(
-            config,
-            roles,
-            world_size,
-            device,
-            max_concurrency,
-            list(rollout_pool),
-            ray_init or {},
-            pg_timeout_s,
-            ray_timeline,
+            config, roles, world_size, device, max_concurrency, own, ray_init or {}, pg_timeout_s, ray_timeline
         )
-    for name in roles:  # the actor first: its model load warms the cache the others read
+    for name in [*roles, *own]:  # the actor first: its model load warms the cache the others read
         result.groups[name].init_model()
-    if result.rollout is not None:
-        result.rollout.init_model()
     return result
 
 
@@ -279,7 +304,7 @@ def _build_ray_groups(
     world_size: int,
     device: str,
     max_concurrency: int,
-    rollout_pool: list[int],
+    own: dict[str, tuple[list[int], tuple]],
     ray_init: dict,
     pg_timeout_s: float | None,
     ray_timeline: str | None,
@@ -291,12 +316,12 @@ def _build_ray_groups(
     os.environ.setdefault("HYBRIDRL_DIST_TIMEOUT_S", str(trainer_cfg.dist_timeout_s))
     if pg_timeout_s is not None:
         os.environ["HYBRIDRL_PG_TIMEOUT_S"] = str(pg_timeout_s)
-    started_ray = init_ray(ray_init, (world_size + sum(rollout_pool)) * threads)
+    started_ray = init_ray(ray_init, (world_size + sum(all_workers({k: v[0] for k, v in own.items()}))) * threads)
     use_gpu = device == "cuda" or (device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
     spec = {"global_pool": [int(trainer_cfg.n_gpus_per_node)] * int(trainer_cfg.nnodes)}
     mapping = {Role.ActorRolloutRef: "global_pool"}  # every role of `roles`, colocated
-    if rollout_pool:  # verl's standalone rollout: the engines on workers of their own
-        spec["rollout_pool"], mapping[Role.Rollout] = rollout_pool, "rollout_pool"
+    for name, (workers, _) in own.items():
+        spec[f"{name}_pool"], mapping[Role(name)] = workers, f"{name}_pool"
     pools = ResourcePoolManager(spec, mapping=mapping, use_gpu=use_gpu, cpus_per_worker=threads)
     pools.create_resource_pool()
     worker_device = "cuda" if use_gpu else "cpu"
@@ -312,14 +337,14 @@ def _build_ray_groups(
     )
     result = WorkerGroups(colocated.spawn(class_dict.keys()), world_size=world_size, backend="ray")
     result._cleanups.append(colocated.shutdown)
-    if rollout_pool:
-        rollout = RayWorkerGroup(
-            pools.get_resource_pool(Role.Rollout),
-            RayClassWithInitArgs(RolloutWorker, config.actor_rollout_ref, device=worker_device),
+    for name, (_, (cls, args, kwargs)) in own.items():
+        group = RayWorkerGroup(
+            pools.get_resource_pool(Role(name)),
+            RayClassWithInitArgs(cls, *args, device=worker_device, **kwargs),
             cpu_threads_per_worker=threads,
         )
-        result.groups["rollout"] = rollout
-        result._cleanups.insert(0, rollout.shutdown)
+        result.groups[name] = group
+        result._cleanups.insert(0, group.shutdown)
     if ray_timeline:  # verl: Ray's timeline of the whole run, written at its end
         result._cleanups.append(functools.partial(write_ray_timeline, str(ray_timeline)))
     if started_ray:

@@ -1,12 +1,13 @@
 """``distillation``: on-policy distillation from one or more frozen teachers (verl's
 ``trainer/config/distillation/distillation.yaml``: the same keys and defaults).
 
-The teacher is a worker role here: a frozen causal LM in the trainer's own workers, sharded like
-the reference policy, that scores the student's sampled responses with the HF forward (the
-sampled token's log-prob, or its top-k next tokens for ``forward_kl_topk``). verl's teacher
-inference servers (``teacher_models.<name>.inference.*``, ``num_replicas``, the teacher pool
-``n_gpus_per_node`` x ``nnodes``) are accepted so verl's commands run; what they mean here is
-:func:`distillation_notes`.
+The teacher is a worker role here: a frozen causal LM, sharded like the reference policy, that
+scores the student's sampled responses with the HF forward (the sampled token's log-prob, or its
+top-k next tokens for ``forward_kl_topk``). It runs in the trainer's own workers, or with
+``nnodes`` > 0 on a Ray pool of its own of ``n_gpus_per_node`` x ``nnodes`` workers (verl's teacher
+resource pool; :func:`check_teacher_pool`). verl's teacher inference servers
+(``teacher_models.<name>.inference.*``, ``num_replicas``) are accepted so verl's commands run; what
+they mean here is :func:`distillation_notes`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ __all__ = [
     "distillation_loss_config",
     "resolve_teachers",
     "distillation_notes",
+    "check_teacher_pool",
 ]
 
 SECTION = "distillation"
@@ -200,15 +202,34 @@ def resolve_teachers(section) -> Dict[str, Any]:
     return teachers
 
 
+def check_teacher_pool(section, backend: str) -> None:
+    """The teachers' pool of their own (``nnodes`` > 0, ``n_gpus_per_node`` workers on each node).
+
+    Raises:
+        ConfigError: a negative size, a pool without workers, or ``trainer.backend=local`` (the
+            pool is Ray workers), one line naming the key.
+    """
+    for key in ("nnodes", "n_gpus_per_node"):
+        if getattr(section, key) < 0:
+            raise ConfigError(f"{SECTION}.{key}={getattr(section, key)!r} must be an integer >= 0")
+    if not section.nnodes:
+        return
+    if section.n_gpus_per_node < 1:
+        raise ConfigError(
+            f"{SECTION}.nnodes={section.nnodes} with {SECTION}.n_gpus_per_node={section.n_gpus_per_node} leaves the "
+            f"teachers' pool no workers; set n_gpus_per_node >= 1, or {SECTION}.nnodes=0 (the trainer's workers)"
+        )
+    if backend == "local":
+        raise ConfigError(
+            f"{SECTION}.nnodes={section.nnodes}: the teachers' pool of their own runs on Ray workers; set "
+            f"trainer.backend=ray (or auto), or {SECTION}.nnodes=0 to score in the trainer's workers"
+        )
+
+
 def distillation_notes(section, rollout_name: str) -> List[str]:
     """One line per verl teacher-server key set here that means nothing in this build (the
-    teacher runs in the trainer's workers with the HF forward, sharded like the reference)."""
+    teacher scores with the HF forward, sharded like the reference)."""
     notes = []
-    if section.nnodes or section.n_gpus_per_node != 8:
-        notes.append(
-            f"distillation.n_gpus_per_node={section.n_gpus_per_node}, nnodes={section.nnodes}: the teacher runs in "
-            "the trainer's workers, sharded like the reference (no resource pool of its own)"
-        )
     for name, entry in resolve_teachers(section).items():
         if entry.inference.name not in (None, "hf", rollout_name) or entry.num_replicas:
             notes.append(
