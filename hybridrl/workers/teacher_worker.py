@@ -59,7 +59,7 @@ class Teachers:
         loss = distillation_loss_config(distillation.distillation_loss)
         use_topk = bool(get_distillation_loss_settings(loss.loss_mode).use_topk)
         self.teacher_key = distillation.teacher_key
-        self.topk = int(loss.topk) if use_topk else None
+        self.topk = int(loss.topk) if use_topk and loss.topk is not None else None
         self.world_size = world_size
         fsdp_config = config.ref.fsdp_config
         options = load_options(config.model, device, world_size, fsdp_config)

@@ -14,7 +14,7 @@ import functools
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, cast
+from typing import Any, Callable, Sequence, cast
 
 from omegaconf import OmegaConf
 
@@ -78,7 +78,7 @@ class WorkerGroups:
         self._cleanups.clear()
 
 
-def resolve_backend(trainer_cfg, other_pools: list[int] = ()) -> tuple[str, int]:
+def resolve_backend(trainer_cfg, other_pools: Sequence[int] = ()) -> tuple[str, int]:
     """``(backend, world_size)`` from ``trainer.backend``, ``trainer.nnodes`` and
     ``trainer.n_gpus_per_node`` of ``trainer_cfg`` (the run's ``trainer`` section); ``auto`` picks Ray
     when there are several workers or pools of their own (``other_pools``: their workers per node,
