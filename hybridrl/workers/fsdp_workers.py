@@ -78,7 +78,7 @@ class ActorRolloutRefWorker(StreamingMethods, ProfiledWorker, Worker):
         self.total_training_steps = total_training_steps
         self.role = role
         self.distillation = distillation
-        self.teachers = None  # the distillation teachers when they live here (init_model)
+        self.teachers: Teachers | None = None  # the distillation teachers when they live here (init_model)
         self._is_actor = role != "ref"
         self._is_ref = role in ("ref", "actor_rollout_ref", "actor_ref")
         self._is_rollout = role.startswith("actor_rollout")

@@ -108,14 +108,18 @@ class _Group:
         return [{ALLOCATED: a, RESERVED: a, CPU_USED: 1.0} for a in self.allocated]
 
 
-@pytest.mark.parametrize("warmup, pool", [(0, False), (5, False), (0, True)])
-def test_the_driver_asks_only_the_groups_without_an_update_once(warmup, pool):
+@pytest.mark.parametrize(
+    "warmup, pool, teachers", [(0, False, False), (5, False, False), (0, True, False), (0, True, True)]
+)
+def test_the_driver_asks_only_the_groups_without_an_update_once(warmup, pool, teachers):
     trainer = object.__new__(PPOTrainer)
-    actor, rollout = _Group(3.0, 9.0), _Group(7.0, 2.0)
+    actor, rollout, teacher = _Group(3.0, 9.0), _Group(7.0, 2.0), _Group(11.0, 1.0)
     trainer.actor_rollout_wg, trainer.rollout_wg = actor, (rollout if pool else actor)
+    trainer.teacher_wg = teacher if teachers else actor  # distillation.nnodes > 0: a pool of their own
     trainer.config = SimpleNamespace(trainer=SimpleNamespace(critic_warmup=warmup))
     trainer.global_steps = 1
     metrics = {ALLOCATED: 4.0, RESERVED: 4.0, CPU_USED: 2.0}  # as the updates reported them
     trainer.collect_memory_metrics(metrics)
-    assert (actor.calls, rollout.calls if pool else 0) == (int(warmup > 1), int(pool))
-    assert metrics[ALLOCATED] == (9.0 if warmup else 7.0 if pool else 4.0) and metrics[CPU_USED] == 2.0
+    assert (actor.calls, rollout.calls if pool else 0, teacher.calls) == (int(warmup > 1), int(pool), int(teachers))
+    expected = 11.0 if teachers else 9.0 if warmup else 7.0 if pool else 4.0
+    assert metrics[ALLOCATED] == expected and metrics[CPU_USED] == 2.0
