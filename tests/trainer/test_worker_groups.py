@@ -174,3 +174,25 @@ def test_a_local_ray_instance_listens_on_loopback_only():
     names = {name for name, _ in ports}
     assert {"gcs_server", "raylet"} <= names, ports
     assert all(ip in ("127.0.0.1", "::ffff:127.0.0.1") for _, ip in ports), ports
+
+
+def test_a_teacher_pool_of_any_size_takes_the_trainers_batch_sizes():
+    """3 teachers for a mini batch of 8 responses: the pool pads its split of a batch, so its size
+    need not divide the actor's batches (which would refuse it naming the actor's keys)."""
+    from hybridrl.trainer.run.worker_groups import _own_pool_roles, own_pools
+
+    cfg = ppo_config_with(
+        {
+            "distillation": {"enabled": True, "nnodes": 1, "n_gpus_per_node": 3},
+            "actor_rollout_ref": {
+                "actor": {"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 4},
+                "rollout": {"n": 2},
+            },
+        }
+    )
+    cfg.distillation.teacher_models.teacher_model.model_path = "/models/teacher"
+    pools = own_pools(cfg)
+    assert pools == {"teacher": [3]}
+    workers, (cls, (section, sizes, distillation), _) = _own_pool_roles(cfg, pools)["teacher"]
+    assert cls.__name__ == "TeacherWorker" and workers == [3] and distillation is cfg.distillation
+    assert sizes.ppo_mini_batch_size == 8  # one trainer worker's 4 prompts x 2 responses

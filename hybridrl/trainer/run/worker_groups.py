@@ -209,8 +209,10 @@ def _own_pool_roles(config, pools: dict[str, list[int]]) -> dict[str, tuple[list
     if "rollout" in pools:  # verl's standalone rollout: the engines on workers of their own
         out["rollout"] = (pools["rollout"], (RolloutWorker, (config.actor_rollout_ref,), {}))
     if "teacher" in pools:  # verl's teacher resource pool
-        n, teacher_world = int(config.actor_rollout_ref.rollout.n), sum(pools["teacher"])
-        sizes = worker_batch_sizes(config.actor_rollout_ref.actor, n, teacher_world)
+        # the trainer's per-worker sizes: the teachers read only their log-prob micro batch (the
+        # training one is its fallback); the pool's own split of a batch is padded to its size
+        _, world_size = resolve_backend(config.trainer, all_workers(pools))
+        sizes = worker_batch_sizes(config.actor_rollout_ref.actor, int(config.actor_rollout_ref.rollout.n), world_size)
         args = (config.actor_rollout_ref, sizes, config.distillation)
         out["teacher"] = (pools["teacher"], (TeacherWorker, args, {}))
     return out
