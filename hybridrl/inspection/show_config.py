@@ -20,7 +20,7 @@ from hybridrl.errors import ConfigError
 from hybridrl.trainer.jobs.supervised_config import ignored_notes, rm_config, sft_config
 from hybridrl.trainer.ppo.config import typed_ppo_config
 from hybridrl.trainer.ppo.config_check import validate_ppo_config
-from hybridrl.trainer.run.worker_groups import all_workers, own_pools, resolve_backend
+from hybridrl.trainer.run.worker_groups import ppo_backend
 
 # the checks per kind of config: a run's own checks before it loads a model
 CHECKED_KINDS = ("ppo_trainer", "sft_trainer", "rm_trainer")
@@ -89,7 +89,7 @@ def check_config(config, kind: str) -> list[str]:
     """
     if kind == "ppo_trainer":
         typed = typed_ppo_config(config)
-        _, world_size = resolve_backend(typed.trainer, all_workers(own_pools(typed)))
+        _, world_size = ppo_backend(typed)
         return validate_ppo_config(typed, world_size=world_size)
     if kind == "sft_trainer":
         return ignored_notes(sft_config(config))

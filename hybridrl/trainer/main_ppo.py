@@ -32,7 +32,7 @@ from hybridrl.trainer.ppo.step_plan import StepPlan, make_step_plan
 from hybridrl.trainer.run.checkpoint import find_latest_checkpoint
 from hybridrl.trainer.run.checkpoint_lock import run_folder_lock
 from hybridrl.trainer.run.tracking import tracker_for_run
-from hybridrl.trainer.run.worker_groups import all_workers, build_worker_groups, own_pools, resolve_backend
+from hybridrl.trainer.run.worker_groups import build_worker_groups, ppo_backend
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def run_ppo(config) -> None:
     """
     config = typed_ppo_config(config)
     _check_train_files(config)
-    _, world_size = resolve_backend(config.trainer, all_workers(own_pools(config)))
+    _, world_size = ppo_backend(config)
     # A module named here may register estimators, losses or KL forms: import it before the
     # start-up check looks their names up.
     import_external_lib(config.actor_rollout_ref.model.external_lib)

@@ -173,7 +173,6 @@ class ActorRolloutRefWorker(StreamingMethods, ProfiledWorker, Worker):
     def _load_teachers(self, student) -> None:
         """The distillation teachers in this worker (:class:`~hybridrl.workers.teacher_worker.Teachers`),
         unless they run on a pool of their own (``distillation.nnodes`` > 0)."""
-        self.teachers = None
         if teacher_pool_spec(self.distillation):
             return
         vocab = int(student.config.vocab_size)

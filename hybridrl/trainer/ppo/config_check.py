@@ -276,9 +276,9 @@ def _check_rollout_engine(config, world_size: int) -> None:
         return
     check_tp_size(tp_size, world_size)
     mode = config.trainer.v1.trainer_mode
-    schedule = "trainer.one_step_off_policy=true" if config.trainer.one_step_off_policy else None
-    if mode != "sync":
-        schedule = f"trainer.v1.trainer_mode={mode}"
+    schedule = f"trainer.v1.trainer_mode={mode}" if mode != "sync" else None
+    if config.trainer.one_step_off_policy:
+        schedule = "trainer.one_step_off_policy=true"
     if schedule:
         raise ConfigError(
             f"{ROLLOUT}.tensor_model_parallel_size={tp_size} with {schedule}: an engine that spans several workers "

@@ -81,8 +81,8 @@ class WorkerGroups:
 def resolve_backend(trainer_cfg, other_pools: Sequence[int] = ()) -> tuple[str, int]:
     """``(backend, world_size)`` from ``trainer.backend``, ``trainer.nnodes`` and
     ``trainer.n_gpus_per_node`` of ``trainer_cfg`` (the run's ``trainer`` section); ``auto`` picks Ray
-    when there are several workers or pools of their own (``other_pools``: their workers per node,
-    :func:`own_pools`).
+    when there are several workers or pools of their own (``other_pools``: their workers per node;
+    a PPO run's: :func:`ppo_backend`).
 
     Raises:
         ConfigError: local backend with more than one worker, or fewer than one worker.
@@ -117,9 +117,9 @@ def own_pools(config) -> dict[str, list[int]]:
     return {name: spec for name, spec in pools.items() if spec}
 
 
-def all_workers(pools: dict[str, list[int]]) -> list[int]:
-    """The workers per node of every pool of ``pools``, in one list (for :func:`resolve_backend`)."""
-    return [n for spec in pools.values() for n in spec]
+def ppo_backend(config) -> tuple[str, int]:
+    """:func:`resolve_backend` of the PPO ``config``, with its pools of their own (:func:`own_pools`)."""
+    return resolve_backend(config.trainer, [n for spec in own_pools(config).values() for n in spec])
 
 
 VERL_NCCL_TIMEOUT = 600  # verl's default of <role>.nccl_timeout
@@ -170,7 +170,7 @@ def _roles(
     """role name -> (worker class, args, kwargs) of the trainer's pool; ``device`` is filled in by
     the caller. The per-worker batch sizes are computed here, once, for the run's world size;
     ``total_training_steps`` (the LR schedule's length) is handed to the trained roles."""
-    _, world_size = resolve_backend(config.trainer, all_workers(pools))
+    _, world_size = ppo_backend(config)
     n = int(config.actor_rollout_ref.rollout.n)
     role = ("actor_rollout_ref" if use_reference else "actor_rollout").replace(
         "_rollout", "" if "rollout" in pools else "_rollout"
@@ -211,7 +211,7 @@ def _own_pool_roles(config, pools: dict[str, list[int]]) -> dict[str, tuple[list
     if "teacher" in pools:  # verl's teacher resource pool
         # the trainer's per-worker sizes: the teachers read only their log-prob micro batch (the
         # training one is its fallback); the pool's own split of a batch is padded to its size
-        _, world_size = resolve_backend(config.trainer, all_workers(pools))
+        _, world_size = ppo_backend(config)
         sizes = worker_batch_sizes(config.actor_rollout_ref.actor, int(config.actor_rollout_ref.rollout.n), world_size)
         args = (config.actor_rollout_ref, sizes, config.distillation)
         out["teacher"] = (pools["teacher"], (TeacherWorker, args, {}))
@@ -280,7 +280,7 @@ def launch_worker_groups(
         ConfigError: see :func:`resolve_backend` and :func:`init_ray`.
     """
     own = own_pool_roles or {}
-    backend, world_size = resolve_backend(config.trainer, all_workers({k: v[0] for k, v in own.items()}))
+    backend, world_size = resolve_backend(config.trainer, [n for workers, _ in own.values() for n in workers])
     device = config.trainer.device
     # read by every worker process as it starts: keep or return freed memory (cuda: the workers'
     # GPUs, maybe on other nodes than this GPU-less driver's, so not resolved here)
@@ -318,7 +318,7 @@ def _build_ray_groups(
     os.environ.setdefault("HYBRIDRL_DIST_TIMEOUT_S", str(trainer_cfg.dist_timeout_s))
     if pg_timeout_s is not None:
         os.environ["HYBRIDRL_PG_TIMEOUT_S"] = str(pg_timeout_s)
-    started_ray = init_ray(ray_init, (world_size + sum(all_workers({k: v[0] for k, v in own.items()}))) * threads)
+    started_ray = init_ray(ray_init, (world_size + sum(sum(workers) for workers, _ in own.values())) * threads)
     use_gpu = device == "cuda" or (device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
     spec = {"global_pool": [int(trainer_cfg.n_gpus_per_node)] * int(trainer_cfg.nnodes)}
     mapping = {Role.ActorRolloutRef: "global_pool"}  # every role of `roles`, colocated
