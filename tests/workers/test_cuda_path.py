@@ -117,26 +117,24 @@ def test_adamw_is_fused_only_when_every_param_is_a_float_on_cuda(monkeypatch):
 
 
 def test_async_weights_file_needs_room_in_its_folder(monkeypatch, tmp_path):
-    from hybridrl.workers.rollout import vllm_async
+    from hybridrl.workers.rollout import weight_files
     from hybridrl.workers.rollout.base import RolloutEngineError
 
     monkeypatch.setattr("shutil.disk_usage", lambda path: SimpleNamespace(total=64 * 2**20, used=0, free=64 * 2**20))
-    vllm_async.check_room_for_weights(str(tmp_path), 10 * 2**20)  # fits
-    rollout = object.__new__(vllm_async.AsyncVLLMRollout)
-    rollout._folder, rollout.dtype = SimpleNamespace(name=str(tmp_path)), torch.bfloat16
-    with pytest.raises(RolloutEngineError) as err:
-        rollout._write_weights({"w": torch.empty(64 * 2**20, device="meta")})  # 128 MiB in bf16
+    weight_files.check_room_for_weights(str(tmp_path), 10 * 2**20)  # fits
+    with pytest.raises(RolloutEngineError) as err:  # 128 MiB in bf16
+        weight_files.write_weights_file(str(tmp_path), {"w": torch.empty(64 * 2**20, device="meta")}, torch.bfloat16)
     msg = str(err.value)
     assert "\n" not in msg and "129 MiB" in msg and "64 MiB is free" in msg
-    assert "--shm-size" in msg and vllm_async.WEIGHTS_DIR_ENV in msg
+    assert "--shm-size" in msg and weight_files.WEIGHTS_DIR_ENV in msg
     assert not list(tmp_path.iterdir())  # nothing half-written
 
 
 def test_the_async_weights_folder_can_be_chosen(monkeypatch, tmp_path):
-    from hybridrl.workers.rollout import vllm_async
+    from hybridrl.workers.rollout import weight_files
 
-    monkeypatch.setenv(vllm_async.WEIGHTS_DIR_ENV, str(tmp_path))
-    assert vllm_async._ram_dir() == str(tmp_path)
+    monkeypatch.setenv(weight_files.WEIGHTS_DIR_ENV, str(tmp_path))
+    assert weight_files.ram_dir() == str(tmp_path)
 
 
 def test_actor_loss_sums_on_the_device_equal_the_item_sums():

@@ -30,7 +30,7 @@ from vllm_helpers import (
 )
 
 from hybridrl.workers.rollout.base import RolloutEngineError, SampledIds, policy_weights
-from hybridrl.workers.rollout.vllm_async import weight_buckets
+from hybridrl.workers.rollout.weight_files import weight_buckets
 
 
 @pytest.fixture
@@ -202,7 +202,7 @@ def test_a_dead_workers_engine_folder_is_swept_and_a_live_ones_kept(tmp_path):
     import subprocess
     import sys
 
-    from hybridrl.workers.rollout.vllm_async import FOLDER_PREFIX, sweep_orphan_folders
+    from hybridrl.workers.rollout.weight_files import FOLDER_PREFIX, sweep_orphan_folders
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead, live = tmp_path / f"{FOLDER_PREFIX}{int(gone.stdout)}-abc", tmp_path / f"{FOLDER_PREFIX}{os.getpid()}-xyz"

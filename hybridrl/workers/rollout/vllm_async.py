@@ -7,10 +7,12 @@ flight, a finished sample leaves the batch at once, and a long multi-turn episod
 back. ``generate_sequences`` sends the rows of a batch the same way.
 
 vLLM 0.32's ``AsyncLLM`` always runs its engine core in a child process, so unlike the
-colocated engine (:mod:`.vllm`) weights cannot be handed over as tensors in memory:
-``sync_weights`` writes the actor's weights as one safetensors file into a folder in RAM
-(``/dev/shm`` where there is one) and the engine reloads them in place from there
-(``reload_weights(weights_path=...)``). Being its own process, the engine also runs beside a
+colocated engine (:mod:`.vllm`) weights cannot be handed over as tensors of this process. On a
+GPU they go by CUDA IPC handles through vLLM's weight-transfer API (:mod:`.cuda_ipc`): the engine
+reads them from this process's GPU memory, one bucket at a time. Elsewhere (the CPU, an engine
+spanning a TP group's GPUs) ``sync_weights`` writes them as bucket-sized safetensors files into a
+folder in RAM (``/dev/shm`` where there is one) and the engine reloads them in place from there
+(``reload_weights(weights_path=...)``, :mod:`.weight_files`). Being its own process, the engine also runs beside a
 trainer that uses ``torch.distributed``: with ``trainer.backend=ray`` and N workers each rank
 starts its own engine on its share of the batch.
 
@@ -28,18 +30,17 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import itertools
 import os
-import re
 import tempfile
 import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import torch
 
+from hybridrl.workers.rollout import cuda_ipc
 from hybridrl.workers.rollout.base import (
     RolloutEngineError,
     SampledIds,
@@ -48,129 +49,34 @@ from hybridrl.workers.rollout.base import (
     resolve_sampling,
 )
 from hybridrl.workers.rollout.engine_watch import engine_death, engine_dies_with_parent
-from hybridrl.workers.rollout.vllm import VLLMRollout, hidden_unscannable_globals, sampled_ids, write_model_folder
+from hybridrl.workers.rollout.vllm import (
+    VLLMRollout,
+    engine_error_text,
+    hidden_unscannable_globals,
+    sampled_ids,
+    write_model_folder,
+)
+from hybridrl.workers.rollout.weight_files import (
+    FOLDER_PREFIX,
+    WEIGHTS_DIR_ENV,
+    bucket_bytes,
+    drop_weight_files,
+    ram_dir,
+    sweep_orphan_folders,
+    weight_buckets,
+    write_weights_file,
+)
 
 DEFAULT_ENGINE_TIMEOUT_S = 900.0
 WATCH_S = 1.0  # how often a wait on the engine checks that its process lives
-WEIGHTS_FILE = "model.safetensors"
-
-
-FOLDER_PREFIX = "hybridrl-vllm-async-"
-
-
-WEIGHTS_DIR_ENV = "HYBRIDRL_ASYNC_WEIGHTS_DIR"  # a folder of the user's choice for the weights file
-
-
-BUCKET_KEY = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"
-
-
-def bucket_bytes(config) -> int:
-    """The weight-sync bucket of a rollout section, in bytes (verl's MB are MiB); an engine section
-    without the key (the judge's, ``hybridrl gen``'s) loads its weights in one bucket."""
-    engine = getattr(config, "checkpoint_engine", None)
-    megabytes = getattr(engine, "update_weights_bucket_megabytes", None)
-    return int(megabytes) * 2**20 if megabytes else 2**62
-
-
-_LAYER_WHOLE = " (a layer's tensors go in one: vLLM fuses q/k/v and gate/up)"
-_LAYER = re.compile(r"^(.*\.layers\.\d+)\.")
-
-
-def weight_buckets(
-    pairs: Iterable[tuple[str, torch.Tensor]], limit_bytes: int, dtype: torch.dtype
-) -> Iterator[dict[str, torch.Tensor]]:
-    """``(name, tensor)`` pairs grouped in order into dicts of at most ``limit_bytes`` (sized in the
-    engine's ``dtype``), a decoder layer's tensors (``*.layers.<i>.*``) always in one bucket: vLLM
-    fuses q/k/v and gate/up as it loads them, and a reload that brings part of a fused group
-    leaves the rest of it wrong (measured: log-probs off by 45 nats). A bucket is yielded before
-    the next layer is taken, so a lazy ``pairs`` (gathered shards) holds one bucket at a time.
-
-    Raises:
-        RolloutEngineError: a layer or tensor larger than ``limit_bytes``, naming it and
-            ``rollout.checkpoint_engine.update_weights_bucket_megabytes``.
-    """
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    bucket: dict[str, torch.Tensor] = {}
-    size = 0
-    for unit_name, group in itertools.groupby(pairs, key=lambda pair: _unit(pair[0])):
-        unit = dict(group)
-        unit_size = sum(t.numel() for t in unit.values()) * itemsize
-        if unit_size > limit_bytes:
-            raise RolloutEngineError(
-                f"{BUCKET_KEY}={limit_bytes // 2**20}: {unit_name} takes {unit_size / 2**20:.1f} MB, more than "
-                f"a bucket{_LAYER_WHOLE if len(unit) > 1 else ''}; raise it to at least {-(-unit_size // 2**20)}"
-            )
-        if bucket and size + unit_size > limit_bytes:
-            yield bucket
-            bucket, size = {}, 0
-        bucket.update(unit)
-        size += unit_size
-    if bucket:
-        yield bucket
-
-
-def _unit(name: str) -> str:
-    """The decoder layer a parameter belongs to (``model.layers.3``), or the name itself."""
-    match = _LAYER.match(name)
-    return match.group(1) if match else name
-
-
-def _ram_dir() -> str | None:
-    """The folder for the weights handed to the engine: ``$HYBRIDRL_ASYNC_WEIGHTS_DIR`` when set,
-    else ``/dev/shm`` (in RAM) where there is one, else None (the default temp dir)."""
-    if os.environ.get(WEIGHTS_DIR_ENV):
-        return os.environ[WEIGHTS_DIR_ENV]
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-
-
-def check_room_for_weights(folder: str, needed_bytes: int) -> None:
-    """Raises a one-line :class:`RolloutEngineError` when ``folder`` has less than ``needed_bytes``
-    free: Docker gives a container a 64 MB ``/dev/shm`` unless told otherwise, and a weights file
-    that does not fit would die half-written (a bus error or ENOSPC deep in safetensors)."""
-    import shutil
-
-    free = shutil.disk_usage(folder).free
-    if needed_bytes <= free:
-        return
-    mib = 2**20
-    raise RolloutEngineError(
-        f"rollout.mode=async hands the weights to the vLLM engine as a file in {folder}: it needs "
-        f"{needed_bytes / mib:.0f} MiB there and {free / mib:.0f} MiB is free; give it more room (in Docker: "
-        f"docker run --shm-size=<weights x 2, e.g. 16g>), or set {WEIGHTS_DIR_ENV} to a folder with room"
-    )
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
-
-
-def sweep_orphan_folders(parent: str | None) -> list[str]:
-    """Removes the engine folders (``<parent>/hybridrl-vllm-async-<pid>-*``) whose process is gone: a
-    killed worker never reaches ``close()``, and its folder would stay in RAM (with the weights
-    file, if it died mid-load). Returns the removed paths."""
-    import shutil
-
-    parent = parent or tempfile.gettempdir()
-    removed = []
-    for name in os.listdir(parent):
-        owner = name[len(FOLDER_PREFIX) :].split("-", 1)[0] if name.startswith(FOLDER_PREFIX) else ""
-        if owner.isdigit() and not _pid_alive(int(owner)):
-            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-            removed.append(os.path.join(parent, name))
-    return removed
 
 
 @contextlib.contextmanager
-def _child_env(threads: int | None):
+def _child_env(threads: int | None, extra: dict[str, str] | None = None):
     """Environment the engine process is spawned with: ``spawn`` (forking a process that runs
-    OpenMP and an event-loop thread is unsafe) and ``rollout.cpu_threads`` OpenMP threads."""
-    settings = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+    OpenMP and an event-loop thread is unsafe), ``rollout.cpu_threads`` OpenMP threads, and
+    ``extra`` (the weight transport's)."""
+    settings = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", **(extra or {})}
     if threads:
         settings["OMP_NUM_THREADS"] = str(int(threads))
     before = {key: os.environ.get(key) for key in settings}
@@ -224,36 +130,51 @@ class AsyncVLLMRollout(VLLMRollout):
     """
 
     def _start(self, actor_module: torch.nn.Module, base: torch.nn.Module) -> None:
+        """Starts the engine process from the actor's weights: by CUDA IPC into dummy weights on a
+        GPU (:mod:`.cuda_ipc`), else from bucket-sized files in RAM (:mod:`.weight_files`)."""
         self.timeout_s = float(self.config.engine_timeout_s)
         self.bucket_bytes = bucket_bytes(self.config)
-        sweep_orphan_folders(_ram_dir())
-        self._folder = tempfile.TemporaryDirectory(prefix=f"{FOLDER_PREFIX}{os.getpid()}-", dir=_ram_dir())
+        self.ipc = cuda_ipc.serves(self.device, self.tp_size)
+        self.ipc_bytes = cuda_ipc.buffer_bytes(self.bucket_bytes, base, self.dtype)
+        sweep_orphan_folders(ram_dir())
+        # by IPC the folder holds only the config and tokenizer: no need for RAM
+        folder_parent = None if self.ipc else ram_dir()
+        self._folder = tempfile.TemporaryDirectory(prefix=f"{FOLDER_PREFIX}{os.getpid()}-", dir=folder_parent)
         write_model_folder(base, self.tokenizer, self._folder.name, weights=False)
-        # the engine starts from the weights as bucket-sized files: one bucket in this process at a time
-        buckets = weight_buckets(policy_weights(actor_module, everything=True), self.bucket_bytes, self.dtype)
-        for i, bucket in enumerate(buckets):
-            self._write_weights(bucket, f"model-{i:05d}.safetensors")
+        if not self.ipc:  # one bucket in this process at a time
+            buckets = weight_buckets(policy_weights(actor_module, everything=True), self.bucket_bytes, self.dtype)
+            for i, bucket in enumerate(buckets):
+                write_weights_file(self._folder.name, bucket, self.dtype, f"model-{i:05d}.safetensors")
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="hybridrl-vllm-async", daemon=True)
         self._thread.start()
         try:
             self._call(self._astart(), "the vLLM engine process to start", "starting")
-            self._drop_weights_file()
+            drop_weight_files(self._folder.name)
         except (ValueError, RuntimeError, TypeError, NotImplementedError) as exc:
             if isinstance(exc, RolloutEngineError):
                 raise
             raise self._start_error(exc) from exc
         self._finalizer = weakref.finalize(self, _shutdown, self.__dict__)  # also at exit
+        if self.ipc:
+            self.load_weights(policy_weights(actor_module, everything=True))
 
     async def _astart(self) -> None:
-        """Builds the client on the engine's event loop and generates one token (see ``_build_engine``)."""
+        """Builds the client on the engine's event loop, generates one token (see ``_build_engine``)
+        and, for CUDA IPC, opens the engine's side of the transfer."""
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = AsyncEngineArgs(**self._engine_kwargs("safetensors"))
-        with _child_env(self.cpu_threads), hidden_unscannable_globals(), engine_dies_with_parent():
+        kwargs = self._engine_kwargs("dummy" if self.ipc else "safetensors")
+        args = AsyncEngineArgs(**({**kwargs, **cuda_ipc.ENGINE_KWARGS} if self.ipc else kwargs))
+        env = cuda_ipc.ENGINE_ENV if self.ipc else None
+        with _child_env(self.cpu_threads, env), hidden_unscannable_globals(), engine_dies_with_parent():
             self.llm = AsyncLLM.from_engine_args(args)
         await self._one({"prompt_token_ids": [self.eos_token_ids[0]]}, self.vllm.SamplingParams(max_tokens=1))
+        if self.ipc:
+            from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+            await self.llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=cuda_ipc.INIT_INFO))
 
     def shutdown(self) -> None:
         """Stops the engine process and the client's event loop (also done when garbage-collected)."""
@@ -333,61 +254,64 @@ class AsyncVLLMRollout(VLLMRollout):
         return final
 
     # ------------------------------------------------------------------ weights and memory
-    def _write_weights(self, state: dict[str, torch.Tensor], filename: str = WEIGHTS_FILE) -> None:
-        """``state`` in the engine's dtype as the safetensors file ``filename`` of the folder, written atomically.
-
-        Tied tensors (one storage under two names, e.g. ``lm_head`` and ``embed_tokens``) are
-        written under both names, the second as a copy (safetensors stores no shared tensors):
-        vLLM refreshes the CPU kernels' packed copy of a layer only when the reload names it
-        (measured: without ``lm_head.weight`` the output layer kept its old weights)."""
-        from safetensors.torch import save_file
-
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
-        check_room_for_weights(self._folder.name, sum(t.numel() for t in state.values()) * itemsize + 2**20)
-        seen, tensors = set(), {}
-        for name, tensor in state.items():
-            tensor = tensor.detach().to(device="cpu", dtype=self.dtype).contiguous()
-            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
-            tensors[name] = tensor.clone() if key in seen else tensor
-            seen.add(key)
-        path = os.path.join(self._folder.name, filename)
-        save_file(tensors, path + ".tmp", metadata={"format": "pt"})
-        os.replace(path + ".tmp", path)
-
     @torch.no_grad()
     def sync_weights(self, actor_module: torch.nn.Module, everything: bool = False) -> None:
-        """Hands the actor's weights to the engine process through the folder in RAM, in buckets of
+        """Hands the actor's weights to the engine process in buckets of
         ``rollout.checkpoint_engine.update_weights_bucket_megabytes`` (a collective when the actor is
         FSDP-sharded: every rank calls this), and resets its prefix cache. At most one bucket of
-        gathered tensors is held at a time, in this process and in RAM."""
+        gathered tensors is held at a time: on the GPU (CUDA IPC) or in RAM (files)."""
         self.load_weights(policy_weights(actor_module, everything))
 
     @torch.no_grad()
     def load_weights(self, weights: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
         """Loads ``weights`` (parameter name -> tensor, all or some of the model's, as a dict or as
-        pairs) into the engine process bucket by bucket (:func:`weight_buckets`) through the folder
-        in RAM, then resets its prefix cache.
+        pairs) into the engine process bucket by bucket, by CUDA IPC (:mod:`.cuda_ipc`) or through
+        the folder in RAM (:func:`~.weight_files.weight_buckets`), then resets its prefix cache.
 
         Raises:
             RolloutEngineError: a tensor larger than a bucket (naming the key), no room in RAM for a
-                bucket, or the engine died or missed its deadline while loading one.
+                bucket, the engine refused a bucket, or it died or missed its deadline while loading one.
         """
         self._wake_up()
         pairs = weights.items() if isinstance(weights, dict) else weights
-        for bucket in weight_buckets(pairs, self.bucket_bytes, self.dtype):
-            self._write_weights(bucket)
-            self._call(self._reload(), "the engine to reload the weights", "reloading weights")
-            self._drop_weights_file()
+        if self.ipc:
+            self._load_by_ipc(pairs)
+        else:
+            for bucket in weight_buckets(pairs, self.bucket_bytes, self.dtype):
+                write_weights_file(self._folder.name, bucket, self.dtype)
+                self._call(self._reload(), "the engine to reload the weights", "reloading weights")
+                drop_weight_files(self._folder.name)
         self._call(self._reset_prefix_cache(), "the engine to reset its prefix cache", "reloading weights")
 
-    def _drop_weights_file(self) -> None:
-        """The engine has read the weights: their files leave RAM at once. (The folder goes when
-        the rollout is shut down or collected; the folder of a process killed before that is
-        removed by the next engine's start, :func:`sweep_orphan_folders`.)"""
-        for name in os.listdir(self._folder.name):
-            if name.endswith(".safetensors"):
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(os.path.join(self._folder.name, name))
+    def _load_by_ipc(self, pairs: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """One weight update of vLLM's IPC engine: start, a bucket per call, finish; the buffer
+        goes back to this process's allocator once the engine has closed its handle."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        llm = self.llm
+        self._ipc_step(llm.start_weight_update(), "the engine to start a weight update")
+        for info in cuda_ipc.update_infos(pairs, self.dtype, self.ipc_bytes):
+            request = WeightTransferUpdateRequest(update_info=info)
+            self._ipc_step(llm.update_weights(request), f"the engine to load {len(info['names'])} tensors by CUDA IPC")
+        self._ipc_step(llm.finish_weight_update(), "the engine to finish a weight update")
+        torch.cuda.ipc_collect()
+
+    def _ipc_step(self, step, what: str) -> None:
+        self._call(self._transfer(step), what, "reloading weights")
+
+    async def _transfer(self, step) -> None:
+        """Awaits one step of a CUDA IPC weight update; the engine's refusal is one line."""
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        try:
+            await step
+        except EngineDeadError:
+            raise self._died("reloading weights") from None
+        except Exception as exc:
+            raise RolloutEngineError(
+                f"vLLM async engine: loading the weights by CUDA IPC failed: {engine_error_text(exc)}; the engine "
+                f"must run on this worker's GPU; to hand them over as files instead, set {WEIGHTS_DIR_ENV}"
+            ) from exc
 
     async def _reload(self) -> None:
         from vllm.v1.engine.exceptions import EngineDeadError
