@@ -15,9 +15,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 pytest.importorskip("vllm", reason="the vllm extra is not installed (pip install -e '.[vllm]')")
 
-from hybridrl.workers.rollout import cuda_ipc, vllm_async  # noqa: E402
-from hybridrl.workers.rollout.base import RolloutEngineError, policy_weights  # noqa: E402
-from hybridrl.workers.rollout.weight_files import BUCKET_KEY, WEIGHTS_DIR_ENV  # noqa: E402
+from hybridrl.workers.rollout import cuda_ipc, vllm_async
+from hybridrl.workers.rollout.base import RolloutEngineError, policy_weights
+from hybridrl.workers.rollout.weight_files import BUCKET_KEY, WEIGHTS_DIR_ENV
 
 BUFFERS: dict[int, torch.Tensor] = {}  # the live "device memory" a handle points at
 
