@@ -131,11 +131,13 @@ class ActorRolloutRefWorker(StreamingMethods, ProfiledWorker, Worker):
         check_tp_size(tp_size, self.world_size, getattr(base.config, "num_attention_heads", None))
         self.rollout: BaseRollout
         if not self.tp_group.is_leader:
-            self.rollout = TPFollowerRollout(module)
+            self.rollout = TPFollowerRollout(module, rollout, self.tp_group)
             return
         rollout_cls = get_rollout_cls(rollout.name, rollout.mode, in_process_group=self.world_size > 1)
+        group = {"tp_group": self.tp_group.group} if tp_size > 1 else {}  # the engine spans the group's GPUs
+        generation_config = getattr(module, "generation_config", None)
         with self.tp_group.engine_devices():
-            self.rollout = rollout_cls(module, rollout, self.tokenizer, getattr(module, "generation_config", None))
+            self.rollout = rollout_cls(module, rollout, self.tokenizer, generation_config, **group)
 
     def _model_options(self, fsdp_config, reduce_dtype: str = "fp32") -> dict:
         """``load_causal_lm`` options shared by the actor and the reference (:func:`load_options`)."""

@@ -9,9 +9,13 @@ layer may span buckets). The next bucket overwrites the buffer only after the en
 for this one. Nothing passes through a file: Docker's 64 MB ``/dev/shm`` does not matter, and the
 cost is one bucket of GPU memory in the trainer's process while a sync runs.
 
-It serves an engine on one GPU, the trainer rank's (``tensor_model_parallel_size=1``). An engine
-spanning a TP group's GPUs, or a run that names a folder for the weights
-(``HYBRIDRL_ASYNC_WEIGHTS_DIR``), takes the files of :mod:`.weight_files`.
+An engine spanning a TP group's GPUs (``tensor_model_parallel_size`` T > 1,
+:mod:`.tp_group`) takes the bucket from all T of them: every rank of the group has gathered the
+same whole tensors, packs them into a buffer on its own GPU, and the ranks' handles are merged by
+GPU (vLLM's handles map a GPU's UUID to its copy), so each of the engine's T workers opens the copy
+on its own GPU. The ranks then learn together whether the engine took the bucket
+(:func:`share_outcome`) before any of them overwrites its buffer. A run that names a folder for the
+weights (``HYBRIDRL_ASYNC_WEIGHTS_DIR``) takes the files of :mod:`.weight_files` instead.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import pickle
 from collections.abc import Iterable, Iterator
 
 import torch
+import torch.distributed as dist
 
 from hybridrl.workers.rollout.base import RolloutEngineError
 from hybridrl.workers.rollout.weight_files import BUCKET_KEY, WEIGHTS_DIR_ENV
@@ -33,10 +38,10 @@ INIT_INFO = {"packed": True}  # one reusable buffer, not one IPC allocation per 
 ENGINE_ENV = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
 
 
-def serves(device: torch.device, tp_size: int) -> bool:
-    """Whether the weights go to the engine by CUDA IPC: a rollout on CUDA whose engine is on this
-    rank's GPU alone (TP 1), unless ``HYBRIDRL_ASYNC_WEIGHTS_DIR`` asks for files."""
-    return device.type == "cuda" and tp_size == 1 and not os.environ.get(WEIGHTS_DIR_ENV)
+def serves(device: torch.device) -> bool:
+    """Whether the weights go to the engine by CUDA IPC: a rollout on CUDA, unless
+    ``HYBRIDRL_ASYNC_WEIGHTS_DIR`` asks for files."""
+    return device.type == "cuda" and not os.environ.get(WEIGHTS_DIR_ENV)
 
 
 def buffer_bytes(bucket: int, model: torch.nn.Module, dtype: torch.dtype) -> int:
@@ -58,7 +63,9 @@ def _producer():
     return packed_ipc_producer
 
 
-def update_infos(pairs: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype, limit_bytes: int) -> Iterator[dict]:
+def update_infos(
+    pairs: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype, limit_bytes: int, group=None
+) -> Iterator[dict]:
     """The ``update_info`` of each bucket for vLLM's packed IPC engine: ``names``, ``dtype_names``,
     ``shapes``, ``tensor_sizes`` and the pickled handle of the buffer that holds them.
 
@@ -66,6 +73,8 @@ def update_infos(pairs: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype, 
         pairs: ``(name, whole tensor)`` as the HF model names them (gathered shards), any device.
         dtype: the engine's; tensors are cast on the GPU as they are packed.
         limit_bytes: the buffer's size (:func:`buffer_bytes`).
+        group: a TP group's process group: every rank of it iterates in lockstep (a collective per
+            bucket) and the handles name every rank's GPU; None: this rank's GPU alone.
 
     The caller resumes the generator only once the engine has loaded the yielded bucket: the next
     bucket is written into the same buffer.
@@ -88,10 +97,26 @@ def update_infos(pairs: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype, 
             yield name, tensor.detach().to(device=device, dtype=dtype)
 
     for chunk in _producer()(on_device(), uuid, lambda item: item[1], limit_bytes):
+        handles = chunk.ipc_handle
+        if group is not None:
+            every_rank: list = [None] * dist.get_world_size(group)
+            dist.all_gather_object(every_rank, handles, group=group)
+            handles = {gpu: args for rank_handles in every_rank for gpu, args in rank_handles.items()}
         yield {
             "names": chunk.names,
             "dtype_names": chunk.dtype_names,
             "shapes": chunk.shapes,
             "tensor_sizes": chunk.tensor_sizes,
-            "ipc_handles_pickled": base64.b64encode(pickle.dumps(chunk.ipc_handle)).decode("ascii"),
+            "ipc_handles_pickled": base64.b64encode(pickle.dumps(handles)).decode("ascii"),
         }
+
+
+def share_outcome(group, error: str | None) -> str | None:
+    """What the group's leader (its first rank) reports for a bucket, for every rank of ``group``:
+    None when the engine took it, else the leader's error text; ``error`` is this rank's report (a
+    follower's is not read). A collective; without a group, ``error`` itself."""
+    if group is None:
+        return error
+    reports: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(reports, error, group=group)
+    return reports[0]

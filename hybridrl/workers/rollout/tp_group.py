@@ -6,7 +6,9 @@ whose T vLLM workers split every layer's heads and MLP between them; the other r
 engine. A generation gathers the group's rows on the leader (one batch for its engine) and hands
 every rank the responses of its own rows back, so the trainer's data-parallel split stays as it
 is. A weight sync gathers the actor's whole tensors (a collective over every rank when the actor
-is FSDP-sharded); the leader hands them to its engine, which shards each as it loads it.
+is FSDP-sharded); the leader hands them to its engine, which shards each as it loads it. On CUDA
+they go by CUDA IPC from every rank's GPU (:mod:`.cuda_ipc`): each of the engine's workers opens
+the copy on its own GPU.
 
 On CUDA the group's engine runs on the group's devices (``CUDA_VISIBLE_DEVICES`` of its ranks);
 on CPU its T workers share the machine's cores.
@@ -22,8 +24,11 @@ import torch
 import torch.distributed as dist
 
 from hybridrl.errors import ConfigError
+from hybridrl.models import to_torch_dtype
 from hybridrl.protocol import DataProto
+from hybridrl.workers.rollout import cuda_ipc
 from hybridrl.workers.rollout.base import BaseRollout, RolloutEngineError, policy_weights
+from hybridrl.workers.rollout.weight_files import bucket_bytes
 
 TP_KEY = "actor_rollout_ref.rollout.tensor_model_parallel_size"
 
@@ -152,15 +157,43 @@ class RolloutTPGroup:
 
 class TPFollowerRollout(BaseRollout):
     """The rollout of a rank that is not its TP group's leader: no engine; it takes its part in
-    the collectives of a weight sync (every rank gathers the sharded actor's tensors)."""
+    the collectives of a weight sync (every rank gathers the sharded actor's tensors) and, on
+    CUDA, hands the leader's engine the copy on its own GPU (:mod:`.cuda_ipc`).
 
-    def __init__(self, actor_module: torch.nn.Module) -> None:
+    Args:
+        actor_module: the trained policy (plain, FSDP-sharded or LoRA).
+        config: the rollout section (its ``dtype`` and weight bucket, as the leader's engine reads them).
+        group: this rank's TP group.
+    """
+
+    def __init__(self, actor_module: torch.nn.Module, config, group: RolloutTPGroup) -> None:
+        self.group = group
+        self.ipc = cuda_ipc.serves(next(actor_module.parameters()).device)
+        self.dtype = to_torch_dtype(config.dtype)
+        base = actor_module.get_base_model() if hasattr(actor_module, "get_base_model") else actor_module  # LoRA
+        self.ipc_bytes = cuda_ipc.buffer_bytes(bucket_bytes(config), base, self.dtype)
         self.sync_weights(actor_module, everything=True)  # the leader's engine starts from these
 
     @torch.no_grad()
     def sync_weights(self, actor_module: torch.nn.Module, everything: bool = False) -> None:
-        for _ in policy_weights(actor_module, everything):
-            pass
+        """This rank's part of a weight sync.
+
+        Raises:
+            RolloutEngineError: the leader's engine did not take a bucket (naming the leader).
+        """
+        pairs = policy_weights(actor_module, everything)
+        if not self.ipc:
+            for _ in pairs:
+                pass
+            return
+        for _ in cuda_ipc.update_infos(pairs, self.dtype, self.ipc_bytes, self.group.group):
+            error = cuda_ipc.share_outcome(self.group.group, None)
+            if error is not None:
+                raise RolloutEngineError(
+                    f"the rollout engine of rank {self.group.leader} (this rank's TP group leader) could not "
+                    f"load the weights: {error}"
+                )
+        torch.cuda.ipc_collect()
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         raise RolloutEngineError(

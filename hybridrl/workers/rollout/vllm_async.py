@@ -129,12 +129,19 @@ class AsyncVLLMRollout(VLLMRollout):
             :class:`VLLMRollout`: its own reason and the rollout keys to change.
     """
 
+    def __init__(self, actor_module: torch.nn.Module, config, tokenizer, generation_config=None, tp_group=None):
+        """As :class:`VLLMRollout`; ``tp_group``: the process group of the TP group whose GPUs the
+        engine spans (``tensor_model_parallel_size`` > 1), whose ranks hand it their weights too."""
+        self.tp_group = tp_group
+        super().__init__(actor_module, config, tokenizer, generation_config)
+
     def _start(self, actor_module: torch.nn.Module, base: torch.nn.Module) -> None:
         """Starts the engine process from the actor's weights: by CUDA IPC into dummy weights on a
         GPU (:mod:`.cuda_ipc`), else from bucket-sized files in RAM (:mod:`.weight_files`)."""
         self.timeout_s = float(self.config.engine_timeout_s)
         self.bucket_bytes = bucket_bytes(self.config)
-        self.ipc = cuda_ipc.serves(self.device, self.tp_size)
+        # by IPC the handles must cover every GPU of the engine: this rank's, or its TP group's
+        self.ipc = cuda_ipc.serves(self.device) and (self.tp_size == 1 or self.tp_group is not None)
         self.ipc_bytes = cuda_ipc.buffer_bytes(self.bucket_bytes, base, self.dtype)
         sweep_orphan_folders(ram_dir())
         # by IPC the folder holds only the config and tokenizer: no need for RAM
@@ -288,12 +295,20 @@ class AsyncVLLMRollout(VLLMRollout):
         goes back to this process's allocator once the engine has closed its handle."""
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
-        llm = self.llm
-        self._ipc_step(llm.start_weight_update(), "the engine to start a weight update")
-        for info in cuda_ipc.update_infos(pairs, self.dtype, self.ipc_bytes):
-            request = WeightTransferUpdateRequest(update_info=info)
-            self._ipc_step(llm.update_weights(request), f"the engine to load {len(info['names'])} tensors by CUDA IPC")
-        self._ipc_step(llm.finish_weight_update(), "the engine to finish a weight update")
+        llm, started = self.llm, False
+        for info in cuda_ipc.update_infos(pairs, self.dtype, self.ipc_bytes, self.tp_group):
+            try:  # started with the first bucket, so that a TP group's ranks hear of its failure too
+                if not started:
+                    self._ipc_step(llm.start_weight_update(), "the engine to start a weight update")
+                    started = True
+                what = f"the engine to load {len(info['names'])} tensors by CUDA IPC"
+                self._ipc_step(llm.update_weights(WeightTransferUpdateRequest(update_info=info)), what)
+            except RolloutEngineError as exc:
+                cuda_ipc.share_outcome(self.tp_group, str(exc))
+                raise
+            cuda_ipc.share_outcome(self.tp_group, None)  # the group's ranks may now reuse their buffers
+        if started:
+            self._ipc_step(llm.finish_weight_update(), "the engine to finish a weight update")
         torch.cuda.ipc_collect()
 
     def _ipc_step(self, step, what: str) -> None:
