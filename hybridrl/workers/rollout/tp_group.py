@@ -170,8 +170,8 @@ class TPFollowerRollout(BaseRollout):
         self.group = group
         self.ipc = cuda_ipc.serves(next(actor_module.parameters()).device)
         self.dtype = to_torch_dtype(config.dtype)
-        base = actor_module.get_base_model() if hasattr(actor_module, "get_base_model") else actor_module  # LoRA
-        self.ipc_bytes = cuda_ipc.buffer_bytes(bucket_bytes(config), base, self.dtype)
+        # the leader's size (both from the actor module): the group's buffers take the same buckets
+        self.ipc_bytes = cuda_ipc.buffer_bytes(bucket_bytes(config), actor_module, self.dtype)
         self.sync_weights(actor_module, everything=True)  # the leader's engine starts from these
 
     @torch.no_grad()

@@ -142,7 +142,7 @@ class AsyncVLLMRollout(VLLMRollout):
         self.bucket_bytes = bucket_bytes(self.config)
         # by IPC the handles must cover every GPU of the engine: this rank's, or its TP group's
         self.ipc = cuda_ipc.serves(self.device) and (self.tp_size == 1 or self.tp_group is not None)
-        self.ipc_bytes = cuda_ipc.buffer_bytes(self.bucket_bytes, base, self.dtype)
+        self.ipc_bytes = cuda_ipc.buffer_bytes(self.bucket_bytes, actor_module, self.dtype)
         sweep_orphan_folders(ram_dir())
         # by IPC the folder holds only the config and tokenizer: no need for RAM
         folder_parent = None if self.ipc else ram_dir()
