@@ -13,6 +13,8 @@ the report is rewritten after every phase (a run killed at its limit still leave
 
 - ``env``: versions, the device, every command importable, the tokenizer read;
 - ``peak``: the device's bf16 matmul peak (8192^3 on CUDA, 2048^3 on CPU), FLOP/s;
+- ``model_step``: the plain HF model's forward and backward on the train phase's micro batch,
+  without hybridrl, with its MFU, and the framework's floor per micro batch (gpu_model_step.py);
 - ``train``: GRPO steps of the big shape (Qwen2.5-1.5B; SmolLM2-135M with ``--quick``) through
   hybridrl's trainer (local backend, HF engine) on the device: generation and update tokens/s,
   the update's MFU against the measured peak (useful FLOPs: ``common.forward_flops`` x 3), the
@@ -27,7 +29,8 @@ the report is rewritten after every phase (a run killed at its limit still leave
 ``--quick`` (CI runs ``--device cpu --quick``: tests/test_gpu_check.py) shrinks every phase to
 seconds: a 2-layer model of the same tokenizer, 2048^3 matmuls, 16-token responses. The report's
 top-level keys: ``device``, ``peak_bf16_tflops``, ``generation_tokens_per_s``,
-``update_tokens_per_s``, ``update_mfu``, ``peak_memory_gb``, ``plan_gb``,
+``update_tokens_per_s``, ``update_mfu``, ``model_step_mfu``, ``framework_floor_ms``,
+``peak_memory_gb``, ``plan_gb``,
 ``logprob_max_abs_diff_vs_cpu_fp32`` (bf16) and ``..._fp32``, ``resume_exact``,
 ``attention_kernel``; per-phase details under ``phases``.
 """
@@ -54,8 +57,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = os.path.join(HERE, "gpu_models")
 sys.path.insert(0, HERE)
 from common import forward_flops  # noqa: E402
+from gpu_model_step import phase_model_step  # noqa: E402
 
 SHAPES = {"tiny": "tiny", "135m": "smollm2-135m", "1.5b": "qwen2.5-1.5b"}
+PHASES = ("env", "peak", "model_step", "train", "numerics", "resume")  # in this order
 COMMANDS = (
     "hybridrl.cli",
     "hybridrl.trainer.main_ppo",
@@ -529,6 +534,7 @@ def phase_resume(device: str, quick: bool, root: str, clock: Clock) -> dict:
 # ------------------------------------------------------------------------------------------- main
 SUMMARY = {
     "peak": ("peak_bf16_tflops",),
+    "model_step": ("model_step_mfu", "model_step_bf16_mfu", "framework_floor_ms"),
     "train": (
         "generation_tokens_per_s", "update_tokens_per_s", "update_mfu", "peak_memory_gb", "plan_gb",
         "plan_error", "attention_kernel",
@@ -557,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="every phase in seconds (the small model only)")
     parser.add_argument("--budget-s", type=float, default=460.0, help="the whole run's time budget")
     parser.add_argument("--work-dir", default=None, help="models and runs (default: a temporary folder)")
-    parser.add_argument("--phases", default="env,peak,train,numerics,resume", help="comma-separated phases to run")
+    parser.add_argument("--phases", default=",".join(PHASES), help="comma-separated phases to run")
     parser.add_argument("--profile", default=None, help="write a torch.profiler table of the last update here")
     parser.add_argument("overrides", nargs="*", help="extra hybridrl keys for the train phase (key=value)")
     args = parser.parse_args(argv)
@@ -568,19 +574,21 @@ def main(argv: list[str] | None = None) -> int:
     root = args.work_dir or tempfile.mkdtemp(prefix="hybridrl-gpu-check-")
     state: dict = {}
     phases = args.phases.split(",")
-    unknown = sorted(set(phases) - {"env", "peak", "train", "numerics", "resume"})
+    unknown = sorted(set(phases) - set(PHASES))
     if unknown:
-        parser.error(f"--phases: unknown {', '.join(unknown)}; pick from env,peak,train,numerics,resume")
+        parser.error(f"--phases: unknown {', '.join(unknown)}; pick from {','.join(PHASES)}")
     quick = args.quick
     todo = {
         "env": (5, phase_env, args.device),
         "peak": (5, phase_peak, args.device, quick),
+        "model_step": (5 if quick else 30, lambda: phase_model_step(
+            args.device, quick, build_model("tiny" if quick else "1.5b", root, args.device), state.get("peak"))),
         "train": (5 if quick else 60, lambda: phase_train(
             args.device, quick, root, state.get("peak"), args.overrides, state, args.profile)),
         "numerics": (5 if quick else 30, phase_numerics, args.device, state),
         "resume": (5 if quick else 60, phase_resume, args.device, quick, root, clock),
     }  # fmt: skip
-    for name in ("env", "peak", "train", "numerics", "resume"):
+    for name in PHASES:
         if name in phases:
             min_s, fn, *fn_args = todo[name]
             result = report.run(name, clock, min_s, fn, *fn_args)

@@ -23,11 +23,14 @@ def test_quick_cpu_check_writes_every_number_of_the_report(tmp_path):
     )
     report = json.loads(out.read_text())
     assert done.returncode == 0, (report.get("failed_phases"), done.stdout[-3000:], done.stderr[-3000:])
-    assert report["failed_phases"] == [] and set(report["phases"]) == {"env", "peak", "train", "numerics", "resume"}
+    phases = {"env", "peak", "model_step", "train", "numerics", "resume"}
+    assert report["failed_phases"] == [] and set(report["phases"]) == phases
     assert report["device"] == "cpu" and report["attention_kernel"] == "sdpa"
     assert report["peak_bf16_tflops"] > 0
     assert report["generation_tokens_per_s"] > 0 and report["update_tokens_per_s"] > 0
     assert 0 < report["update_mfu"] < 1
+    assert 0 < report["model_step_mfu"] < 1 and 0 < report["model_step_bf16_mfu"] < 1
+    assert 0 < report["framework_floor_ms"] < 1e3 * report["phases"]["model_step"]["model_step_s"]
     assert report["peak_memory_gb"] > 0 and report["plan_gb"] > 0
     assert 0 <= report["logprob_max_abs_diff_vs_cpu_fp32"] < 1
     assert report["resume_exact"] is True and report["phases"]["resume"]["compared_keys"] > 10
