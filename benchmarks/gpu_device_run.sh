@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole check on a lent GPU machine (docs/gpu.md), run from the repository root there:
-#   CHECK_S=300 TEST_S=100 bash benchmarks/gpu_device_run.sh
+#   CHECK_S=350 TEST_S=165 bash benchmarks/gpu_device_run.sh
 # Needs, carried beside the checkout (ignored by git, named in the device call's `carry`):
 #   .whl/        wheels of hybridrl's requirements the machine lacks (docs/gpu.md lists them)
 #   .gpu_carry/  data sets of ../shared/data the tests read (gsm8k/, hh_rlhf/): ../shared does not travel
@@ -8,8 +8,8 @@
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-$(mktemp -d)}
-CHECK_S=${CHECK_S:-300}
-TEST_S=${TEST_S:-100}
+CHECK_S=${CHECK_S:-350}
+TEST_S=${TEST_S:-165}
 SITE=$(mktemp -d)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || exit 1
 export PYTHONPATH="$SITE:$PWD"

@@ -2,7 +2,7 @@
 # Prepares, on the development machine, what benchmarks/gpu_device_run.sh needs on a lent GPU
 # machine (docs/gpu.md): wheels of the requirements it lacks (Python 3.12, x86-64) in .whl/ and the
 # shared data sets the CUDA tests read in .gpu_carry/, both ignored by git. Then, with the device
-# tool: run `CHECK_S=320 TEST_S=165 bash benchmarks/gpu_device_run.sh` with carry [".whl", ".gpu_carry"].
+# tool: run `CHECK_S=350 TEST_S=165 bash benchmarks/gpu_device_run.sh` with carry [".whl", ".gpu_carry"].
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for p in /.whl/ /.gpu_carry/; do grep -qx "$p" .git/info/exclude 2>/dev/null || echo "$p" >> .git/info/exclude; done
