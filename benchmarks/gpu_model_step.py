@@ -1,12 +1,13 @@
 """The ``model_step`` phase of benchmarks/gpu_check.py: the plain HF model's forward and backward on
-a micro batch of the train phase's size, without hybridrl around it, and the framework's floor.
+a micro batch of the train phase's size, without hybridrl around it, and a micro batch's fixed cost.
 
-It splits the update's MFU gap (docs/gpu.md: 11.7% of the H100's peak against a 35% target) in two:
+It splits the update's MFU gap (docs/gpu.md: 11.7% of the H100's peak against a 35% target):
 what the model's own kernels reach (``model_step_mfu``: fp32 weights under bf16 autocast, as the
 actor trains; ``model_step_bf16_mfu``: bf16 weights, no autocast) and the fixed cost of one micro
 batch, which does not shrink with its tokens (``framework_floor_ms``: the same layers on 2 tokens a
-row: Python, kernel launches, the weights' bf16 casts and the gradients' writes). If the plain model is far above the update, the loss is in hybridrl's
-path; if it is near it, in the model's eager kernels or the launches.
+row: Python, kernel launches, the weights' bf16 casts and the gradients' writes). If the plain
+model is far above the update, the loss is in hybridrl's path; if it is near it, in the model's
+eager kernels or the launches.
 """
 
 from __future__ import annotations
