@@ -9,10 +9,11 @@ back. ``generate_sequences`` sends the rows of a batch the same way.
 vLLM 0.32's ``AsyncLLM`` always runs its engine core in a child process, so unlike the
 colocated engine (:mod:`.vllm`) weights cannot be handed over as tensors of this process. On a
 GPU they go by CUDA IPC handles through vLLM's weight-transfer API (:mod:`.cuda_ipc`): the engine
-reads them from this process's GPU memory, one bucket at a time. Elsewhere (the CPU, an engine
-spanning a TP group's GPUs) ``sync_weights`` writes them as bucket-sized safetensors files into a
-folder in RAM (``/dev/shm`` where there is one) and the engine reloads them in place from there
-(``reload_weights(weights_path=...)``, :mod:`.weight_files`). Being its own process, the engine also runs beside a
+reads them from the GPU memory of this process (and of its TP group's ranks), one bucket at a
+time. On the CPU, or when ``HYBRIDRL_ASYNC_WEIGHTS_DIR`` names a folder, ``sync_weights`` writes
+them as bucket-sized safetensors files into a folder in RAM (``/dev/shm`` where there is one) and
+the engine reloads them in place from there (``reload_weights(weights_path=...)``,
+:mod:`.weight_files`). Being its own process, the engine also runs beside a
 trainer that uses ``torch.distributed``: with ``trainer.backend=ray`` and N workers each rank
 starts its own engine on its share of the batch.
 

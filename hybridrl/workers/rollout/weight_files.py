@@ -1,8 +1,8 @@
 """How weights reach a vLLM engine of its own process as files: bucket-sized safetensors files in a
 folder in RAM (``/dev/shm`` where there is one) that the engine reloads in place.
 
-This is the async engine's transport on the CPU (and on CUDA where CUDA IPC cannot serve, see
-:mod:`.cuda_ipc`). A bucket holds whole decoder layers, at most
+This is the async engine's transport on the CPU, and on CUDA when ``HYBRIDRL_ASYNC_WEIGHTS_DIR``
+names a folder (else CUDA IPC serves there, :mod:`.cuda_ipc`). A bucket holds whole decoder layers, at most
 ``rollout.checkpoint_engine.update_weights_bucket_megabytes``; one bucket is in RAM at a time, and
 its file leaves RAM once the engine has read it.
 """
